@@ -1,0 +1,33 @@
+# Two commands: `make demo` (set up and run the example DAG) and `make test` (set up and run every test).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test test-fast demo-reset benchmarks clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $@
+
+demo: $(VENV)/.installed
+	bash scripts/demo.sh
+
+demo-reset:
+	rm -rf .demo
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The same suite without the slow statistical and scale tests (CI always runs them).
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+benchmarks: $(VENV)/.installed
+	$(BIN)/python benchmarks/anonymity_adult.py
+
+clean:
+	rm -rf $(VENV) .demo .cache build *.egg-info

@@ -1,0 +1,94 @@
+"""Exact budget numbers.
+
+Budgets and charges are :class:`fractions.Fraction` values, never floats summed in a loop (DESIGN.md 2.3):
+ten charges of 0.1 fill a cap of 1.0 exactly and an eleventh is refused; three charges of 1/3 fit in 1.
+A user writes ``0.1`` in YAML, which arrives as the binary float 0.1000000000000000055...; :func:`exact_number`
+reads it back as the decimal the user typed (the shortest repr that round-trips), so it becomes exactly 1/10.
+
+To keep denominators bounded over many compositions, a charge whose denominator exceeds :data:`MAX_DENOMINATOR`
+is rounded *up* to a multiple of ``1 / MAX_DENOMINATOR`` and a remaining budget is rounded *down*: rounding can
+only overstate spend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+
+MAX_DENOMINATOR = 10**18
+
+
+def exact_number(value: object, *, name: str = "value") -> Fraction:
+    """Read ``value`` as an exact rational number.
+
+    Accepts ``int``, ``Fraction``, ``Decimal``, a finite ``float`` (read as the decimal its shortest repr shows:
+    ``0.1`` -> ``1/10``), or a string holding a decimal (``"0.1"``, ``"1e-6"``) or a ratio (``"1/3"``).
+
+    Raises:
+        ValueError: for ``bool``, NaN, infinities, unparsable strings and other types; the message names ``name``.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got the boolean {value!r}")
+    if isinstance(value, Fraction):
+        return value
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        return Fraction(Decimal(repr(value)))
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        return Fraction(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            if "/" in text:
+                numerator, denominator = text.split("/", 1)
+                return Fraction(int(numerator), int(denominator))
+            decimal = Decimal(text)
+        except (ValueError, ZeroDivisionError, InvalidOperation):
+            raise ValueError(
+                f"{name} must be a decimal like '0.1' or a ratio like '1/3', got {value!r}"
+            ) from None
+        if not decimal.is_finite():
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        return Fraction(decimal)
+    raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+
+
+def round_up(value: Fraction, max_denominator: int = MAX_DENOMINATOR) -> Fraction:
+    """Return ``value`` unchanged if its denominator is at most ``max_denominator``, else the smallest multiple of
+    ``1/max_denominator`` above it (charges are rounded up)."""
+    if value.denominator <= max_denominator:
+        return value
+    return Fraction(math.ceil(value * max_denominator), max_denominator)
+
+
+def round_down(value: Fraction, max_denominator: int = MAX_DENOMINATOR) -> Fraction:
+    """Like :func:`round_up`, towards minus infinity (remaining budgets are rounded down)."""
+    if value.denominator <= max_denominator:
+        return value
+    return Fraction(math.floor(value * max_denominator), max_denominator)
+
+
+@dataclass(frozen=True)
+class PrivacyLoss:
+    """The privacy loss of one mechanism, in the unit its calibration guarantees.
+
+    Attributes:
+        unit: ``"epsilon"`` (pure epsilon-DP) or ``"rho"`` (rho-zCDP).
+        amount: the exact loss, a positive :class:`~fractions.Fraction`.
+    """
+
+    unit: str
+    amount: Fraction
+
+    def __post_init__(self) -> None:
+        if self.unit not in ("epsilon", "rho"):
+            raise ValueError(f"unknown privacy-loss unit {self.unit!r}; expected 'epsilon' or 'rho'")
+        if self.amount <= 0:
+            raise ValueError(f"{self.unit} must be > 0, got {self.amount}")

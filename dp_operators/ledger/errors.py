@@ -1,0 +1,51 @@
+"""Ledger refusals and failures. Every refusal depends on public parameters only (spec, budget, configuration)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+
+class LedgerError(RuntimeError):
+    """Base class of ledger errors."""
+
+
+class LedgerNotInitialisedError(LedgerError):
+    """The ledger database has no schema; run ``dpctl ledger init``."""
+
+
+class AccountNotFoundError(LedgerError):
+    """The spec names a budget account the ledger does not hold; a privacy officer runs ``dpctl ledger apply``."""
+
+
+class DagNotAllowedError(LedgerError):
+    """The DAG is not in the account's ``allowed_dags``."""
+
+
+class BudgetExhaustedError(LedgerError):
+    """The requested charge exceeds the remaining budget.
+
+    Attributes:
+        account, unit: the budget account and its unit (``epsilon`` or ``rho``).
+        requested, remaining: exact amounts; ``difference = requested - remaining``.
+    """
+
+    def __init__(self, account: str, unit: str, requested: Fraction, remaining: Fraction) -> None:
+        self.account, self.unit = account, unit
+        self.requested, self.remaining = requested, remaining
+        self.difference = requested - remaining
+        super().__init__(
+            f"budget account {account!r} is exhausted: requested {unit} {_show(requested)}, "
+            f"remaining {_show(remaining)}, short by {_show(self.difference)}. Nothing was reserved and no noise "
+            "was drawn. A privacy officer can raise the cap in the ledger configuration and run "
+            "'dpctl ledger apply'; retrying will not help."
+        )
+
+
+class ChargeStateError(LedgerError):
+    """A charge was not in the state an operation needs (e.g. committing a charge that was abandoned)."""
+
+
+def _show(value: Fraction) -> str:
+    exact = str(value)
+    decimal = f"{float(value):.6g}"
+    return decimal if Fraction(decimal) == value else f"{exact} (~{decimal})"

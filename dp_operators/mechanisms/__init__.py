@@ -1,0 +1,47 @@
+"""Noise mechanisms: exact integer samplers, calibration (scale <-> budget) and accuracy (interval half-widths).
+
+Pure Python (no Airflow import). Sources: Canonne, Kamath, Steinke, "The Discrete Gaussian for Differential
+Privacy" (NeurIPS 2020); Bun & Steinke, "Concentrated Differential Privacy" (TCC 2016).
+"""
+
+from __future__ import annotations
+
+from dp_operators.mechanisms.accuracy import (
+    discrete_gaussian_accuracy,
+    discrete_gaussian_pmf,
+    discrete_laplace_accuracy,
+    discrete_laplace_pmf,
+    gaussian_accuracy,
+    laplace_accuracy,
+)
+from dp_operators.mechanisms.calibration import (
+    discrete_gaussian_sigma2,
+    discrete_laplace_scale,
+    pure_epsilon_to_rho,
+    rho_for_approx_dp,
+    rho_to_epsilon,
+)
+from dp_operators.mechanisms.samplers import (
+    sample_discrete_gaussian,
+    sample_discrete_gaussian_vector,
+    sample_discrete_laplace,
+    sample_discrete_laplace_vector,
+)
+
+__all__ = [
+    "discrete_gaussian_accuracy",
+    "discrete_gaussian_pmf",
+    "discrete_gaussian_sigma2",
+    "discrete_laplace_accuracy",
+    "discrete_laplace_pmf",
+    "discrete_laplace_scale",
+    "gaussian_accuracy",
+    "laplace_accuracy",
+    "pure_epsilon_to_rho",
+    "rho_for_approx_dp",
+    "rho_to_epsilon",
+    "sample_discrete_gaussian",
+    "sample_discrete_gaussian_vector",
+    "sample_discrete_laplace",
+    "sample_discrete_laplace_vector",
+]

@@ -1,0 +1,158 @@
+"""Accuracy of noise mechanisms: half-widths of (1 - alpha) intervals, and exact pmfs.
+
+Everything here depends on public parameters only (scale, sigma2, alpha), never on data, so it can be printed by
+``plan`` before any noise is drawn. Scales are in the units of the noised aggregate.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from fractions import Fraction
+from statistics import NormalDist
+
+import numpy as np
+
+from dp_operators.mechanisms._rational import as_open_unit_interval, as_positive_rational
+
+__all__ = [
+    "discrete_gaussian_accuracy",
+    "discrete_gaussian_pmf",
+    "discrete_laplace_accuracy",
+    "discrete_laplace_pmf",
+    "gaussian_accuracy",
+    "laplace_accuracy",
+]
+
+# Beyond 40 sigma, exp(-x^2 / (2 sigma^2)) < exp(-800) underflows to 0.0 in float64: summing further changes nothing.
+_NEGLIGIBLE_SIGMAS = 40
+# Up to this sigma, summing the pmf costs at most 4e5 terms; beyond it the Euler-Maclaurin tail is exact to float
+# precision.
+_SUMMATION_MAX_SIGMA = 10_000
+
+
+def _positive(value: object, name: str) -> float:
+    return float(as_positive_rational(value, name))
+
+
+def _alpha(alpha: object) -> float:
+    return float(as_open_unit_interval(alpha, "alpha"))
+
+
+def laplace_accuracy(scale: float | Fraction, alpha: float) -> float:
+    """Half-width a with P(|Z| >= a) = alpha for continuous Laplace noise Z of the given scale b: b ln(1/alpha).
+
+    Units: those of the scale. Raises ValueError if scale is not positive finite or alpha not in (0, 1).
+    Source: standard Laplace tail P(|Z| >= a) = exp(-a/b); OpenDP ``laplacian_scale_to_accuracy``.
+    """
+    return _positive(scale, "scale") * math.log(1 / _alpha(alpha))
+
+
+def gaussian_accuracy(sigma: float | Fraction, alpha: float) -> float:
+    """Half-width a with P(|Z| >= a) = alpha for Gaussian noise Z ~ N(0, sigma^2): sigma Phi^{-1}(1 - alpha/2).
+
+    Units: those of sigma (a standard deviation, not a variance). Raises ValueError if sigma is not positive finite
+    or alpha not in (0, 1). Source: normal quantile; OpenDP ``gaussian_scale_to_accuracy``.
+    """
+    # the lower quantile, negated: 1 - alpha/2 would round to 1.0 for alpha below 1e-16
+    return -_positive(sigma, "sigma") * NormalDist().inv_cdf(_alpha(alpha) / 2)
+
+
+def discrete_laplace_accuracy(scale: float | Fraction, alpha: float) -> float:
+    """Half-width a with P(|Z| >= a) <= alpha for discrete Laplace noise Z of the given scale s.
+
+    Returns s ln(2 / (alpha (1 + exp(-1/s)))), solving P(|Z| >= k) = 2 exp(-k/s) / (1 + exp(-1/s)) for k. The
+    result is a float; since Z is an integer, its floor gives the same coverage. Raises ValueError if scale is not
+    positive finite or alpha not in (0, 1). Source: OpenDP ``discrete_laplacian_scale_to_accuracy`` (same formula).
+    """
+    scale_f = _positive(scale, "scale")
+    return scale_f * math.log(2 / (_alpha(alpha) * (1 + math.exp(-1 / scale_f))))
+
+
+def discrete_laplace_pmf(x: int, scale: float | Fraction) -> float:
+    """P(Z = x) for Z discrete Laplace with the given scale: tanh(1/(2 scale)) exp(-|x| / scale).
+
+    The normalisation is exact in closed form (a two-sided geometric series). Raises ValueError for a bad scale.
+    Source: Canonne, Kamath, Steinke 2020, Definition 1 (discrete Laplace).
+    """
+    scale_f = _positive(scale, "scale")
+    return math.tanh(1 / (2 * scale_f)) * math.exp(-abs(x) / scale_f)
+
+
+@lru_cache(maxsize=256)
+def _discrete_gaussian_normaliser(sigma2: float) -> float:
+    """sum over x in Z of exp(-x^2 / (2 sigma2)).
+
+    Uses the faster-converging side of the Jacobi theta identity (Poisson summation)
+        sum_x exp(-x^2 / (2 s2)) = sqrt(2 pi s2) sum_k exp(-2 pi^2 s2 k^2),
+    which is exact; either side needs only a handful of terms.
+    """
+    if sigma2 >= 1:
+        terms = _two_sided_terms(lambda k: math.exp(-2 * math.pi**2 * sigma2 * k * k))
+        return math.sqrt(2 * math.pi * sigma2) * terms
+    return _two_sided_terms(lambda x: math.exp(-x * x / (2 * sigma2)))
+
+
+def _two_sided_terms(term) -> float:
+    total, k = 0.0, 1
+    while (value := term(k)) > 0.0:
+        total += value
+        k += 1
+    return 1.0 + 2.0 * total
+
+
+def discrete_gaussian_pmf(x: int, sigma2: float | Fraction) -> float:
+    """P(Z = x) for Z ~ N_Z(0, sigma2), the discrete Gaussian: exp(-x^2 / (2 sigma2)) / normaliser.
+
+    The normaliser is computed without truncation error through the Jacobi theta (Poisson summation) identity.
+    Raises ValueError for a bad sigma2. Source: Canonne, Kamath, Steinke 2020, Definition 1.
+    """
+    sigma2_f = _positive(sigma2, "sigma2")
+    return math.exp(-x * x / (2 * sigma2_f)) / _discrete_gaussian_normaliser(sigma2_f)
+
+
+def discrete_gaussian_accuracy(sigma2: float | Fraction, alpha: float) -> int:
+    """Smallest integer a >= 0 with P(|Z| > a) <= alpha for Z ~ N_Z(0, sigma2), the discrete Gaussian.
+
+    So [-a, a] is a (1 - alpha) interval for the noise, in the units of the noised integer aggregate. For
+    sigma <= 1e4 the pmf is summed from 40 sigma (where the terms underflow to 0) inwards, small terms first so tiny
+    tails stay accurate. Above that, the tail sums come from the Euler-Maclaurin formula (integral + f/2 - f'/12),
+    whose remainder is O(sigma^-3) relative, far below float precision; either way the cost is bounded.
+
+    OpenDP's ``discrete_gaussian_scale_to_accuracy(sigma, alpha)`` takes sigma (not sigma2) and returns the
+    smallest integer a with P(|Z| >= a) <= alpha, which is this function's result plus one.
+
+    Raises ValueError if sigma2 is not positive finite or alpha not in (0, 1).
+    Source: Canonne, Kamath, Steinke 2020, Definition 1 (pmf).
+    """
+    sigma2_f = _positive(sigma2, "sigma2")
+    alpha_f = _alpha(alpha)
+    if sigma2_f <= _SUMMATION_MAX_SIGMA**2:
+        return _discrete_gaussian_accuracy_by_summation(sigma2_f, alpha_f)
+    return _discrete_gaussian_accuracy_by_euler_maclaurin(sigma2_f, alpha_f)
+
+
+def _discrete_gaussian_accuracy_by_summation(sigma2: float, alpha: float) -> int:
+    x = np.arange(1, math.ceil(_NEGLIGIBLE_SIGMAS * math.sqrt(sigma2)) + 2, dtype=np.float64)
+    tail_from = np.cumsum(np.exp(-(x * x) / (2 * sigma2))[::-1])[::-1]  # tail_from[j] = sum of w(x) for x >= j + 1
+    # P(|Z| > a) = 2 tail_from[a] / (1 + 2 tail_from[0]) <= alpha
+    target = alpha * (1 + 2 * tail_from[0]) / 2
+    return int(np.flatnonzero(tail_from <= target)[0])
+
+
+def _discrete_gaussian_accuracy_by_euler_maclaurin(sigma2: float, alpha: float) -> int:
+    sigma = math.sqrt(sigma2)
+
+    def tail_beyond(a: int) -> float:  # sum of w(x) over x > a
+        m = a + 1
+        w = math.exp(-m * m / (2 * sigma2))
+        return sigma * math.sqrt(math.pi / 2) * math.erfc(m / (sigma * math.sqrt(2))) + w / 2 + m * w / (12 * sigma2)
+
+    # for sigma this large the theta-function correction to sqrt(2 pi) sigma is below exp(-1e8)
+    target = alpha * math.sqrt(2 * math.pi) * sigma / 2
+    a = max(0, math.floor(-sigma * NormalDist().inv_cdf(alpha / 2)))
+    while tail_beyond(a) > target:
+        a += 1
+    while a > 0 and tail_beyond(a - 1) <= target:
+        a -= 1
+    return a

@@ -1,0 +1,1 @@
+"""Airflow operators (thin: they resolve inputs, call the pure engine, publish)."""

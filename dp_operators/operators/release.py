@@ -1,0 +1,153 @@
+"""``DPReleaseOperator``: noise upstream aggregates as a release spec says, charge the ledger, publish.
+
+The operator is thin (STYLE.md): it resolves inputs, calls :func:`dp_operators.release.run_release`, and
+publishes. No DP arithmetic happens here.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import Asset, BaseOperator, ObjectStoragePath
+from airflow.sdk.exceptions import AirflowFailException
+from dp_operators.accounting import IncompatibleAccountantError
+from dp_operators.hooks.ledger import DPLedgerHook
+from dp_operators.ledger import LedgerError, ReleaseKey
+from dp_operators.release import ReleaseConfigError, ReleaseInputError, run_release
+from dp_operators.spec import load_spec, spec_hash
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+#: Refusals no retry can fix: Airflow must fail the task at once (DESIGN.md 7).
+_PERMANENT = (LedgerError, ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError)
+
+
+class DPReleaseOperator(BaseOperator):
+    """Release differentially private aggregates computed by an upstream task.
+
+    The spec file is read and validated when the DAG is parsed, so a bad spec fails at DAG import with the file,
+    the field path and the reason. The upstream aggregates are pulled from XCom inside :meth:`execute`, never
+    through a templated field: Airflow stores rendered fields in its database and shows them in the UI.
+
+    Args:
+        spec_path: path of the release spec YAML (absolute, or relative to the working directory).
+        aggregates_task_id: the upstream task whose return value holds the true aggregates (shape: see
+            :func:`dp_operators.release.prepare_inputs`).
+        output_uri: folder (any ``ObjectStoragePath`` URI, e.g. ``file:///srv/releases`` or ``s3://bucket/dp``)
+            where ``<release>/<run_id>/<task_id>.json`` and ``.csv`` are written. (templated)
+        ledger_conn_id: Airflow connection of the budget ledger (see :class:`DPLedgerHook`).
+        asset: the asset whose event announces the release; default ``dp-release://<account>/<release>``.
+
+    Returns (XCom ``return_value``): the published release, plain JSON; identical, byte for byte, on every retry.
+
+    Raises:
+        AirflowFailException: budget exhausted, DAG not allowed, unknown account, ledger not initialised,
+            malformed upstream aggregates: refusals that retrying cannot fix.
+    """
+
+    template_fields: Sequence[str] = ("output_uri",)
+    ui_color = "#e8f0fe"
+
+    def __init__(
+        self,
+        *,
+        spec_path: str | Path,
+        aggregates_task_id: str,
+        output_uri: str,
+        ledger_conn_id: str = DPLedgerHook.default_conn_name,
+        asset: Asset | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.spec_path = str(spec_path)
+        self.release_spec = load_spec(self.spec_path)
+        self.spec_sha256 = spec_hash(Path(self.spec_path).read_text(encoding="utf-8"))
+        self.release_asset = asset or Asset(
+            name=self.release_spec.release,
+            uri=f"dp-release://{self.release_spec.budget_account}/{self.release_spec.release}",
+        )
+        kwargs.setdefault("outlets", [self.release_asset])
+        super().__init__(**kwargs)
+        self.aggregates_task_id = aggregates_task_id
+        self.output_uri = output_uri
+        self.ledger_conn_id = ledger_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        ti = context["ti"]
+        key = ReleaseKey(
+            dag_id=ti.dag_id,
+            run_id=ti.run_id,
+            task_id=ti.task_id,
+            map_index=-1 if ti.map_index is None else ti.map_index,
+            release_name=self.release_spec.release,
+        )
+        aggregates = ti.xcom_pull(task_ids=self.aggregates_task_id, key="return_value")
+        if aggregates is None:
+            raise AirflowFailException(
+                f"task {self.aggregates_task_id!r} returned no aggregates; it must return a mapping with one entry "
+                f"per aggregate of {self.spec_path}"
+            )
+        ledger = DPLedgerHook(ledger_conn_id=self.ledger_conn_id).get_ledger()
+        try:
+            result = run_release(
+                self.release_spec,
+                aggregates,
+                ledger,
+                key,
+                spec_hash=self.spec_sha256,
+                try_number=getattr(ti, "try_number", None),
+            )
+        except _PERMANENT as error:
+            raise AirflowFailException(str(error)) from error
+        del aggregates
+        output = result.output
+        if result.replayed:
+            self.log.info("release %s already committed for this task instance: replaying it, nothing charged", key)
+        location = self._write_files(output, key)
+        self.log.info("published release %r to %s", output["release"], location)
+        context["outlet_events"][self.release_asset].extra = {
+            "release": output["release"],
+            "budget_account": output["budget_account"],
+            "charge": output["charge"],
+            "location": str(location),
+        }
+        return output
+
+    def _write_files(self, output: dict[str, Any], key: ReleaseKey) -> ObjectStoragePath:
+        """Write ``<release>/<run_id>/<task_id>[_<map_index>].json`` and ``.csv``; returns the JSON's path."""
+        folder = ObjectStoragePath(self.output_uri) / output["release"] / _safe(key.run_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = key.task_id if key.map_index < 0 else f"{key.task_id}_{key.map_index}"
+        json_path = folder / f"{stem}.json"
+        json_path.write_text(json.dumps(output, indent=2, sort_keys=True) + "\n")
+        (folder / f"{stem}.csv").write_text(release_csv(output))
+        return json_path
+
+
+def release_csv(output: dict[str, Any]) -> str:
+    """The released values as CSV: ``aggregate, kind, key, value, half_width, confidence, mechanism``.
+
+    ``key`` is ``column=value`` pairs joined by ``;`` (empty for ungrouped aggregates).
+    """
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["aggregate", "kind", "key", "value", "half_width", "confidence", "mechanism"])
+    for name, aggregate in output["aggregates"].items():
+        rows = aggregate.get("rows") or [{"value": aggregate["value"], "half_width": aggregate["half_width"]}]
+        for row in rows:
+            key = ";".join(f"{column}={row[column]}" for column in aggregate["group_by"])
+            writer.writerow(
+                [name, aggregate["kind"], key, row["value"], row["half_width"], output["confidence"],
+                 aggregate["mechanism"]]
+            )
+    return buffer.getvalue()
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)

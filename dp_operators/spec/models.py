@@ -1,0 +1,197 @@
+"""Pydantic models of a release spec (version 1). Field reference: README, section "Release spec reference".
+
+Every model forbids unknown keys (a typo like ``epsilion`` is an error, not a silently ignored field). Budget
+numbers are read exactly (:func:`dp_operators.accounting.exact_number`): ``0.1`` is 1/10, ``"1/3"`` is 1/3.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, field_validator, model_validator
+
+from dp_operators.accounting import exact_number
+
+
+def _positive_exact(value: object) -> Fraction:
+    number = exact_number(value, name="value")
+    if number <= 0:
+        raise ValueError(f"must be > 0, got {value!r}")
+    return number
+
+
+def _finite(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"must be finite, got {value!r}")
+    return value
+
+
+#: A strictly positive exact rational read from int, float, decimal string or "p/q" string.
+PositiveExact = Annotated[Fraction, BeforeValidator(_positive_exact), PlainSerializer(str, return_type=str)]
+#: A finite int or float.
+FiniteNumber = Annotated[float | int, BeforeValidator(_finite)]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _delta(value: object) -> Fraction:
+    number = exact_number(value, name="delta")
+    if not 0 < number < 1:
+        raise ValueError(f"delta must be in (0, 1), got {value!r}")
+    return number
+
+
+#: An exact delta in the open interval (0, 1).
+Delta = Annotated[Fraction, BeforeValidator(_delta), PlainSerializer(str, return_type=str)]
+
+
+class Budget(_Strict):
+    """The privacy loss one aggregate may spend. One of:
+
+    * ``{epsilon}``: pure epsilon-DP (``discrete_laplace``);
+    * ``{rho}``: rho-zCDP (``discrete_gaussian``);
+    * ``{epsilon, delta}``: approximate DP for ``discrete_gaussian``, calibrated through the largest rho whose
+      zCDP guarantee implies (epsilon, delta) (Canonne, Kamath, Steinke 2020, Cor. 13) and charged as that rho.
+    """
+
+    epsilon: PositiveExact | None = None
+    rho: PositiveExact | None = None
+    delta: Delta | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Budget:
+        given = {name for name in ("epsilon", "rho", "delta") if getattr(self, name) is not None}
+        if given not in ({"epsilon"}, {"rho"}, {"epsilon", "delta"}):
+            raise ValueError(
+                "give {epsilon} (discrete_laplace), {rho} or {epsilon, delta} (discrete_gaussian), "
+                f"got {sorted(given) or 'nothing'}"
+            )
+        return self
+
+    @property
+    def form(self) -> str:
+        """``"epsilon"``, ``"rho"`` or ``"epsilon_delta"``."""
+        if self.rho is not None:
+            return "rho"
+        return "epsilon_delta" if self.delta is not None else "epsilon"
+
+
+class ContributionBounds(_Strict):
+    """How much one privacy unit may contribute (DESIGN.md 2.6): L0 = ``max_partitions_contributed`` partitions of
+    one aggregate, each at most ``max_contributions_per_partition`` times (Linf). L1 = L0*Linf, L2 = sqrt(L0)*Linf."""
+
+    max_partitions_contributed: int = Field(default=1, ge=1)
+    max_contributions_per_partition: int = Field(default=1, ge=1)
+
+
+class NonFinitePolicy(_Strict):
+    """What a NaN or infinite upstream value becomes. Data values never raise mid-release (DESIGN.md 2.4)."""
+
+    replace_with: FiniteNumber = 0
+
+
+class Aggregate(_Strict):
+    """One released aggregate: a count, bounded sum or bounded mean, optionally grouped over a public key domain."""
+
+    name: str
+    kind: Literal["count", "sum", "mean"]
+    group_by: list[str] = Field(default_factory=list)
+    keys: dict[str, list[str | int]] = Field(default_factory=dict)
+    bounds: tuple[FiniteNumber, FiniteNumber] | None = None
+    grid: PositiveExact = Fraction(1)
+    mechanism: Literal["discrete_laplace", "discrete_gaussian"]
+    budget: Budget
+    contribution: ContributionBounds | None = None
+    non_finite: NonFinitePolicy = NonFinitePolicy()
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_identifier(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"aggregate names use letters, digits, '_' and '-', got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Aggregate:
+        if len(set(self.group_by)) != len(self.group_by):
+            raise ValueError(f"group_by lists a column twice: {self.group_by}")
+        if set(self.keys) != set(self.group_by):
+            raise ValueError(
+                "keys must give the public key domain of every group_by column and no other: "
+                f"group_by is {self.group_by}, keys has {sorted(self.keys)}"
+            )
+        for column, values in self.keys.items():
+            if not values:
+                raise ValueError(f"keys.{column} is empty; list the public values of {column!r}")
+            if len({str(v) for v in values}) != len(values):
+                raise ValueError(f"keys.{column} lists a value twice")
+        if self.kind in ("sum", "mean"):
+            if self.bounds is None:
+                raise ValueError(f"a {self.kind} needs clipping 'bounds: [lower, upper]'")
+            lower, upper = self.bounds
+            if not lower < upper:
+                raise ValueError(f"bounds must have lower < upper, got [{lower}, {upper}]")
+            if lower == 0 and upper == 0:
+                raise ValueError("bounds [0, 0] give sensitivity 0: nothing to release")
+        elif self.bounds is not None:
+            raise ValueError("a count takes no 'bounds' (its per-contribution sensitivity is 1)")
+        allowed = {"discrete_laplace": ("epsilon",), "discrete_gaussian": ("rho", "epsilon_delta")}[self.mechanism]
+        if self.budget.form not in allowed:
+            raise ValueError(
+                f"mechanism {self.mechanism} is calibrated from {' or '.join(allowed)}, "
+                f"but budget gives {self.budget.form}"
+            )
+        return self
+
+    @property
+    def partition_count(self) -> int:
+        """Number of released partitions: the product of the key-domain sizes (1 when not grouped)."""
+        return math.prod(len(self.keys[column]) for column in self.group_by)
+
+
+class Postprocess(_Strict):
+    """Post-processing of noised values (free under DP: it never touches raw data)."""
+
+    clamp_nonnegative: bool = True
+
+
+class ReleaseSpec(_Strict):
+    """A release spec document (``version: 1``)."""
+
+    version: Literal[1]
+    release: str
+    budget_account: str
+    privacy_unit: str
+    description: str | None = None
+    contribution: ContributionBounds = ContributionBounds()
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    aggregates: list[Aggregate] = Field(min_length=1)
+    postprocess: Postprocess = Postprocess()
+
+    @field_validator("release", "budget_account")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"use letters, digits, '_' and '-', got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ReleaseSpec:
+        names = [aggregate.name for aggregate in self.aggregates]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"aggregate names must be unique, repeated: {duplicates}")
+        return self
+
+    def contribution_for(self, aggregate: Aggregate) -> ContributionBounds:
+        """The contribution bounds that apply to ``aggregate`` (its own, else the spec's)."""
+        return aggregate.contribution or self.contribution
