@@ -169,11 +169,16 @@ def release_show(
             _fail(f"no release JSON under {path}")
         path = found[-1]
     release = json.loads(path.read_text(encoding="utf-8"))
-    console.print(f"release [bold]{release['release']}[/bold] published to {path}")
-    console.print(f"run {release['release_key']['run_id']}, charge {release['charge']}", highlight=False)
+    console.print(f"release [bold]{release['release']}[/bold] published to {path}", soft_wrap=True)
+    charge = release["charge"]
+    spent = ", ".join(f"{unit} {charge[unit]:g}" for unit in ("epsilon", "rho") if unit in charge)
+    if charge.get("epsilon_at_delta") is not None and "rho" in charge:
+        spent += f" (epsilon {charge['epsilon_at_delta']:.4g} at delta {charge['delta']:g})"
+    console.print(f"run {release['release_key']['run_id']}; this release spent {spent}", highlight=False)
     level = f"{release['confidence']:.0%}"
     for name, aggregate in release["aggregates"].items():
-        table = Table(title=f"{name} ({aggregate['kind']}, {aggregate['mechanism']})", title_justify="left")
+        console.print(f"\n[bold]{name}[/bold] ({aggregate['kind']}, {aggregate['mechanism']})", highlight=False)
+        table = Table()
         for column in aggregate["group_by"] + ["value", f"± ({level})"]:
             table.add_column(column, justify="right" if column in ("value",) else "left")
         rows = aggregate.get("rows") or [aggregate]

@@ -1,0 +1,65 @@
+"""Shared fixtures: real data from ../shared/data, a temporary SQLite ledger, the example spec."""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from dp_operators.ledger import AccountConfig, Ledger, LedgerConfig
+from dp_operators.spec import load_spec
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+EXAMPLE_SPEC = REPO / "config" / "releases" / "adult_census.yaml"
+
+
+@pytest.fixture(scope="session")
+def adult_csv() -> Path:
+    path = SHARED_DATA / "adult.csv"
+    if not path.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{path} not found: CI must have the team's data folder beside the repository")
+        pytest.skip(f"{path} not found: the tests read the team's data folder beside the repository")
+    return path
+
+
+@pytest.fixture(scope="session")
+def adult_aggregates(adult_csv: Path) -> dict:
+    """True aggregates of UCI Adult, computed by the example DAG's own upstream function."""
+    from dags_loader import example_dag_module
+
+    return example_dag_module().compute_adult_aggregates(adult_csv)
+
+
+@pytest.fixture
+def example_spec():
+    return load_spec(EXAMPLE_SPEC)
+
+
+def make_ledger(path: Path, *, cap="1/2", accountant="zcdp", dags=("adult_census_release",), account="census_adult"):
+    """A fresh SQLite ledger at ``path`` with one account."""
+    ledger = Ledger(f"sqlite:///{path}")
+    ledger.init_schema()
+    ledger.apply_config(
+        LedgerConfig(
+            version=1,
+            accounts={
+                account: AccountConfig(
+                    accountant=accountant,
+                    cap=Fraction(cap),
+                    delta=Fraction(1, 10**6) if accountant == "zcdp" else None,
+                    privacy_unit="person",
+                    allowed_dags=list(dags),
+                )
+            },
+        )
+    )
+    return ledger
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return make_ledger(tmp_path / "ledger.db")

@@ -1,0 +1,112 @@
+"""The example DAG under real Airflow: ``airflow dags test`` on UCI Adult, a temporary Airflow home and ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from dp_operators.ledger import Ledger, load_ledger_config
+from dp_operators.release import plan_release
+
+from conftest import EXAMPLE_SPEC, REPO
+
+pytestmark = pytest.mark.integration
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory, adult_csv):
+    home = tmp_path_factory.mktemp("airflow")
+    ledger_path = home / "ledger.db"
+    config = home / "ledgers.yaml"
+    # the repository's account, with a cap that fits exactly two runs of the example spec
+    config.write_text((REPO / "config" / "ledgers.yaml").read_text().replace("cap: 0.5 ", "cap: 0.2 "))
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "AIRFLOW_CONN_DP_LEDGER_DEFAULT": json.dumps(
+            {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{ledger_path}"}}
+        ),
+        "DP_LEDGER_URL": f"sqlite:///{ledger_path}",
+        "DP_OPERATORS_ADULT_CSV": str(adult_csv),
+        "DP_OPERATORS_OUTPUT_URI": f"file://{home / 'releases'}",
+    }
+    for command in (["airflow", "db", "migrate"], ["dpctl", "ledger", "init"], ["dpctl", "ledger", "apply", str(config)]):
+        subprocess.run([str(BIN / command[0]), *command[1:]], env=env, check=True, capture_output=True, timeout=300)
+    assert load_ledger_config(config).accounts["census_adult"].cap == Fraction(1, 5)
+    return {"home": home, "env": env, "ledger": Ledger(f"sqlite:///{ledger_path}"), "ledger_path": ledger_path}
+
+
+def dags_test(airflow_env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "airflow"), "dags", "test", "adult_census_release"],
+        env=airflow_env["env"], capture_output=True, text=True, timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(airflow_env):
+    """Three runs of the DAG against a cap that fits two."""
+    return [dags_test(airflow_env) for _ in range(3)]
+
+
+def releases(airflow_env) -> list[dict]:
+    found = sorted((airflow_env["home"] / "releases").rglob("release.json"), key=lambda p: p.stat().st_mtime)
+    return [json.loads(path.read_text()) for path in found]
+
+
+def test_first_run_releases_every_cell_and_charges_the_spec_total(runs, airflow_env):
+    assert "state=success" in runs[0].stdout + runs[0].stderr
+    first = releases(airflow_env)[0]
+    assert len(first["aggregates"]["people_by_education_sex"]["rows"]) == 32
+    assert [r["age_band"] for r in first["aggregates"]["people_by_age_band"]["rows"]] == [
+        "17-24", "25-34", "35-44", "45-54", "55-64", "65-74", "75+"
+    ]
+    charge = next(c for c in airflow_env["ledger"].charges() if c["run_id"] == first["release_key"]["run_id"])
+    from dp_operators.spec import load_spec
+
+    assert charge["state"] == "committed"
+    assert Fraction(charge["amount"]) == plan_release(load_spec(EXAMPLE_SPEC)).charge("zcdp")
+
+
+def test_third_run_is_refused_and_the_ledger_holds_two_charges(runs, airflow_env):
+    assert "state=success" in runs[1].stdout + runs[1].stderr
+    third = runs[2].stdout + runs[2].stderr
+    assert "state=failed" in third
+    assert "budget account 'census_adult' is exhausted: requested rho 0.1, remaining 0, short by 0.1" in third
+    charges = airflow_env["ledger"].charges()
+    assert len(charges) == 2 and all(c["state"] == "committed" for c in charges)
+    assert len(releases(airflow_env)) == 2
+
+
+def test_raw_aggregates_appear_in_no_log_ledger_or_rendered_field(runs, airflow_env, adult_aggregates):
+    true_values = {adult_aggregates["mean_hours_per_week"]["sum"], adult_aggregates["mean_hours_per_week"]["count"]}
+    for aggregate in ("people_by_education_sex", "people_by_age_band"):
+        true_values |= {row["count"] for row in adult_aggregates[aggregate] if row["count"] >= 1000}
+    pattern = re.compile(r"(?<![\w.:=/+-])(" + "|".join(map(str, sorted(true_values))) + r")(?![\w.:])")
+
+    logs = "".join(run.stdout + run.stderr for run in runs)
+    logs += "".join(p.read_text(errors="replace") for p in (airflow_env["home"] / "logs").rglob("*") if p.is_file())
+    assert len(logs) > 10_000
+    assert pattern.findall(logs) == []
+
+    with sqlite3.connect(airflow_env["home"] / "airflow.db") as db:
+        rendered = " ".join(str(row) for row in db.execute("SELECT rendered_fields FROM rendered_task_instance_fields"))
+    assert "output_uri" in rendered
+    assert pattern.findall(rendered) == []
+
+    ledger_bytes = airflow_env["ledger_path"].read_bytes().decode("latin-1")
+    # noised counts are published and may equal a true count by chance; the sum and row count never are
+    unpublished = {adult_aggregates["mean_hours_per_week"]["sum"], adult_aggregates["mean_hours_per_week"]["count"]}
+    assert [v for v in unpublished if str(v) in ledger_bytes] == []

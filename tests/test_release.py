@@ -1,0 +1,206 @@
+"""The release engine on real data: key domains, charges, replay, refusals, coverage, no raw values out."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dp_operators.accounting import IncompatibleAccountantError
+from dp_operators.ledger import BudgetExhaustedError, ReleaseKey
+from dp_operators.release import (
+    NoiseStep,
+    ReleaseConfigError,
+    ReleaseInputError,
+    check_plain_json,
+    plan_release,
+    run_release,
+)
+from dp_operators.spec import parse_spec
+
+from conftest import EXAMPLE_SPEC, make_ledger
+
+DAG = "adult_census_release"
+
+
+def key(run: str = "run-1", release: str = "adult_census_statistics") -> ReleaseKey:
+    return ReleaseKey(dag_id=DAG, run_id=run, task_id="release", map_index=-1, release_name=release)
+
+
+def release(spec, aggregates, ledger, run="run-1"):
+    return run_release(spec, aggregates, ledger, key(run), spec_hash="0" * 64)
+
+
+def committed(ledger) -> list[dict]:
+    return [c for c in ledger.charges() if c["state"] == "committed"]
+
+
+def test_release_publishes_every_public_key_and_charges_the_plan(example_spec, adult_aggregates, ledger):
+    result = release(example_spec, adult_aggregates, ledger)
+    output = result.output
+    cells = output["aggregates"]["people_by_education_sex"]["rows"]
+    assert len(cells) == 32
+    assert {(c["education"], c["sex"]) for c in cells} == {
+        (e, s) for e in example_spec.aggregates[0].keys["education"] for s in ("Female", "Male")
+    }
+    bands = [row["age_band"] for row in output["aggregates"]["people_by_age_band"]["rows"]]
+    assert bands == ["17-24", "25-34", "35-44", "45-54", "55-64", "65-74", "75+"]
+    assert all(isinstance(c["value"], int) and c["value"] >= 0 for c in cells)
+    assert all(c["half_width"] > 0 for c in cells)
+    charges = committed(ledger)
+    assert len(charges) == 1
+    assert Fraction(charges[0]["amount"]) == plan_release(example_spec).charge("zcdp") == Fraction(1, 10)
+    assert output["charge"]["rho_exact"] == "1/10"
+    json.dumps(output, allow_nan=False)
+    check_plain_json(output)
+
+
+def test_missing_key_is_a_noised_zero_and_unknown_key_is_dropped(example_spec, adult_aggregates, ledger, caplog):
+    aggregates = dict(adult_aggregates)
+    rows = [r for r in aggregates["people_by_education_sex"] if r["education"] != "Preschool"]
+    rows.append({"education": "Kindergarten", "sex": "Female", "count": 777_777})
+    aggregates["people_by_education_sex"] = rows
+    with caplog.at_level(logging.WARNING):
+        output = release(example_spec, aggregates, ledger).output
+    cells = output["aggregates"]["people_by_education_sex"]["rows"]
+    preschool = [c for c in cells if c["education"] == "Preschool"]
+    assert len(preschool) == 2 and all(abs(c["value"]) <= 40 for c in preschool)
+    assert "Kindergarten" not in json.dumps(output)
+    assert "1 upstream row(s) outside the public key domain were dropped" in caplog.text
+    assert "777777" not in caplog.text and "Kindergarten" not in caplog.text
+
+
+def test_retry_of_the_same_key_replays_without_charging(example_spec, adult_aggregates, ledger):
+    first = release(example_spec, adult_aggregates, ledger)
+    second = release(example_spec, adult_aggregates, ledger)
+    assert not first.replayed and second.replayed
+    assert json.dumps(first.output, sort_keys=True) == json.dumps(second.output, sort_keys=True)
+    assert len(ledger.charges()) == 1
+    assert ledger.account("census_adult").spent == Fraction(1, 10)
+
+
+def test_exhaustion_refuses_the_third_run_before_anything_is_reserved(example_spec, adult_aggregates, tmp_path):
+    ledger = make_ledger(tmp_path / "two-runs.db", cap="0.2")
+    release(example_spec, adult_aggregates, ledger, run="a")
+    release(example_spec, adult_aggregates, ledger, run="b")
+    with pytest.raises(BudgetExhaustedError) as refused:
+        release(example_spec, adult_aggregates, ledger, run="c")
+    assert "requested rho 0.1, remaining 0, short by 0.1" in str(refused.value)
+    assert len(ledger.charges()) == 2 and len(committed(ledger)) == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param(lambda a: a.pop("mean_hours_per_week"), "did not provide ['mean_hours_per_week']",
+                     id="missing aggregate"),
+        pytest.param(lambda a: a.update(mean_hours_per_week=[1, 2]), "a mean expects", id="mean not a mapping"),
+        pytest.param(lambda a: a.update(people_by_age_band="17-24"), "expected a list of rows", id="rows a string"),
+        pytest.param(lambda a: a["people_by_age_band"].append({"age_band": "17-24"}), "missing field(s) ['count']",
+                     id="row without count"),
+        pytest.param(lambda a: a["people_by_age_band"].append({"count": 3}), "missing field(s) ['age_band']",
+                     id="row without key column"),
+        pytest.param(lambda a: a["people_by_age_band"].append({"age_band": "75+", "count": "12"}),
+                     "expected a number, got str", id="count is a string"),
+        pytest.param(lambda a: a["people_by_age_band"].append({"age_band": "75+", "count": None}),
+                     "expected a number, got NoneType", id="count is None"),
+    ],
+)
+def test_malformed_upstream_is_refused_before_any_budget_is_spent(
+    example_spec, adult_aggregates, ledger, change, message
+):
+    aggregates = json.loads(json.dumps(adult_aggregates))
+    change(aggregates)
+    with pytest.raises(ReleaseInputError) as refused:
+        release(example_spec, aggregates, ledger)
+    assert message in str(refused.value)
+    assert ledger.charges() == []
+    assert ledger.account("census_adult").spent == 0
+
+
+def test_non_finite_and_huge_values_never_raise(example_spec, adult_aggregates, ledger, caplog):
+    aggregates = json.loads(json.dumps(adult_aggregates))
+    aggregates["people_by_age_band"][0]["count"] = float("nan")
+    aggregates["people_by_age_band"][1]["count"] = float("inf")
+    aggregates["people_by_age_band"][2]["count"] = 2**31 + 5
+    aggregates["mean_hours_per_week"]["sum"] = float("-inf")
+    with caplog.at_level(logging.WARNING):
+        output = release(example_spec, aggregates, ledger).output
+    check_plain_json(output)
+    rows = {r["age_band"]: r["value"] for r in output["aggregates"]["people_by_age_band"]["rows"]}
+    assert rows[aggregates["people_by_age_band"][2]["age_band"]] > 2**31 - 1000  # saturates nothing, wraps nothing
+    assert "non-finite value(s) replaced" in caplog.text
+
+
+def test_privacy_unit_and_accountant_mismatches_are_refused_before_reserving(example_spec, adult_aggregates, tmp_path):
+    pure = make_ledger(tmp_path / "pure.db", accountant="pure_dp", cap="5")
+    with pytest.raises(IncompatibleAccountantError, match="cannot be charged to a 'pure_dp' account"):
+        release(example_spec, adult_aggregates, pure)
+    assert pure.charges() == []
+    households = parse_spec(EXAMPLE_SPEC.read_text().replace("privacy_unit: person", "privacy_unit: household"))
+    with pytest.raises(ReleaseConfigError, match="privacy unit 'household'"):
+        release(households, adult_aggregates, make_ledger(tmp_path / "z.db"))
+
+
+def test_budget_comes_back_only_when_no_noise_was_drawn(example_spec, adult_aggregates, ledger, monkeypatch):
+    def broken(self):
+        raise MemoryError("sampler could not start")
+
+    monkeypatch.setattr(NoiseStep, "draw", broken)
+    with pytest.raises(MemoryError):
+        release(example_spec, adult_aggregates, ledger)
+    (charge,) = ledger.charges()
+    assert charge["state"] == "released"
+    assert ledger.account("census_adult").spent == 0
+
+
+def test_raw_aggregates_never_reach_the_ledger(example_spec, adult_aggregates, tmp_path):
+    path = tmp_path / "ledger.db"
+    ledger = make_ledger(path)
+    release(example_spec, adult_aggregates, ledger)
+    content = path.read_bytes()
+    mean = adult_aggregates["mean_hours_per_week"]
+    for true_value in (mean["sum"], mean["count"]):  # neither is published, noised or not
+        assert str(true_value).encode() not in content
+
+
+@pytest.mark.slow
+def test_mean_is_within_its_half_width_in_at_least_90_of_100_releases(example_spec, adult_aggregates, tmp_path):
+    ledger = make_ledger(tmp_path / "many.db", cap="100")
+    truth = adult_aggregates["mean_hours_per_week"]
+    true_mean = truth["sum"] / truth["count"]
+    covered = 0
+    for run in range(100):
+        published = release(example_spec, adult_aggregates, ledger, run=f"run-{run}").output
+        mean = published["aggregates"]["mean_hours_per_week"]
+        covered += abs(mean["value"] - true_mean) <= mean["half_width"]
+    assert covered >= 90
+
+
+def test_mean_half_width_is_a_box_bound_from_public_values():
+    from dp_operators.release import _mean_with_half_width
+
+    mean, half_width = _mean_with_half_width(4000.0, 100, 100.0, 10, lower=1, upper=99)
+    assert mean == 40.0
+    # extremes: 4100/90 = 45.56 and 3900/110 = 35.45
+    assert math.isclose(half_width, 4100 / 90 - 40)
+    # a noised count at or below 0 still gives a finite, bounded answer
+    mean, half_width = _mean_with_half_width(-5.0, -3, 10.0, 10, lower=1, upper=99)
+    assert mean == 1 and 0 <= half_width <= 98
+
+
+def test_epsilon_delta_budget_calibrates_a_discrete_gaussian(example_spec):
+    document = yaml.safe_load(EXAMPLE_SPEC.read_text())
+    document["aggregates"][0]["budget"] = {"epsilon": 1, "delta": 1e-6}
+    plan = plan_release(parse_spec(yaml.safe_dump(document)))
+    step = plan.step("people_by_education_sex", "count")
+    from dp_operators.mechanisms import rho_to_epsilon
+
+    assert step.budget.unit == "rho"
+    assert rho_to_epsilon(step.budget.amount, Fraction(1, 10**6)) <= 1
+    assert step.scale == 1 / (2 * step.budget.amount)
