@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from fractions import Fraction
 from pathlib import Path
 
-import pytest
+# Airflow reads its home at first import: give the test session a throwaway one, never ~/airflow.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="dp-operators-airflow-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+import pytest  # noqa: E402
 
 from dp_operators.ledger import AccountConfig, Ledger, LedgerConfig
 from dp_operators.spec import load_spec

@@ -87,12 +87,7 @@ class DPReleaseOperator(BaseOperator):
             map_index=-1 if ti.map_index is None else ti.map_index,
             release_name=self.release_spec.release,
         )
-        aggregates = ti.xcom_pull(task_ids=self.aggregates_task_id, key="return_value")
-        if aggregates is None:
-            raise AirflowFailException(
-                f"task {self.aggregates_task_id!r} returned no aggregates; it must return a mapping with one entry "
-                f"per aggregate of {self.spec_path}"
-            )
+        aggregates = self._pull_aggregates(ti)
         ledger = DPLedgerHook(ledger_conn_id=self.ledger_conn_id).get_ledger()
         try:
             result = run_release(
@@ -118,6 +113,25 @@ class DPReleaseOperator(BaseOperator):
             "location": str(location),
         }
         return output
+
+    def _pull_aggregates(self, ti: Any) -> Any:
+        """The upstream aggregates: the upstream task's return value, or, when it returned a string, the JSON file
+        at that ``ObjectStoragePath`` URI (pass by reference keeps raw values out of Airflow's XCom table)."""
+        pulled = ti.xcom_pull(task_ids=self.aggregates_task_id, key="return_value")
+        if pulled is None:
+            raise AirflowFailException(
+                f"task {self.aggregates_task_id!r} returned no aggregates; it must return a mapping with one entry "
+                f"per aggregate of {self.spec_path}, or the URI of a JSON file holding one"
+            )
+        if not isinstance(pulled, str):
+            return pulled
+        try:
+            return json.loads(ObjectStoragePath(pulled).read_text())
+        except (OSError, ValueError) as error:
+            raise AirflowFailException(
+                f"task {self.aggregates_task_id!r} returned the reference {pulled!r}, which is not a readable JSON "
+                f"file: {type(error).__name__}"
+            ) from None
 
     def _write_files(self, output: dict[str, Any], key: ReleaseKey) -> ObjectStoragePath:
         """Write ``<release>/<run_id>/<task_id>[_<map_index>].json`` and ``.csv``; returns the JSON's path."""

@@ -125,3 +125,13 @@ def test_bad_spec_fails_at_construction_with_file_and_field(tmp_path):
 
 def test_only_the_output_location_is_templated():
     assert DPReleaseOperator.template_fields == ("output_uri",)
+
+
+def test_aggregates_can_be_passed_by_reference(tmp_path, ledger_conn, adult_aggregates):
+    stored = tmp_path / "aggregates.json"
+    stored.write_text(json.dumps(adult_aggregates))
+    output = operator(tmp_path).execute(context_for(FakeTaskInstance(f"file://{stored}")))
+    assert len(output["aggregates"]["people_by_education_sex"]["rows"]) == 32
+    with pytest.raises(AirflowFailException, match="not a readable JSON file"):
+        operator(tmp_path).execute(context_for(FakeTaskInstance(f"file://{tmp_path}/absent.json", run_id="x")))
+    assert len(ledger_conn.charges()) == 1

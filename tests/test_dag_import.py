@@ -1,0 +1,35 @@
+"""DAG files import cleanly, and a bad release spec is a DAG import error naming file, field and reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from airflow.dag_processing.dagbag import DagBag
+
+from conftest import EXAMPLE_SPEC, REPO
+
+
+def test_example_dags_import_without_errors():
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    assert "adult_census_release" in bag.dag_ids
+    release = bag.dags["adult_census_release"].get_task("release")
+    assert release.release_spec.release == "adult_census_statistics"
+
+
+def test_bad_spec_is_an_import_error_with_file_field_and_reason(tmp_path: Path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(EXAMPLE_SPEC.read_text().replace("bounds: [1, 99]", "bounds: [99, 1]"))
+    (tmp_path / "bad_dag.py").write_text(
+        "from airflow.sdk import dag\n"
+        "from dp_operators.operators.release import DPReleaseOperator\n"
+        "@dag(schedule=None)\n"
+        "def bad():\n"
+        f"    DPReleaseOperator(task_id='release', spec_path={str(spec)!r}, aggregates_task_id='x',\n"
+        "                      output_uri='file:///tmp/out')\n"
+        "bad()\n"
+    )
+    bag = DagBag(dag_folder=str(tmp_path))
+    (error,) = bag.import_errors.values()
+    assert f"{spec}: invalid release spec" in error
+    assert "aggregates[2](mean_hours_per_week): bounds must have lower < upper, got [99, 1]" in error
