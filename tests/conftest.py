@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from fractions import Fraction
 from pathlib import Path
 
 # Airflow reads its home at first import: give the test session a throwaway one, never ~/airflow.
@@ -13,12 +12,10 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 import pytest  # noqa: E402
 
-from dp_operators.ledger import AccountConfig, Ledger, LedgerConfig
+from dp_operators.ledger import Ledger
 from dp_operators.spec import load_spec
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO.parent / "shared" / "data"
-EXAMPLE_SPEC = REPO / "config" / "releases" / "adult_census.yaml"
+from support import EXAMPLE_SPEC, SHARED_DATA, make_ledger
 
 
 @pytest.fixture(scope="session")
@@ -42,27 +39,6 @@ def adult_aggregates(adult_csv: Path) -> dict:
 @pytest.fixture
 def example_spec():
     return load_spec(EXAMPLE_SPEC)
-
-
-def make_ledger(path: Path, *, cap="1/2", accountant="zcdp", dags=("adult_census_release",), account="census_adult"):
-    """A fresh SQLite ledger at ``path`` with one account."""
-    ledger = Ledger(f"sqlite:///{path}")
-    ledger.init_schema()
-    ledger.apply_config(
-        LedgerConfig(
-            version=1,
-            accounts={
-                account: AccountConfig(
-                    accountant=accountant,
-                    cap=Fraction(cap),
-                    delta=Fraction(1, 10**6) if accountant == "zcdp" else None,
-                    privacy_unit="person",
-                    allowed_dags=list(dags),
-                )
-            },
-        )
-    )
-    return ledger
 
 
 @pytest.fixture

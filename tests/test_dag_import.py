@@ -6,7 +6,7 @@ from pathlib import Path
 
 from airflow.dag_processing.dagbag import DagBag
 
-from conftest import EXAMPLE_SPEC, REPO
+from support import EXAMPLE_SPEC, REPO
 
 
 def test_example_dags_import_without_errors():

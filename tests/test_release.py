@@ -23,7 +23,7 @@ from dp_operators.release import (
 )
 from dp_operators.spec import parse_spec
 
-from conftest import EXAMPLE_SPEC, make_ledger
+from support import EXAMPLE_SPEC, make_ledger
 
 DAG = "adult_census_release"
 

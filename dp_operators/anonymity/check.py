@@ -25,6 +25,7 @@ import pandas as pd
 from dp_operators.anonymity.errors import AnonymityInputError
 from dp_operators.anonymity.measures import (
     EquivalenceClasses,
+    SensitiveDistribution,
     check_columns,
     class_emd,
     equivalence_classes,
@@ -155,7 +156,7 @@ def _l_result(
     kind: str,
     l: float,
     c: float | None,
-    dist: Any,
+    dist: SensitiveDistribution,
     distinct: np.ndarray,
     entropies: np.ndarray,
     entry: dict[str, Any],

@@ -200,6 +200,8 @@ def _partition(dims: list[_Dimension], rows: np.ndarray, k: int) -> list[np.ndar
     while stack:
         part = stack.pop()
         widths = [(d.width(d.codes[part]), j) for j, d in enumerate(dims)]
+        split = False
+        # Widest normalised range first; fall back to the next dimension when no cut keeps k rows on both sides.
         for width, j in sorted(widths, key=lambda w: (-w[0], w[1])):
             if width == 0:
                 break
@@ -208,11 +210,9 @@ def _partition(dims: list[_Dimension], rows: np.ndarray, k: int) -> list[np.ndar
                 left = dims[j].codes[part] <= cut
                 stack.append(part[~left])
                 stack.append(part[left])
+                split = True
                 break
-        else:
-            final.append(part)
-            continue
-        if width == 0:
+        if not split:
             final.append(part)
     return final
 

@@ -180,7 +180,8 @@ def parse_anonymity_spec(text: str, source: str = "<string>") -> AnonymitySpec:
     except yaml.YAMLError as exc:
         raise AnonymitySpecError(f"{source}: <document>: not valid YAML: {exc}") from exc
     if not isinstance(document, dict):
-        raise AnonymitySpecError(f"{source}: <document>: expected a mapping of spec fields, got {type(document).__name__}")
+        kind = type(document).__name__
+        raise AnonymitySpecError(f"{source}: <document>: expected a mapping of spec fields, got {kind}")
     try:
         return AnonymitySpec.model_validate(document)
     except ValidationError as exc:

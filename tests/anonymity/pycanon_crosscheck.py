@@ -25,16 +25,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-KANON_DIR = REPO_ROOT.parent / "shared" / "data" / "kanon"
+if __package__:
+    from .anonymity_tables import HOSPITAL_QIS, KANON_DIR, REPO_ROOT, STUDENT_QIS
+else:  # run as a script: python tests/anonymity/pycanon_crosscheck.py
+    from anonymity_tables import HOSPITAL_QIS, KANON_DIR, REPO_ROOT, STUDENT_QIS
+
 VENV = REPO_ROOT / ".cache" / "pycanon-venv"
 PYCANON = "pycanon==1.3.6"
 RUNNER = Path(__file__).with_name("pycanon_measures.py")
 
-STUDENT_QIS = ["Teacher", "Gender", "Ethnic", "Freeredu", "wesson"]
 # name, file, quasi-identifiers, sensitive attribute, its type for us (pycanon decides by dtype)
 DATASETS = [
-    ("hospital", "hospital_anonymized.csv", ["name", "age", "gender", "city", "religion"], "disease", "categorical"),
+    ("hospital", "hospital_anonymized.csv", HOSPITAL_QIS, "disease", "categorical"),
     ("students", "StudentsMath_Score.csv", STUDENT_QIS, "Score", "ordered"),
     ("students_k5", "StudentsMath_Score_k5.csv", STUDENT_QIS, "Score", "ordered"),
     ("students_k5_ethnic", "StudentsMath_Score_k5.csv", ["Teacher", "Gender", "Freeredu"], "Ethnic", "categorical"),

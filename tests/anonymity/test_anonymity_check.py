@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 import pytest
-from conftest import DISEASE_HIERARCHY, HOSPITAL_QIS
+from .anonymity_tables import DISEASE_HIERARCHY, HOSPITAL_QIS
 
 from dp_operators.anonymity import AnonymityInputError, AnonymitySpec, check_table
 
@@ -156,7 +156,7 @@ def test_bad_input_is_a_clear_error(table, spec, match):
 
 
 def test_adult_example_spec_runs(adult):
-    from conftest import REPO_ROOT
+    from .anonymity_tables import REPO_ROOT
 
     from dp_operators.anonymity import load_anonymity_spec
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import DISEASE_HIERARCHY, HOSPITAL_QIS, STUDENT_QIS
+from .anonymity_tables import DISEASE_HIERARCHY, HOSPITAL_QIS, STUDENT_QIS
 from scipy.optimize import linprog
 
 from dp_operators.anonymity import (
@@ -57,7 +57,9 @@ def test_li_section_4_salary_example_is_0_375():
 def _emd_by_linear_programme(p: np.ndarray, q: np.ndarray, ground: np.ndarray) -> float:
     """Earth Mover's Distance as the transportation problem (an independent oracle for the closed forms)."""
     m = p.size
-    equalities = [np.kron(np.eye(m)[i], np.ones(m)) for i in range(m)] + [np.kron(np.ones(m), np.eye(m)[j]) for j in range(m)]
+    rows_sum_to_q = [np.kron(np.eye(m)[i], np.ones(m)) for i in range(m)]
+    columns_sum_to_p = [np.kron(np.ones(m), np.eye(m)[j]) for j in range(m)]
+    equalities = rows_sum_to_q + columns_sum_to_p
     result = linprog(ground.ravel(), A_eq=np.array(equalities), b_eq=np.concatenate([q, p]), bounds=(0, None))
     return float(result.fun)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT
+from .anonymity_tables import REPO_ROOT
 
 from dp_operators.anonymity import AnonymitySpecError, load_anonymity_spec, parse_anonymity_spec
 

@@ -7,7 +7,7 @@ import re
 
 import pandas as pd
 import pytest
-from conftest import ADULT_QIS
+from .anonymity_tables import ADULT_QIS
 
 from dp_operators.anonymity import AnonymityInputError, equivalence_classes, k_anonymity, mondrian
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pycanon_crosscheck import (
+from .pycanon_crosscheck import (
     DATASETS,
     KANON_DIR,
     RegistryUnreachable,

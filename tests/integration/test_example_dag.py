@@ -16,7 +16,7 @@ import pytest
 from dp_operators.ledger import Ledger, load_ledger_config
 from dp_operators.release import plan_release
 
-from conftest import EXAMPLE_SPEC, REPO
+from support import EXAMPLE_SPEC, REPO
 
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent

@@ -14,7 +14,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from dp_operators.operators.release import DPReleaseOperator, release_csv
 from dp_operators.spec import SpecError
 
-from conftest import EXAMPLE_SPEC, make_ledger
+from support import EXAMPLE_SPEC, make_ledger
 
 
 @dataclass

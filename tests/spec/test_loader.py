@@ -10,7 +10,7 @@ import yaml
 
 from dp_operators.spec import SpecError, load_spec, parse_spec
 
-from conftest import EXAMPLE_SPEC
+from support import EXAMPLE_SPEC
 
 
 def example_document() -> dict:
