@@ -6,7 +6,8 @@ l and t on it and publishes the report as XCom and as the extract's asset event.
 the extract meets k = 10 but not l-diversity on income (many classes are all ``<=50K``), which the report shows.
 
 Environment:
-    DP_OPERATORS_ADULT_CSV: the Adult table (48,842 rows); default ``../shared/data/adult.csv`` from the repo root.
+    DP_OPERATORS_ADULT_CSV: the Adult table (48,842 rows); default ``.data/adult.csv`` (``make demo`` fetches it),
+        else ``../shared/data/adult.csv`` beside the repository.
     DP_OPERATORS_OUTPUT_DIR: where the generalised extract goes; default ``.data/anonymity`` in the repo.
 """
 
@@ -22,7 +23,14 @@ from dp_operators.anonymity import load_anonymity_spec
 from dp_operators.operators.anonymity import AnonymityCheckOperator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ADULT_CSV = Path(os.environ.get("DP_OPERATORS_ADULT_CSV", REPO_ROOT / ".." / "shared" / "data" / "adult.csv"))
+# as in adult_census_release.py: the env var, else the table `make demo` fetched, else the team's shared copy
+ADULT_CSV = Path(
+    os.environ.get("DP_OPERATORS_ADULT_CSV")
+    or next(
+        (p for p in (REPO_ROOT / ".data" / "adult.csv",) if p.exists()),
+        REPO_ROOT.parent / "shared" / "data" / "adult.csv",
+    )
+)
 OUTPUT_DIR = Path(os.environ.get("DP_OPERATORS_OUTPUT_DIR", REPO_ROOT / ".data" / "anonymity"))
 SPEC = REPO_ROOT / "config" / "anonymity" / "adult_microdata.yaml"
 EXTRACT = OUTPUT_DIR / "adult_microdata_k10.csv"
