@@ -1,16 +1,29 @@
 """``dpctl``: the command line for privacy officers and pipeline owners.
 
-Exit codes: 0 success; 1 a check failed or a refusal (invalid spec or configuration, ledger not initialised,
-unknown account); 2 usage error (typer/click's own). Every command has ``--help``.
+Exit codes (every command; ``--help`` on each):
 
-The ledger is chosen with ``--url`` (a SQLAlchemy URL), else ``--conn-id`` (an Airflow connection), else the
-``DP_LEDGER_URL`` environment variable.
+* 0 — success;
+* 1 — an error or refusal: invalid spec or configuration, ledger not initialised or unreachable, unknown account or
+  connection, a change ``ledger apply`` refuses (lower a cap below spend, change an accountant);
+* 2 — usage error (unknown option, missing argument: typer/click's own);
+* 3 — ``ledger verify`` found the ledger inconsistent: a broken audit chain, an edited or deleted row, totals that
+  disagree with the audit log, or missing append-only triggers (the first broken row is named).
+
+The ledger is chosen with ``--url`` (a SQLAlchemy URL), else ``--conn-id`` (an Airflow connection id; from a shell
+give it as ``AIRFLOW_CONN_<ID>`` in the environment, e.g. ``AIRFLOW_CONN_DP_LEDGER_DEFAULT='{"conn_type":
+"dp_ledger", "extra": {"url": "postgresql+psycopg://user@db/ledger"}}'``), else the ``DP_LEDGER_URL`` environment
+variable.
 """
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import datetime as dt
 import json
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -33,11 +46,17 @@ console = Console(width=None if __import__("sys").stdout.isatty() else 120)
 errors = Console(stderr=True)
 
 UrlOption = Annotated[Optional[str], typer.Option("--url", help="SQLAlchemy URL of the ledger database.")]
-ConnOption = Annotated[Optional[str], typer.Option("--conn-id", help="Airflow connection id of the ledger.")]
+ConnOption = Annotated[
+    Optional[str],
+    typer.Option("--conn-id", help="Airflow connection id of the ledger (from a shell: set AIRFLOW_CONN_<ID>)."),
+]
+
+#: ``ledger verify`` found the ledger inconsistent (see the module docstring).
+EXIT_INCONSISTENT = 3
 
 
 def _fail(message: str) -> None:
-    errors.print(f"[red]error:[/red] {message}", highlight=False)
+    errors.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 
@@ -47,22 +66,42 @@ def _ledger(url: str | None, conn_id: str | None) -> Ledger:
     if conn_id:
         from dp_operators.hooks.ledger import DPLedgerHook
 
-        return DPLedgerHook(ledger_conn_id=conn_id).get_ledger()
+        try:
+            return DPLedgerHook(ledger_conn_id=conn_id).get_ledger()
+        except Exception as error:  # Airflow raises its own not-found type; the message says what is missing
+            _fail(
+                f"cannot use Airflow connection {conn_id!r}: {error}. From a shell, define it as "
+                f"AIRFLOW_CONN_{conn_id.upper()}='{{\"conn_type\": \"dp_ledger\", \"extra\": {{\"url\": \"...\"}}}}'"
+            )
     if os.environ.get("DP_LEDGER_URL"):
         return Ledger(os.environ["DP_LEDGER_URL"])
     _fail("say which ledger: --url sqlite:///ledger.db, --conn-id <airflow connection>, or set DP_LEDGER_URL")
     raise AssertionError("unreachable")
 
 
+@contextlib.contextmanager
+def _ledger_errors() -> Iterator[None]:
+    """Turn the ledger's refusals and database failures into exit code 1 with the message."""
+    import sqlalchemy as sa
+
+    try:
+        yield
+    except (LedgerConfigError, LedgerError, ValueError) as error:
+        _fail(str(error))
+    except sa.exc.SQLAlchemyError as error:
+        _fail(f"ledger database error: {getattr(error, 'orig', None) or error}")
+
+
 @ledger_app.command("init")
 def ledger_init(url: UrlOption = None, conn_id: ConnOption = None) -> None:
-    """Create the ledger's tables (idempotent) and record the schema version."""
-    ledger = _ledger(url, conn_id)
-    try:
+    """Create the ledger's tables and audit triggers, or upgrade an older schema; record the schema version.
+
+    Idempotent. Nothing else creates tables: the operators and the other commands refuse an uninitialised ledger.
+    """
+    with _ledger_errors():
+        ledger = _ledger(url, conn_id)
         version = ledger.init_schema()
-    except LedgerError as error:
-        _fail(str(error))
-    console.print(f"ledger schema version {version} ready at {ledger.engine.url.render_as_string()}")
+    console.print(f"ledger schema version {version} ready at {ledger.url}", highlight=False, soft_wrap=True)
 
 
 @ledger_app.command("apply")
@@ -71,81 +110,184 @@ def ledger_apply(
     url: UrlOption = None,
     conn_id: ConnOption = None,
 ) -> None:
-    """Create or update budget accounts from a ledger configuration file."""
-    try:
+    """Create or update budget accounts from a ledger configuration file.
+
+    The only way a cap changes. Every change is recorded in the audit log with the configuration as written, the
+    values stored, the previous values, the user and the host. A cap below the spend so far and a change of
+    accountant are refused (exit 1) and nothing is changed.
+    """
+    with _ledger_errors():
         changes = _ledger(url, conn_id).apply_config(load_ledger_config(config))
-    except (LedgerConfigError, LedgerError, ValueError) as error:
-        _fail(str(error))
     for line in changes or ["no change"]:
-        console.print(line)
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+def _account_row(a) -> dict:
+    mu = a.accountant == "gaussian_dp"
+    return {
+        "account": a.name,
+        "accountant": a.accountant,
+        "unit": a.unit,
+        "cap": str(a.cap),
+        "spent": str(a.spent),
+        "reserved": str(a.reserved),
+        "remaining": str(a.remaining),
+        "delta": None if a.delta is None else str(a.delta),
+        "delta_spent": str(a.delta_spent) if a.accountant == "approx_dp" else None,
+        "cap_mu": float(a.cap) ** 0.5 if mu else None,
+        "spent_mu": float(a.spent) ** 0.5 if mu else None,
+        "spent_epsilon": a.as_epsilon(a.spent),
+        "cap_epsilon": a.as_epsilon(a.cap),
+        "privacy_unit": a.privacy_unit,
+        "allowed_dags": list(a.allowed_dags),
+    }
 
 
 @ledger_app.command("show")
 def ledger_show(
     url: UrlOption = None,
     conn_id: ConnOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    account: Annotated[Optional[str], typer.Option(help="Only this budget account.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (exact numbers as fractions).")] = False,
 ) -> None:
-    """Accounts: cap, spent, reserved and remaining in the account's unit, and as epsilon."""
-    try:
-        accounts = _ledger(url, conn_id).accounts()
-    except LedgerError as error:
-        _fail(str(error))
-    rows = [
-        {
-            "account": a.name,
-            "accountant": a.accountant,
-            "unit": a.unit,
-            "cap": str(a.cap),
-            "spent": str(a.spent),
-            "reserved": str(a.reserved),
-            "remaining": str(a.remaining),
-            "spent_epsilon": a.as_epsilon(a.spent),
-            "cap_epsilon": a.as_epsilon(a.cap),
-            "delta": None if a.delta is None else float(a.delta),
-        }
-        for a in accounts
-    ]
+    """Accounts: cap, spent, reserved and remaining in the account's unit, and as epsilon.
+
+    Units: epsilon (pure_dp, approx_dp; approx_dp also shows the delta spent), rho (zcdp), mu^2 (gaussian_dp; mu
+    shown beside it). "As epsilon" is the spend and the cap converted at the account's delta (CKS 2020 for zcdp,
+    Dong-Roth-Su for gaussian_dp), rounded up.
+    """
+    with _ledger_errors():
+        ledger = _ledger(url, conn_id)
+        accounts = [ledger.account(account)] if account else ledger.accounts()
+        rows = [_account_row(a) for a in accounts]
     if as_json:
         console.print_json(json.dumps(rows))
         return
     table = Table(title="Budget accounts")
-    for column in ("account", "unit", "cap", "spent", "reserved", "remaining", "as epsilon (spent / cap)"):
-        table.add_column(column)
+    for column in ("account", "accountant", "unit", "cap", "spent", "reserved", "remaining",
+                   "as epsilon (spent / cap)"):
+        table.add_column(column, justify="right" if column in ("cap", "spent", "reserved", "remaining") else "left")
     for row in rows:
-        as_eps = (
-            "-" if row["spent_epsilon"] is None
-            else f"{row['spent_epsilon']:.4g} / {row['cap_epsilon']:.4g}"
-            + (f" at delta {row['delta']:g}" if row["delta"] else "")
-        )
+        if row["spent_epsilon"] is None:
+            as_eps = "-"
+        else:
+            as_eps = f"{row['spent_epsilon']:.4g} / {row['cap_epsilon']:.4g}"
+            if row["accountant"] == "approx_dp":
+                as_eps += f", delta {_decimal(row['delta_spent'])} / {_decimal(row['delta'])}"
+            elif row["delta"]:
+                as_eps += f" at delta {_decimal(row['delta'])}"
+        cap = _decimal(row["cap"]) + (f" (mu {row['cap_mu']:.4g})" if row["cap_mu"] is not None else "")
+        spent = _decimal(row["spent"]) + (f" (mu {row['spent_mu']:.4g})" if row["spent_mu"] is not None else "")
         table.add_row(
-            row["account"], row["unit"], _decimal(row["cap"]), _decimal(row["spent"]), _decimal(row["reserved"]),
+            row["account"], row["accountant"], row["unit"], cap, spent, _decimal(row["reserved"]),
             _decimal(row["remaining"]), as_eps,
         )
     console.print(table)
+
+
+def _date(value: Optional[str], option: str) -> Optional[dt.datetime]:
+    if value is None:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an ISO date or date-time (e.g. 2026-01-31)", param_hint=option)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
 
 
 @ledger_app.command("history")
 def ledger_history(
     account: Annotated[Optional[str], typer.Option(help="Only this budget account.")] = None,
     dag_id: Annotated[Optional[str], typer.Option("--dag-id", help="Only this DAG.")] = None,
+    state: Annotated[
+        Optional[str], typer.Option(help="Only charges in this state: reserved, committed, released, abandoned.")
+    ] = None,
+    since: Annotated[Optional[str], typer.Option(help="Charges created at or after this ISO date (UTC).")] = None,
+    until: Annotated[Optional[str], typer.Option(help="Charges created before this ISO date (UTC).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines instead of a table.")] = False,
     url: UrlOption = None,
     conn_id: ConnOption = None,
 ) -> None:
-    """Charges, oldest first: release key, state and amount."""
-    try:
-        charges = _ledger(url, conn_id).charges(account=account, dag_id=dag_id)
-    except LedgerError as error:
-        _fail(str(error))
+    """Charges, oldest first: release key, attempt, state and amount (filter by account, DAG, state, date)."""
+    with _ledger_errors():
+        charges = _ledger(url, conn_id).charges(
+            account=account, dag_id=dag_id, state=state, since=_date(since, "--since"), until=_date(until, "--until")
+        )
+    if as_json:
+        for charge in charges:
+            typer.echo(json.dumps(charge, default=str, sort_keys=True))
+        return
     table = Table(title="Charges")
-    for column in ("id", "account", "dag_id", "run_id", "task_id", "release", "state", "amount", "created"):
+    for column in ("id", "account", "dag_id", "run_id", "task_id", "release", "attempt", "state", "amount", "created"):
         table.add_column(column)
     for c in charges:
+        amount = _decimal(c["amount"]) + (f" (delta {_decimal(c['delta_amount'])})" if c["delta_amount"] != "0" else "")
         table.add_row(
-            str(c["id"]), c["account"], c["dag_id"], c["run_id"], c["task_id"], c["release_name"], c["state"],
-            _decimal(c["amount"]), str(c["created_at"])[:19],
+            str(c["id"]), c["account"], c["dag_id"], c["run_id"], c["task_id"], c["release_name"], str(c["attempt"]),
+            c["state"], amount, str(c["created_at"])[:19],
         )
     console.print(table)
+
+
+@ledger_app.command("verify")
+def ledger_verify(url: UrlOption = None, conn_id: ConnOption = None) -> None:
+    """Recompute the audit hash chains and cross-check them against accounts, charges and stored outputs.
+
+    Exit 0 and print each account's chain head (worth recording outside the database: a chain rewritten from the
+    start by someone with write access would then no longer match); exit 3 naming the first broken row and every
+    other inconsistency found.
+    """
+    with _ledger_errors():
+        report = _ledger(url, conn_id).verify()
+    if report.ok:
+        console.print(
+            f"ledger consistent: {report.events} audit events, {report.accounts} accounts, {report.charges} charges",
+            highlight=False,
+        )
+        for name, head in sorted(report.heads.items()):
+            console.print(f"  {name}: chain head {head}", highlight=False, soft_wrap=True)
+        return
+    errors.print(f"[red]ledger inconsistent:[/red] first broken: {report.problems[0]}", highlight=False, soft_wrap=True)
+    for problem in report.problems[1:50]:
+        errors.print(f"  also: {problem}", highlight=False, soft_wrap=True)
+    if len(report.problems) > 50:
+        errors.print(f"  ... and {len(report.problems) - 50} more", highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_INCONSISTENT)
+
+
+@ledger_app.command("export")
+def ledger_export(
+    fmt: Annotated[str, typer.Option("--format", help="jsonl (one JSON object a line) or csv.")] = "jsonl",
+    what: Annotated[str, typer.Option(help="events (the audit log) or charges (without outputs).")] = "events",
+    account: Annotated[Optional[str], typer.Option(help="Only this budget account.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
+    url: UrlOption = None,
+    conn_id: ConnOption = None,
+) -> None:
+    """Export the audit log (every column, hashes included, so it can be re-verified elsewhere) or the charges."""
+    if fmt not in ("jsonl", "csv"):
+        raise typer.BadParameter("use jsonl or csv", param_hint="--format")
+    if what not in ("events", "charges"):
+        raise typer.BadParameter("use events or charges", param_hint="--what")
+    with _ledger_errors():
+        ledger = _ledger(url, conn_id)
+        ledger.check_schema()
+        rows = list(ledger.events(account)) if what == "events" else ledger.charges(account=account)
+    with (output.open("w", encoding="utf-8", newline="") if output else contextlib.nullcontext(sys.stdout)) as out:
+        if fmt == "jsonl":
+            for row in rows:
+                out.write(json.dumps(row, default=str, sort_keys=True, ensure_ascii=False) + "\n")
+        else:
+            from dp_operators.ledger import schema
+
+            table = schema.audit_events if what == "events" else schema.charges
+            columns = [c.name for c in table.c if c.name != "output"]
+            writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({name: row.get(name) for name in columns})
+    if output:
+        errors.print(f"wrote {len(rows)} {what} to {output}", highlight=False, soft_wrap=True)
 
 
 @spec_app.command("validate")
@@ -156,6 +298,110 @@ def spec_validate(spec: Annotated[Path, typer.Argument(help="A release spec YAML
     except SpecError as error:
         _fail(str(error))
     console.print(f"{spec}: valid (release {loaded.release!r}, {len(loaded.aggregates)} aggregate(s))")
+
+
+@spec_app.command("plan")
+def spec_plan(
+    spec: Annotated[Path, typer.Argument(help="A release spec YAML file.")],
+    url: UrlOption = None,
+    conn_id: ConnOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Show what a spec will do, before any data is read or budget spent: per noised step the mechanism, scale,
+    charge (in the account's unit and as epsilon) and the half-width of each value's interval; with a ledger
+    (--url, --conn-id or DP_LEDGER_URL) also how many more runs the budget account can fund."""
+    from dp_operators.accounting import IncompatibleAccountantError
+    from dp_operators.release import plan_release
+
+    try:
+        loaded = load_spec(spec)
+    except SpecError as error:
+        _fail(str(error))
+    plan = plan_release(loaded)
+    account = None
+    if url or conn_id or os.environ.get("DP_LEDGER_URL"):
+        try:
+            account = _ledger(url, conn_id).account(loaded.budget_account)
+        except LedgerError as error:
+            _fail(str(error))
+    alpha = 1 - loaded.confidence
+    try:
+        rows = [_plan_row(step, account, alpha) for step in plan.steps]
+        total = plan.charge(account.accountant) if account else None
+    except IncompatibleAccountantError as error:
+        _fail(f"budget account {account.name!r} ({account.accountant}): {error}")
+    summary: dict = {"release": loaded.release, "budget_account": loaded.budget_account, "steps": rows}
+    if account is not None:
+        summary.update(
+            accountant=account.accountant,
+            unit=account.unit,
+            charge_per_run=str(total),
+            charge_per_run_as_epsilon=account.as_epsilon(total),
+            delta=None if account.delta is None else float(account.delta),
+            remaining=str(account.remaining),
+            runs_remaining=int(account.remaining // total),
+        )
+    if as_json:
+        console.print_json(json.dumps(summary))
+        return
+    level = f"{loaded.confidence:.0%}"
+    table = Table(title=f"Plan of release {loaded.release!r} (no data read, nothing spent)", title_justify="left")
+    columns = ["aggregate", "component", "mechanism", "scale", "sensitivity (L1 / L2)", "calibrated to"]
+    columns += [f"charge ({account.unit})", "charge as epsilon"] if account else []
+    columns += [f"± ({level})", "partitions"]
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        cells = [
+            row["aggregate"], row["component"], row["mechanism"], row["scale"],
+            f"{row['l1_sensitivity']:.6g} / {row['l2_sensitivity']:.6g}", row["calibrated_to"],
+        ]
+        if account:
+            eps = row["charge_as_epsilon"]
+            cells += [_decimal(row["charge"]), "-" if eps is None else f"{eps:.4g}"]
+        cells += [f"{row['half_width']:.4g}", str(row["partitions"] if row["partitions"] is not None else "selected")]
+        table.add_row(*cells)
+    console.print(table)
+    if account is None:
+        console.print("no ledger given (--url, --conn-id or DP_LEDGER_URL): charges and runs left not shown")
+        return
+    as_eps = summary["charge_per_run_as_epsilon"]
+    console.print(
+        f"charge per run: {account.unit} {_decimal(str(total))}"
+        + ("" if as_eps is None else f" (epsilon {as_eps:.4g}" + (f" at delta {float(account.delta):g})" if account.delta else ")"))
+        + f"; account {account.name!r} has {account.unit} {_decimal(str(account.remaining))} left: "
+        f"{summary['runs_remaining']} more run(s)",
+        highlight=False,
+    )
+
+
+def _plan_row(step, account, alpha: float) -> dict:
+    """One noised step of a plan as plain JSON (public parameters only)."""
+    described = step.describe()
+    scale = (
+        f"b = {described['scale']:.6g}" if step.mechanism == "discrete_laplace" else f"sigma = {described['sigma']:.6g}"
+    )
+    if step.threshold is not None:
+        scale += f", threshold {step.threshold}"
+    budget = ", ".join(f"{name} {value:g}" for name, value in described["calibrated_to"].items())
+    row = {
+        "aggregate": step.aggregate,
+        "component": step.component,
+        "mechanism": step.mechanism,
+        "scale": scale,
+        "l1_sensitivity": described["l1_sensitivity"],
+        "l2_sensitivity": described["l2_sensitivity"],
+        "calibrated_to": budget,
+        "half_width": step.half_width(alpha),
+        "partitions": step.partitions,
+        "noise": described,
+    }
+    if account is not None:
+        from dp_operators.accounting import charge_in_account_unit
+
+        charge = charge_in_account_unit(step.privacy_loss(account.accountant), account.accountant)
+        row.update(charge=str(charge), charge_as_epsilon=account.as_epsilon(charge))
+    return row
 
 
 @release_app.command("show")

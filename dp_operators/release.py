@@ -15,6 +15,9 @@ Order of one release (DESIGN.md section 2, invariant 1):
 Neighbouring relation: add or remove one privacy unit, which contributes to at most ``max_partitions_contributed``
 partitions of each aggregate, at most ``max_contributions_per_partition`` times each, every value clipped to the
 declared ``bounds`` upstream.
+
+Mechanisms, calibration, grids and special values are documented for users in ``docs/mechanisms.md``; the
+decisions behind them in ``docs/adr/0010`` to ``0014``.
 """
 
 from __future__ import annotations
@@ -30,20 +33,37 @@ from itertools import product
 from typing import Any
 
 from dp_operators import __version__
-from dp_operators.accounting import PrivacyLoss, charge_in_account_unit, exact_number
+from dp_operators.accounting import (
+    GaussianNoise,
+    PrivacyLoss,
+    charge_in_account_unit,
+    delta_in_account,
+    exact_number,
+)
 from dp_operators.ledger import Ledger, ReleaseKey
 from dp_operators.mechanisms import (
     discrete_gaussian_accuracy,
     discrete_gaussian_sigma2,
+    discrete_gaussian_sigma2_for_approx_dp,
+    discrete_gaussian_variance,
     discrete_laplace_accuracy,
     discrete_laplace_scale,
-    rho_for_approx_dp,
+    discrete_laplace_variance,
     sample_discrete_gaussian_vector,
     sample_discrete_laplace_vector,
 )
-from dp_operators.spec import Aggregate, ReleaseSpec
+from dp_operators.mechanisms.calibration import (
+    discrete_gaussian_threshold,
+    discrete_laplace_threshold,
+    epsilon_for_rho,
+)
+from dp_operators.mechanisms.privacy_profile import discrete_gaussian_delta
+from dp_operators.spec import Aggregate, Budget, ReleaseSpec
 
 log = logging.getLogger(__name__)
+
+#: Data values are saturated at +-SATURATION grid units (about 4.6e18): they never overflow and never wrap.
+SATURATION = 2**62
 
 
 class ReleaseInputError(ValueError):
@@ -54,28 +74,82 @@ class ReleaseConfigError(ValueError):
     """The spec and the budget account disagree (privacy unit, accountant). Raised before anything is reserved."""
 
 
+# -- the plan -----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NoiseStep:
-    """One noised sub-step of a release: a vector of ``partitions`` integers noised with one mechanism.
+    """One noised sub-step of a release: integers (grid units) noised with one exact mechanism.
 
     Attributes:
-        aggregate, component: which aggregate and which part of it (``count`` or ``sum``).
+        aggregate, component: which aggregate and which part: ``count``, ``sum``, ``sum_squares``, or
+            ``selection`` (the noised count of privacy units compared with ``threshold``).
         mechanism: ``discrete_laplace`` (``scale`` is t, pmf ~ exp(-|x|/t)) or ``discrete_gaussian``
             (``scale`` is sigma^2, pmf ~ exp(-x^2 / (2 sigma^2))), in grid units.
-        budget: the privacy loss this step is calibrated to.
-        l1_sensitivity, l2_sensitivity_squared: of the whole vector, in grid units.
-        grid: the fixed-point resolution (1 for counts): released value = integer * grid.
+        budget: the budget this step was calibrated to (its share of the aggregate's budget).
+        linf: how much one privacy unit changes one partition, in grid units; l0: in how many partitions.
+        grid: the fixed-point resolution: released value = integer * grid (1 for counts, grid^2 for squares).
+        partitions: number of noised values; None under partition selection (it depends on the data).
+        noise_delta: the delta of the noise's own (epsilon, delta) guarantee (0 for pure DP and zCDP).
+        threshold, threshold_delta: partition selection only: release iff noised count >= threshold; the delta
+            that comparison costs.
     """
 
     aggregate: str
     component: str
     mechanism: str
-    budget: PrivacyLoss
-    l1_sensitivity: int
-    l2_sensitivity_squared: int
+    budget: Budget
+    linf: int
+    l0: int
     scale: Fraction
     grid: Fraction
-    partitions: int
+    partitions: int | None
+    noise_delta: Fraction = Fraction(0)
+    threshold: int | None = None
+    threshold_delta: Fraction | None = None
+
+    @property
+    def l1_sensitivity(self) -> int:
+        return self.l0 * self.linf
+
+    @property
+    def l2_sensitivity_squared(self) -> int:
+        return self.l0 * self.linf * self.linf
+
+    @property
+    def epsilon(self) -> Fraction | None:
+        """The pure epsilon of a Laplace step (L1 / t, exact); the calibrated epsilon of an approximate Gaussian."""
+        if self.mechanism == "discrete_laplace":
+            return Fraction(self.l1_sensitivity) / self.scale
+        return self.budget.epsilon if self.budget.form == "epsilon_delta" else None
+
+    @property
+    def rho(self) -> Fraction | None:
+        """The zCDP rho of a Gaussian step: L2^2 / (2 sigma^2), exact (CKS 2020, Theorem 14)."""
+        if self.mechanism == "discrete_gaussian":
+            return Fraction(self.l2_sensitivity_squared) / (2 * self.scale)
+        return None
+
+    @property
+    def delta(self) -> Fraction:
+        """The delta this step's (epsilon, delta) guarantee spends (noise profile plus threshold), 0 if pure."""
+        return self.noise_delta + (self.threshold_delta or 0)
+
+    def privacy_loss(self, accountant: str) -> PrivacyLoss:
+        """The loss to charge to an ``accountant`` account: the adapter between mechanisms and accounting.
+
+        * Laplace: pure epsilon = L1 / t (with the threshold's delta for partition selection).
+        * Gaussian calibrated to rho: rho, with its sigma^2 and L2^2 for Gaussian-DP accounts.
+        * Gaussian calibrated to (epsilon, delta) by the exact profile: (epsilon, delta) on ``approx_dp``; on other
+          accounts the exact rho = L2^2 / (2 sigma^2) of the same noise, a valid but looser description
+          (docs/adr/0011), with delta as the conversion delta.
+        """
+        noise = GaussianNoise(self.scale, Fraction(self.l2_sensitivity_squared))
+        if self.component == "selection" or self.mechanism == "discrete_laplace":
+            if self.mechanism == "discrete_laplace":
+                return PrivacyLoss("epsilon", self.epsilon, delta=self.delta)
+            return PrivacyLoss("epsilon", self.budget.epsilon, delta=self.delta)
+        if self.budget.form == "epsilon_delta" and accountant == "approx_dp":
+            return PrivacyLoss("epsilon", self.budget.epsilon, delta=self.delta)
+        return PrivacyLoss("rho", self.rho, delta=self.delta, gaussian=noise)
 
     def half_width(self, alpha: float) -> float:
         """Half-width of the (1 - alpha) interval of one value, in value units (public parameters only)."""
@@ -85,28 +159,58 @@ class NoiseStep:
             units = discrete_gaussian_accuracy(self.scale, alpha)
         return float(units * self.grid)
 
-    def draw(self) -> list[int]:
-        """Draw the noise vector from the exact sampler (OS CSPRNG)."""
+    @property
+    def standard_deviation(self) -> float:
+        """Standard deviation of the noise on one value, in value units."""
         if self.mechanism == "discrete_laplace":
-            return sample_discrete_laplace_vector(self.scale, self.partitions)
-        return sample_discrete_gaussian_vector(self.scale, self.partitions)
+            variance = discrete_laplace_variance(self.scale)
+        else:
+            variance = discrete_gaussian_variance(self.scale)
+        return math.sqrt(variance) * float(self.grid)
+
+    def draw(self, size: int | None = None) -> list[int]:
+        """Draw ``size`` (default: ``partitions``) noise integers from the exact sampler (OS CSPRNG)."""
+        size = self.partitions if size is None else size
+        if self.mechanism == "discrete_laplace":
+            return sample_discrete_laplace_vector(self.scale, size)
+        return sample_discrete_gaussian_vector(self.scale, size)
 
     def describe(self) -> dict[str, Any]:
-        """A JSON-safe description recorded in the ledger and published with the release."""
-        scale_name = "scale" if self.mechanism == "discrete_laplace" else "sigma"
-        scale_value = self.scale if self.mechanism == "discrete_laplace" else math.sqrt(self.scale)
-        return {
+        """A JSON-safe description recorded in the ledger and published: enough to re-derive the guarantee."""
+        grid = float(self.grid)
+        described: dict[str, Any] = {
             "aggregate": self.aggregate,
             "component": self.component,
             "mechanism": self.mechanism,
-            self.budget.unit: float(self.budget.amount),
-            f"{self.budget.unit}_exact": str(self.budget.amount),
-            scale_name: float(scale_value * self.grid),
-            "l1_sensitivity": float(self.l1_sensitivity * self.grid),
-            "l2_sensitivity": float(math.sqrt(self.l2_sensitivity_squared) * self.grid),
-            "grid": float(self.grid),
+            "calibrated_to": {
+                name: float(getattr(self.budget, name))
+                for name in ("epsilon", "rho", "delta")
+                if getattr(self.budget, name) is not None
+            },
+            "l1_sensitivity": self.l1_sensitivity * grid,
+            "l2_sensitivity": math.sqrt(self.l2_sensitivity_squared) * grid,
+            "linf_grid_units": self.linf,
+            "max_partitions_contributed": self.l0,
+            "grid": grid,
             "partitions": self.partitions,
         }
+        if self.mechanism == "discrete_laplace":
+            described.update(scale=float(self.scale) * grid, scale_grid_units_exact=str(self.scale))
+            described["epsilon"], described["epsilon_exact"] = float(self.epsilon), str(self.epsilon)
+        else:
+            described.update(
+                sigma=math.sqrt(self.scale) * grid,
+                sigma2_grid_units_exact=str(self.scale),
+                rho=float(self.rho),
+                rho_exact=str(self.rho),
+            )
+            if self.epsilon is not None:
+                described["epsilon"], described["epsilon_exact"] = float(self.epsilon), str(self.epsilon)
+        if self.delta:
+            described["delta"], described["delta_exact"] = float(self.delta), str(self.delta)
+        if self.threshold is not None:
+            described["threshold"] = self.threshold
+        return described
 
 
 @dataclass(frozen=True)
@@ -116,83 +220,165 @@ class ReleasePlan:
     spec: ReleaseSpec
     steps: tuple[NoiseStep, ...]
 
+    def losses(self, accountant: str) -> list[PrivacyLoss]:
+        """Every step's privacy loss, as charged to an ``accountant`` account."""
+        return [step.privacy_loss(accountant) for step in self.steps]
+
     def charge(self, accountant: str) -> Fraction:
         """The exact total charge in ``accountant``'s unit: the sum of every step's converted loss (composition).
 
         Raises:
             IncompatibleAccountantError: a step cannot be charged to this accountant.
         """
-        return sum((charge_in_account_unit(step.budget, accountant) for step in self.steps), Fraction(0))
+        return sum((charge_in_account_unit(loss, accountant) for loss in self.losses(accountant)), Fraction(0))
+
+    def delta(self, accountant: str) -> Fraction:
+        """The total delta an ``approx_dp`` account is charged (basic composition); 0 for other accountants."""
+        return sum((delta_in_account(loss, accountant) for loss in self.losses(accountant)), Fraction(0))
 
     def step(self, aggregate: str, component: str) -> NoiseStep:
         return next(s for s in self.steps if s.aggregate == aggregate and s.component == component)
+
+    def steps_of(self, aggregate: str) -> list[NoiseStep]:
+        return [s for s in self.steps if s.aggregate == aggregate]
+
+
+def _share(budget: Budget, parts: int) -> Budget:
+    """An equal share of ``budget`` for one of ``parts`` components (basic / zCDP composition)."""
+    if parts == 1:
+        return budget
+    values = {name: getattr(budget, name) / parts for name in ("epsilon", "rho", "delta") if getattr(budget, name)}
+    return Budget.model_construct(**values)
+
+
+def calibrate(mechanism: str, budget: Budget, *, linf: int, l0: int) -> tuple[str, Fraction]:
+    """Choose a mechanism and its smallest valid scale for ``budget`` on integers changed by at most ``linf`` in
+    each of at most ``l0`` coordinates. Returns ``(mechanism, scale)``: t for ``discrete_laplace``, sigma^2 for
+    ``discrete_gaussian``, in grid units.
+
+    * ``discrete_laplace``: t = L1 / epsilon (an ``{rho}`` budget under ``auto`` uses epsilon = sqrt(2 rho),
+      rounded down, since epsilon-DP implies (epsilon^2/2)-zCDP);
+    * ``discrete_gaussian``: sigma^2 = L2^2 / (2 rho), or the exact (epsilon, delta) calibration of
+      :func:`~dp_operators.mechanisms.discrete_gaussian_sigma2_for_approx_dp`;
+    * ``auto``: both where the budget allows, keeping the one with the smaller noise variance.
+    """
+    candidates: list[tuple[str, Fraction]] = []
+    if mechanism in ("discrete_laplace", "auto"):
+        epsilon = budget.epsilon if budget.form != "rho" else epsilon_for_rho(budget.rho)
+        candidates.append(("discrete_laplace", discrete_laplace_scale(l0 * linf, epsilon)))
+    if mechanism in ("discrete_gaussian", "auto") and budget.form != "epsilon":
+        if budget.form == "rho":
+            sigma2 = discrete_gaussian_sigma2(l0 * linf * linf, budget.rho)
+        else:
+            sigma2 = discrete_gaussian_sigma2_for_approx_dp(budget.epsilon, budget.delta, linf=linf, l0=l0)
+        candidates.append(("discrete_gaussian", sigma2))
+
+    def variance(candidate: tuple[str, Fraction]) -> float:
+        name, scale = candidate
+        return discrete_laplace_variance(scale) if name == "discrete_laplace" else discrete_gaussian_variance(scale)
+
+    return min(candidates, key=variance)
+
+
+def _selection_step(aggregate: Aggregate, l0: int) -> NoiseStep:
+    """The partition-selection step: noised counts of privacy units (one per unit and partition, so linf = 1)."""
+    selection = aggregate.partition_selection
+    budget = selection.budget  # type: ignore[union-attr]
+    noise_delta = Fraction(0)
+    if selection.mechanism == "discrete_laplace":  # type: ignore[union-attr]
+        scale = discrete_laplace_scale(l0, budget.epsilon)
+        threshold, threshold_delta = discrete_laplace_threshold(scale, budget.delta, l0=l0)
+    else:  # half the delta for the noise's profile, half for the threshold
+        noise_delta = budget.delta / 2
+        scale = discrete_gaussian_sigma2_for_approx_dp(budget.epsilon, noise_delta, linf=1, l0=l0)
+        threshold, threshold_delta = discrete_gaussian_threshold(scale, budget.delta - noise_delta, l0=l0)
+    return NoiseStep(
+        aggregate=aggregate.name,
+        component="selection",
+        mechanism=selection.mechanism,  # type: ignore[union-attr]
+        budget=budget,
+        linf=1,
+        l0=l0,
+        scale=scale,
+        grid=Fraction(1),
+        partitions=None,
+        noise_delta=noise_delta,
+        threshold=threshold,
+        threshold_delta=threshold_delta,
+    )
+
+
+def component_sensitivity(aggregate: Aggregate, component: str, per_partition: int) -> tuple[int, Fraction]:
+    """``(linf, grid)`` of one component: the most one privacy unit changes one partition, in grid units.
+
+    Rounding a partition's value to the grid with ``floor(x / grid + 1/2)`` maps values ``d`` apart to integers at
+    most ``ceil(d / grid)`` apart, so the rounding is inside the sensitivity (DESIGN.md 2.5). Means and variances
+    are computed on values centred at the middle of the bounds, which halves their range: a unit moves a centred
+    sum by at most ``(upper - lower)/2`` and a centred sum of squares by at most ``((upper - lower)/2)^2``.
+    """
+    if component in ("count", "selection"):
+        return per_partition, Fraction(1)
+    lower, upper = (exact_number(b, name="bounds") for b in aggregate.bounds)  # type: ignore[union-attr]
+    grid = aggregate.grid
+    if component == "sum" and aggregate.kind == "sum":
+        return math.ceil(per_partition * max(abs(lower), abs(upper)) / grid), grid
+    half_range = (upper - lower) / 2
+    if component == "sum":
+        return math.ceil(per_partition * half_range / grid), grid
+    return math.ceil(per_partition * half_range**2 / grid**2), grid**2
 
 
 def plan_release(spec: ReleaseSpec) -> ReleasePlan:
     """Compute the mechanisms, sensitivities, scales and losses of ``spec`` from public parameters only.
 
-    A mean is a noised sum and a noised count, each calibrated to half the aggregate's budget (DESIGN.md 2.7).
-    Sensitivities follow DESIGN.md 2.6: L1 = L0 * Linf, L2^2 = L0 * Linf^2, with Linf in grid units
-    ``ceil(max_contributions_per_partition * max(|lower|, |upper|) / grid)`` for sums: rounding a partition's sum to
-    the grid with ``floor(x / grid + 1/2)`` maps values ``d`` apart to integers at most ``ceil(d / grid)`` apart.
+    Each aggregate's budget is split equally over its components (a mean: sum and count; a variance: sum, count
+    and sum of squares), every one charged (DESIGN.md 2.7). Partition selection adds its own step and budget.
+    Sensitivities follow DESIGN.md 2.6 (L1 = L0 * Linf, L2^2 = L0 * Linf^2) with Linf from
+    :func:`component_sensitivity`.
     """
     steps: list[NoiseStep] = []
     for aggregate in spec.aggregates:
         bounds = spec.contribution_for(aggregate)
         l0 = bounds.max_partitions_contributed
         per_partition = bounds.max_contributions_per_partition
-        components: list[tuple[str, int, Fraction]] = []
-        if aggregate.kind in ("sum", "mean"):
-            lower, upper = (exact_number(b, name="bounds") for b in aggregate.bounds)  # type: ignore[union-attr]
-            linf = math.ceil(per_partition * max(abs(lower), abs(upper)) / aggregate.grid)
-            components.append(("sum", linf, aggregate.grid))
-        if aggregate.kind in ("count", "mean"):
-            components.append(("count", per_partition, Fraction(1)))
-        total = aggregate_loss(aggregate)
-        share = Fraction(1, len(components))
-        for component, linf, grid in components:
-            loss = PrivacyLoss(total.unit, total.amount * share)
-            l1, l2_squared = l0 * linf, l0 * linf * linf
-            if aggregate.mechanism == "discrete_laplace":
-                scale = discrete_laplace_scale(l1, loss.amount)
-            else:
-                scale = discrete_gaussian_sigma2(l2_squared, loss.amount)
+        if aggregate.partition_selection is not None:
+            steps.append(_selection_step(aggregate, l0))
+        share = _share(aggregate.budget, len(aggregate.components))
+        for component in aggregate.components:
+            linf, grid = component_sensitivity(aggregate, component, per_partition)
+            mechanism, scale = calibrate(aggregate.mechanism, share, linf=linf, l0=l0)
+            gaussian_profile = mechanism == "discrete_gaussian" and share.form == "epsilon_delta"
             steps.append(
                 NoiseStep(
                     aggregate=aggregate.name,
                     component=component,
-                    mechanism=aggregate.mechanism,
-                    budget=loss,
-                    l1_sensitivity=l1,
-                    l2_sensitivity_squared=l2_squared,
+                    mechanism=mechanism,
+                    budget=share,
+                    linf=linf,
+                    l0=l0,
                     scale=scale,
                     grid=grid,
                     partitions=aggregate.partition_count,
+                    noise_delta=share.delta if gaussian_profile else Fraction(0),
                 )
             )
     return ReleasePlan(spec=spec, steps=tuple(steps))
 
 
-def aggregate_loss(aggregate: Aggregate) -> PrivacyLoss:
-    """The privacy loss an aggregate's budget buys, in the unit its mechanism is calibrated in: epsilon for
-    ``discrete_laplace``; rho for ``discrete_gaussian`` (an (epsilon, delta) budget becomes the largest rho whose
-    zCDP guarantee implies it, :func:`~dp_operators.mechanisms.rho_for_approx_dp`)."""
-    budget = aggregate.budget
-    if budget.form == "epsilon":
-        return PrivacyLoss("epsilon", budget.epsilon)
-    if budget.form == "rho":
-        return PrivacyLoss("rho", budget.rho)
-    return PrivacyLoss("rho", rho_for_approx_dp(budget.epsilon, budget.delta))
-
-
 # -- upstream values ---------------------------------------------------------------------------------------------
 @dataclass
 class PreparedInputs:
-    """True aggregates in grid units, per aggregate and component, in key-domain order. Never leaves the engine."""
+    """True aggregates in grid units, per aggregate and component, in release order. Never leaves the engine.
+
+    ``keys[name]`` is the list of partitions (key tuples) the vectors are aligned with: the public key domain, or
+    under partition selection the keys found in the data (sorted), whose ``selection`` vector holds their counts
+    of privacy units.
+    """
 
     values: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    keys: dict[str, list[tuple]] = field(default_factory=dict)
     dropped_keys: dict[str, int] = field(default_factory=dict)
-    replaced_non_finite: dict[str, int] = field(default_factory=dict)
+    special_values: dict[str, int] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # raw values must not reach logs through a repr
         return f"PreparedInputs(<{len(self.values)} vectors withheld>)"
@@ -201,22 +387,96 @@ class PreparedInputs:
 def key_domain(aggregate: Aggregate) -> list[tuple]:
     """The public partitions of ``aggregate`` in release order: the product of the key lists (``[()]`` if not
     grouped)."""
-    return list(product(*(aggregate.keys[column] for column in aggregate.group_by)))
+    return list(product(*(aggregate.keys[column] for column in aggregate.group_by)))  # type: ignore[index]
 
 
-def _to_grid(value: Any, grid: Fraction, policy_value: float, counter: list[int], where: str) -> int:
-    """Read one data value as an integer on the grid: ``floor(value / grid + 1/2)``. NaN/inf take the policy value."""
+class _Drop(Exception):
+    """A data value whose declared policy is ``drop``: the row is ignored."""
+
+
+def _read_value(value: Any, aggregate: Aggregate, where: str, counter: list[int]) -> Fraction:
+    """One data value as an exact number, NaN and infinities handled by the aggregate's ``non_finite`` policy.
+
+    numpy integers become Python ints first, so nothing wraps. Raises ReleaseInputError for a non-number (a shape
+    error, caught before any budget is reserved) and _Drop for a value the policy drops.
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ReleaseInputError(f"{where}: expected a number, got {type(value).__name__}")
     if isinstance(value, numbers.Integral):
-        exact = Fraction(int(value))
-    else:
-        number = float(value)
-        if not math.isfinite(number):
-            counter[0] += 1
-            number = float(policy_value)
-        exact = Fraction(number)
-    return math.floor(exact / grid + Fraction(1, 2))
+        return Fraction(int(value))
+    number = float(value)
+    if math.isfinite(number):
+        return Fraction(number)
+    counter[0] += 1
+    policy = aggregate.non_finite
+    action = policy.nan if math.isnan(number) else policy.infinity
+    if action == "drop":
+        raise _Drop
+    if action == "clamp":
+        return Fraction(SATURATION if number > 0 else -SATURATION) * _largest_grid(aggregate)
+    return Fraction(policy.replace_with)
+
+
+def _largest_grid(aggregate: Aggregate) -> Fraction:
+    return max(aggregate.grid, aggregate.grid**2) if aggregate.kind != "count" else Fraction(1)
+
+
+def _on_grid(value: Fraction, grid: Fraction, low: Fraction | None, high: Fraction | None, policy: str) -> int:
+    """``value`` rounded to the grid, ``floor(value / grid + 1/2)``, kept in [low, high] (and +-SATURATION) by the
+    ``out_of_range`` policy (``clamp`` or ``drop``); beyond +-SATURATION it always saturates."""
+    if low is not None and value < low or high is not None and value > high:
+        if policy == "drop":
+            raise _Drop
+        value = max(value, low) if low is not None else value
+        value = min(value, high) if high is not None else value
+    return max(-SATURATION, min(SATURATION, math.floor(value / grid + Fraction(1, 2))))
+
+
+def _row_units(aggregate: Aggregate, row: Mapping, where: str, counter: list[int], units_field: str | None) -> dict:
+    """The grid integers of one row's components (and its unit count under partition selection).
+
+    Counts are kept >= 0. Means and variances are centred at m = (lower + upper)/2: the centred sum
+    S - m N is kept in [-h N, h N] and the centred sum of squares Q - 2 m S + m^2 N in [0, h^2 N], h the half
+    range — the ranges clipped data always satisfy; clamping into them keeps the sensitivity (docs/mechanisms.md).
+    """
+    raw = {c: _read_value(row[c], aggregate, f"{where}, field {c!r}", counter) for c in aggregate.components}
+    policy = aggregate.out_of_range
+    out: dict[str, int] = {}
+    if "count" in raw:
+        out["count"] = _on_grid(raw["count"], Fraction(1), Fraction(0), None, policy)
+    if units_field is not None:
+        units = _read_value(row[units_field], aggregate, f"{where}, field {units_field!r}", counter)
+        out["selection"] = _on_grid(units, Fraction(1), Fraction(0), None, policy)
+    if aggregate.kind == "sum":
+        out["sum"] = _on_grid(raw["sum"], aggregate.grid, None, None, policy)
+    elif aggregate.kind in ("mean", "variance"):
+        lower, upper = (exact_number(b, name="bounds") for b in aggregate.bounds)  # type: ignore[union-attr]
+        middle, half = (lower + upper) / 2, (upper - lower) / 2
+        count = Fraction(out["count"])
+        centred_sum = raw["sum"] - middle * count
+        out["sum"] = _on_grid(centred_sum, aggregate.grid, -half * count, half * count, policy)
+        if aggregate.kind == "variance":
+            centred_squares = raw["sum_squares"] - 2 * middle * raw["sum"] + middle * middle * count
+            out["sum_squares"] = _on_grid(centred_squares, aggregate.grid**2, Fraction(0), half * half * count, policy)
+    return out
+
+
+def _selection_units_field(spec: ReleaseSpec, aggregate: Aggregate) -> str | None:
+    """The row field holding a partition's number of distinct privacy units, under partition selection: ``count``
+    for a count with one contribution per partition (the same number), else ``units``."""
+    if aggregate.public_keys:
+        return None
+    if aggregate.kind == "count" and spec.contribution_for(aggregate).max_contributions_per_partition == 1:
+        return "count"
+    return "units"
+
+
+def _private_key(row: Mapping, aggregate: Aggregate, where: str) -> tuple:
+    key = tuple(row[c] for c in aggregate.group_by)
+    for column, value in zip(aggregate.group_by, key):
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ReleaseInputError(f"{where}: key column {column!r} must be a str or int, got {type(value).__name__}")
+    return tuple(int(v) if isinstance(v, int) else v for v in key)
 
 
 def prepare_inputs(spec: ReleaseSpec, aggregates: Mapping[str, Any]) -> PreparedInputs:
@@ -224,9 +484,16 @@ def prepare_inputs(spec: ReleaseSpec, aggregates: Mapping[str, Any]) -> Prepared
 
     Shapes (JSON-friendly, as an upstream ``@task`` returns them):
 
-    * ungrouped count or sum: a number; ungrouped mean: ``{"sum": number, "count": number}``;
-    * grouped: a list of rows, each a mapping with every ``group_by`` column and ``count`` (count), ``sum`` (sum) or
-      both (mean). Rows repeating a key are added up. A public key with no row is a true 0.
+    * ungrouped count or sum: a number; ungrouped mean ``{"sum", "count"}``; variance ``{"sum", "count",
+      "sum_squares"}`` (of the clipped values);
+    * grouped: a list of rows, each a mapping with every ``group_by`` column and the fields above (``count``,
+      ``sum``, ``sum_squares`` as the kind needs). Rows repeating a key are added up. A public key with no row is
+      a true 0; a row outside the public domain is dropped (counted, never published). Under partition selection
+      each row also carries ``units``, its number of distinct privacy units (not needed for a count with one
+      contribution per partition: the count is that number).
+
+    Data values never raise: NaN/inf follow ``non_finite``, out-of-range values ``out_of_range``, and everything
+    saturates at +-SATURATION grid units.
 
     Raises:
         ReleaseInputError: a missing aggregate, a wrong shape or a non-number; the message names the aggregate,
@@ -244,14 +511,10 @@ def prepare_inputs(spec: ReleaseSpec, aggregates: Mapping[str, Any]) -> Prepared
         )
     prepared = PreparedInputs()
     for aggregate in spec.aggregates:
-        components = {"count": ["count"], "sum": ["sum"], "mean": ["sum", "count"]}[aggregate.kind]
-        grids = {"sum": aggregate.grid, "count": Fraction(1)}
-        replacement = aggregate.non_finite.replace_with
-        non_finite = [0]
+        components = list(aggregate.components)
+        units_field = _selection_units_field(spec, aggregate)
+        counter = [0]
         raw = aggregates[aggregate.name]
-        domain = key_domain(aggregate)
-        index = {tuple(str(v) for v in key): i for i, key in enumerate(domain)}
-        vectors = {component: [0] * len(domain) for component in components}
         if aggregate.group_by:
             if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
                 raise ReleaseInputError(
@@ -259,41 +522,56 @@ def prepare_inputs(spec: ReleaseSpec, aggregates: Mapping[str, Any]) -> Prepared
                     f"{aggregate.group_by + components}, got {type(raw).__name__}"
                 )
             rows = raw
+        elif len(components) > 1:
+            if not isinstance(raw, Mapping):
+                fields = ", ".join(f"'{c}': number" for c in components)
+                raise ReleaseInputError(
+                    f"aggregate {aggregate.name!r}: a {aggregate.kind} expects {{{fields}}}, got {type(raw).__name__}"
+                )
+            rows = [raw]
         else:
-            if aggregate.kind == "mean":
-                if not isinstance(raw, Mapping):
-                    raise ReleaseInputError(
-                        f"aggregate {aggregate.name!r}: a mean expects {{'sum': number, 'count': number}}, "
-                        f"got {type(raw).__name__}"
-                    )
-                rows = [raw]
-            else:
-                rows = [{components[0]: raw}]
+            rows = [{components[0]: raw}]
+        totals: dict[tuple, dict[str, int]] = {}
+        if aggregate.public_keys:
+            for key in key_domain(aggregate):
+                totals[tuple(str(v) for v in key)] = dict.fromkeys(components, 0)
+        needed = aggregate.group_by + components + ([units_field] if units_field not in (None, "count") else [])
         dropped = 0
         for row_number, row in enumerate(rows):
             where = f"aggregate {aggregate.name!r}, row {row_number}"
             if not isinstance(row, Mapping):
                 raise ReleaseInputError(f"{where}: expected a mapping, got {type(row).__name__}")
-            absent = [c for c in aggregate.group_by + components if c not in row]
+            absent = [c for c in needed if c not in row]
             if absent:
                 raise ReleaseInputError(f"{where}: missing field(s) {absent}")
-            position = index.get(tuple(str(row[c]) for c in aggregate.group_by))
-            values = {
-                c: _to_grid(row[c], grids[c], replacement, non_finite, f"{where}, field {c!r}") for c in components
-            }
-            if position is None:
-                dropped += 1
+            if aggregate.public_keys:
+                key = tuple(str(row[c]) for c in aggregate.group_by)
+                if key not in totals:
+                    dropped += 1
+                    continue
+            else:
+                key = _private_key(row, aggregate, where)
+            try:
+                units = _row_units(aggregate, row, where, counter, units_field)
+            except _Drop:
                 continue
-            for component, value in values.items():
-                vectors[component][position] += value
-        if "count" in vectors:
-            vectors["count"] = [max(0, count) for count in vectors["count"]]
-        for component, vector in vectors.items():
-            prepared.values[(aggregate.name, component)] = vector
+            slot = totals.setdefault(key, dict.fromkeys(units, 0))
+            for component, value in units.items():
+                slot[component] = max(-SATURATION, min(SATURATION, slot[component] + value))
+        if aggregate.public_keys:
+            prepared.keys[aggregate.name] = key_domain(aggregate)
+            ordered = list(totals.values())
+        else:
+            order = sorted(totals, key=lambda k: tuple((type(v).__name__, v) for v in k))
+            prepared.keys[aggregate.name] = order
+            ordered = [totals[k] for k in order]
+            prepared.values[(aggregate.name, "selection")] = [slot["selection"] for slot in ordered]
+        for component in components:
+            prepared.values[(aggregate.name, component)] = [slot[component] for slot in ordered]
         if dropped:
             prepared.dropped_keys[aggregate.name] = dropped
-        if non_finite[0]:
-            prepared.replaced_non_finite[aggregate.name] = non_finite[0]
+        if counter[0]:
+            prepared.special_values[aggregate.name] = counter[0]
     return prepared
 
 
@@ -306,6 +584,35 @@ class ReleaseResult:
     replayed: bool
 
 
+def _draw_noise(
+    plan: ReleasePlan, prepared: PreparedInputs, drawn: list[str]
+) -> tuple[dict[tuple[str, str], list[int]], dict]:
+    """Noised integer vectors per (aggregate, component), and the selected key lists under partition selection.
+    ``drawn`` records every draw *before* it starts, so a caller knows whether any noise may exist.
+
+    A key is selected iff its noised unit count is >= the threshold: the same comparison the threshold's delta
+    was computed with (:func:`~dp_operators.mechanisms.calibration.discrete_laplace_threshold`).
+    """
+    noised: dict[tuple[str, str], list[int]] = {}
+    selected: dict[str, list[int]] = {}
+    for aggregate in plan.spec.aggregates:
+        positions = list(range(len(prepared.keys[aggregate.name])))
+        if not aggregate.public_keys:
+            step = plan.step(aggregate.name, "selection")
+            counts = prepared.values[(aggregate.name, "selection")]
+            drawn.append(step.component)
+            noise = step.draw(len(counts))
+            positions = [i for i, (c, n) in enumerate(zip(counts, noise)) if c + n >= step.threshold]
+            selected[aggregate.name] = positions
+        for component in aggregate.components:
+            step = plan.step(aggregate.name, component)
+            values = prepared.values[(aggregate.name, component)]
+            drawn.append(step.component)
+            noise = step.draw(len(positions))
+            noised[(aggregate.name, component)] = [values[i] + n for i, n in zip(positions, noise)]
+    return noised, selected
+
+
 def run_release(
     spec: ReleaseSpec,
     aggregates: Mapping[str, Any],
@@ -314,6 +621,7 @@ def run_release(
     *,
     spec_hash: str,
     try_number: int | None = None,
+    audit: Mapping[str, Any] | None = None,
 ) -> ReleaseResult:
     """Run one release end to end (see the module docstring for the order of steps).
 
@@ -324,6 +632,8 @@ def run_release(
         key: the release key; ``key.release_name`` must equal ``spec.release``.
         spec_hash: SHA-256 of the spec's text, recorded with the charge.
         try_number: the Airflow try, recorded for the audit trail only (never part of the key).
+        audit: who/where context for the ledger's audit events (``run_type``, ``triggering_user``, ...; see
+            :meth:`dp_operators.ledger.Ledger.reserve`). Never data values.
 
     Returns:
         :class:`ReleaseResult`. On a replay the stored output is returned unchanged and nothing is charged.
@@ -347,32 +657,39 @@ def run_release(
             f"{account.privacy_unit!r}; a budget only composes over one privacy unit"
         )
     charge = plan.charge(account.accountant)
+    delta_spent = plan.delta(account.accountant)
     prepared = prepare_inputs(spec, aggregates)
     for name, count in prepared.dropped_keys.items():
         log.warning("aggregate %r: %d upstream row(s) outside the public key domain were dropped", name, count)
-    for name, count in prepared.replaced_non_finite.items():
-        log.warning("aggregate %r: %d non-finite value(s) replaced per the spec's non_finite policy", name, count)
+    for name, count in prepared.special_values.items():
+        log.warning("aggregate %r: %d non-finite value(s) handled per the spec's non_finite policy", name, count)
 
     mechanisms = [step.describe() for step in plan.steps]
     reservation = ledger.reserve(
         key,
         account=account.name,
         amount=charge,
+        delta=delta_spent,
         mechanisms=mechanisms,
         spec_hash=spec_hash,
         try_number=try_number,
+        audit=audit,
     )
     if isinstance(reservation, dict):
         return ReleaseResult(output=reservation, replayed=True)
 
     # From here on a failure keeps the charge spent unless no noise was drawn at all (DESIGN.md 2.1).
+    drawn: list[str] = []
     try:
-        noise = {(step.aggregate, step.component): step.draw() for step in plan.steps}
+        noised, selected = _draw_noise(plan, prepared, drawn)
     except BaseException:
-        ledger.release(reservation)
+        if not drawn:
+            ledger.release(reservation)
         raise
-    noised = {k: [v + n for v, n in zip(prepared.values[k], noise[k])] for k in noise}
-    del prepared, noise
+    for name, positions in selected.items():
+        prepared.keys[name] = [prepared.keys[name][i] for i in positions]
+    keys = prepared.keys
+    del prepared
 
     output = {
         "release": spec.release,
@@ -388,13 +705,17 @@ def run_release(
         },
         "confidence": spec.confidence,
         "aggregates": {
-            aggregate.name: _publish_aggregate(spec, aggregate, plan, noised) for aggregate in spec.aggregates
+            aggregate.name: publish_aggregate(spec, aggregate, plan, noised, keys[aggregate.name])
+            for aggregate in spec.aggregates
         },
         "mechanisms": mechanisms,
         "spec_hash": spec_hash,
         "package_version": __version__,
         "released_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    if delta_spent:
+        output["charge"]["delta_spent"] = float(delta_spent)
+        output["charge"]["delta_spent_exact"] = str(delta_spent)
     check_plain_json(output)
     ledger.commit(reservation, output)
     return ReleaseResult(output=output, replayed=False)
@@ -404,37 +725,54 @@ def _number(value: Fraction) -> int | float:
     return int(value) if value.denominator == 1 else float(value)
 
 
-def _publish_aggregate(
-    spec: ReleaseSpec, aggregate: Aggregate, plan: ReleasePlan, noised: dict[tuple[str, str], list[int]]
+def publish_aggregate(
+    spec: ReleaseSpec,
+    aggregate: Aggregate,
+    plan: ReleasePlan,
+    noised: dict[tuple[str, str], list[int]],
+    keys: list[tuple],
 ) -> dict[str, Any]:
+    """The published form of one aggregate: values with half-widths (post-processing of noised values only)."""
     alpha = 1 - spec.confidence
     clamp = spec.postprocess.clamp_nonnegative
-    rows: list[dict[str, Any]] = []
-    if aggregate.kind == "mean":
-        sum_step, count_step = plan.step(aggregate.name, "sum"), plan.step(aggregate.name, "count")
-        # Union bound: each component's interval at alpha/2 holds jointly with probability >= 1 - alpha.
-        sum_hw, count_hw = sum_step.half_width(alpha / 2), count_step.half_width(alpha / 2)
-        lower, upper = (float(b) for b in aggregate.bounds)  # type: ignore[union-attr]
-        values = [
-            _mean_with_half_width(float(s * aggregate.grid), c, sum_hw, count_hw, lower, upper)
-            for s, c in zip(noised[(aggregate.name, "sum")], noised[(aggregate.name, "count")])
-        ]
+    steps = {component: plan.step(aggregate.name, component) for component in aggregate.components}
+    vectors = [noised[(aggregate.name, component)] for component in aggregate.components]
+    values: list[tuple[int | float, float]] = []
+    if aggregate.kind in ("mean", "variance"):
+        lower, upper = (exact_number(b, name="bounds") for b in aggregate.bounds)  # type: ignore[union-attr]
+        middle, half = float((lower + upper) / 2), float((upper - lower) / 2)
+        # Union bound: each component's interval at alpha/k holds jointly with probability >= 1 - alpha.
+        widths = [steps[c].half_width(alpha / len(steps)) for c in aggregate.components]
+        for units in zip(*vectors):
+            centred = {c: float(u * steps[c].grid) for c, u in zip(aggregate.components, units)}
+            count = units[aggregate.components.index("count")]
+            hw = dict(zip(aggregate.components, widths))
+            if aggregate.kind == "mean":
+                mean, width = _mean_with_half_width(centred["sum"], count, hw["sum"], hw["count"], -half, half)
+                values.append((middle + mean, width))
+            else:
+                values.append(
+                    _variance_with_half_width(
+                        centred["sum"], count, centred["sum_squares"], hw["sum"], hw["count"], hw["sum_squares"], half
+                    )
+                )
     else:
-        step = plan.step(aggregate.name, aggregate.kind)
+        step = steps[aggregate.kind]
         half_width = step.half_width(alpha)
-        values = []
-        for units in noised[(aggregate.name, aggregate.kind)]:
+        for units in vectors[0]:
             value = _number(units * step.grid)
             if clamp and value < 0 and (aggregate.kind == "count" or aggregate.bounds[0] >= 0):  # type: ignore[index]
                 value = 0
             values.append((value, half_width))
-    for key, (value, half_width) in zip(key_domain(aggregate), values):
+    rows: list[dict[str, Any]] = []
+    for key, (value, half_width) in zip(keys, values):
         row = dict(zip(aggregate.group_by, key))
         row.update(value=value, half_width=half_width)
         rows.append(row)
+    chosen = list(dict.fromkeys(step.mechanism for step in steps.values()))
     published: dict[str, Any] = {
         "kind": aggregate.kind,
-        "mechanism": aggregate.mechanism,
+        "mechanism": "+".join(chosen),
         "budget": {
             name: float(getattr(aggregate.budget, name))
             for name in ("epsilon", "rho", "delta")
@@ -444,6 +782,14 @@ def _publish_aggregate(
     }
     if aggregate.bounds is not None:
         published["bounds"] = [float(b) for b in aggregate.bounds]
+    if not aggregate.public_keys:
+        selection = plan.step(aggregate.name, "selection")
+        published["partition_selection"] = {
+            "mechanism": selection.mechanism,
+            "threshold": selection.threshold,
+            "epsilon": float(selection.budget.epsilon),
+            "delta": float(selection.budget.delta),
+        }
     if aggregate.group_by:
         published["rows"] = rows
     else:
@@ -464,6 +810,32 @@ def _mean_with_half_width(
     corners = [s / n for s in sums for n in counts]
     low, high = max(min(corners), lower), min(max(corners), upper)
     return mean, max(mean - low, high - mean, 0.0)
+
+
+def _variance_with_half_width(
+    centred_sum: float,
+    noised_count: int,
+    centred_squares: float,
+    sum_hw: float,
+    count_hw: float,
+    squares_hw: float,
+    half_range: float,
+) -> tuple[float, float]:
+    """Released (population) variance Q/N - (S/N)^2 of values centred at the middle of the bounds, clamped to
+    [0, half_range^2], and a half-width valid whenever the three components are within their half-widths: the
+    variance's extremes over the box of (S, N, Q), bounded term by term. Post-processing only."""
+    count = max(noised_count, 1)
+    cap = half_range * half_range
+    variance = min(max(centred_squares / count - (centred_sum / count) ** 2, 0.0), cap)
+    counts = (max(noised_count - count_hw, 1.0), max(noised_count + count_hw, 1.0))
+    ratios = [s / n for s in (centred_sum - sum_hw, centred_sum + sum_hw) for n in counts]
+    low_ratio, high_ratio = min(ratios), max(ratios)
+    smallest_square = 0.0 if low_ratio <= 0 <= high_ratio else min(low_ratio**2, high_ratio**2)
+    largest_square = max(low_ratio**2, high_ratio**2)
+    square_means = [q / n for q in (centred_squares - squares_hw, centred_squares + squares_hw) for n in counts]
+    high = min(max(square_means) - smallest_square, cap)
+    low = max(min(square_means) - largest_square, 0.0)
+    return variance, max(variance - low, high - variance, 0.0)
 
 
 def check_plain_json(value: Any, path: str = "release") -> None:

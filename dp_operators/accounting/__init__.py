@@ -1,17 +1,23 @@
 """Privacy-loss units, exact budget numbers and composition (no Airflow import).
 
-An account has one accountant, fixed at creation. This first cut supports two:
+An account has one accountant, fixed at creation:
 
 * ``pure_dp`` — pure epsilon-DP, basic composition (epsilons add; Dwork & Roth 2014, Thm 3.16);
+* ``approx_dp`` — (epsilon, delta)-DP, basic composition (epsilons add, deltas add);
 * ``zcdp`` — rho-zero-concentrated DP, composition by adding rho (Bun & Steinke 2016, Lemma 2.3). A pure
   epsilon-DP mechanism is charged ``epsilon**2 / 2`` (Bun & Steinke 2016, Prop. 1.4), and spend is reported as
-  epsilon at the account's delta with the Canonne-Kamath-Steinke 2020 conversion.
+  epsilon at the account's delta with the Canonne-Kamath-Steinke 2020 conversion;
+* ``gaussian_dp`` — mu-Gaussian DP for Gaussian-only accounts, composition by adding mu^2 (Dong, Roth & Su 2019),
+  reported as epsilon at the account's delta with their exact conversion.
+
+See :mod:`dp_operators.accounting.accountants` for what each accepts.
 """
 
 from __future__ import annotations
 
 from dp_operators.accounting.budget import (
     MAX_DENOMINATOR,
+    GaussianNoise,
     PrivacyLoss,
     exact_number,
     round_down,
@@ -19,19 +25,30 @@ from dp_operators.accounting.budget import (
 )
 from dp_operators.accounting.accountants import (
     ACCOUNTANTS,
+    Charge,
     IncompatibleAccountantError,
+    account_charge,
     charge_in_account_unit,
+    delta_in_account,
     epsilon_at_delta,
     unit_of,
 )
+from dp_operators.accounting.gaussian_dp import gdp_delta, gdp_epsilon, gdp_mu_squared_for_approx_dp
 
 __all__ = [
     "ACCOUNTANTS",
     "MAX_DENOMINATOR",
+    "Charge",
+    "GaussianNoise",
     "IncompatibleAccountantError",
     "PrivacyLoss",
+    "account_charge",
     "charge_in_account_unit",
+    "delta_in_account",
     "epsilon_at_delta",
+    "gdp_delta",
+    "gdp_epsilon",
+    "gdp_mu_squared_for_approx_dp",
     "exact_number",
     "round_down",
     "round_up",

@@ -1,27 +1,62 @@
 """Accountants: how a mechanism's privacy loss is charged to an account, and how spend is reported.
 
-Sources: Bun & Steinke, "Concentrated Differential Privacy" (TCC 2016), Prop. 1.4 (epsilon-DP implies
-(epsilon^2/2)-zCDP) and Lemma 2.3 (composition adds rho); Canonne, Kamath & Steinke, "The Discrete Gaussian for
-Differential Privacy" (NeurIPS 2020), Prop. 12 / Cor. 13 (rho-zCDP to (epsilon, delta)-DP).
+| accountant    | unit of cap, charges, totals | composition                          | reported as epsilon at delta      |
+|---------------|------------------------------|--------------------------------------|-----------------------------------|
+| ``pure_dp``   | epsilon                      | epsilons add (basic)                 | the epsilon itself                |
+| ``approx_dp`` | epsilon, plus a delta total  | epsilons add, deltas add (basic)     | the epsilon (at the spent delta)  |
+| ``zcdp``      | rho                          | rhos add                             | Canonne-Kamath-Steinke 2020       |
+| ``gaussian_dp``| mu^2 (``mu_squared``)       | mu^2 add (exact for Gaussians)       | Dong-Roth-Su 2019, exact          |
+
+What each accountant accepts (anything else raises :class:`IncompatibleAccountantError` before reserving):
+
+* ``pure_dp``: pure epsilon losses.
+* ``approx_dp``: epsilon losses as (epsilon, delta) with their own delta (pure ones as (epsilon, 0)); rho losses that
+  name a conversion delta, as (epsilon_CKS(rho, delta), delta) with epsilon rounded up.
+* ``zcdp``: rho losses; pure epsilon losses as epsilon^2 / 2 (Bun & Steinke 2016, Prop. 1.4). Approximate
+  (epsilon, delta > 0) losses are refused: they do not imply zCDP.
+* ``gaussian_dp``: Gaussian mechanisms only (a loss carrying :class:`GaussianNoise`), charged mu^2 =
+  Delta_2^2 / sigma^2 exactly. Laplace and other non-Gaussian mechanisms are refused: a pure epsilon-DP mechanism
+  is only (epsilon-dependent) f-DP, and mixing it in would make the account's mu^2 total meaningless.
+
+Sources: Bun & Steinke, "Concentrated Differential Privacy" (TCC 2016), Prop. 1.4, Lemma 2.3; Canonne, Kamath &
+Steinke, "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020), Cor. 13 and Thm 14; Dong, Roth & Su,
+"Gaussian Differential Privacy" (2019), Thm 2.7, Cor. 2.13, Cor. 3.3; Dwork & Roth 2014, Thm 3.16 (basic
+composition).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from fractions import Fraction
 
 from dp_operators.accounting.budget import PrivacyLoss, round_up
 
 #: accountant name -> the unit its caps, charges and running totals are kept in
-ACCOUNTANTS: dict[str, str] = {"pure_dp": "epsilon", "zcdp": "rho"}
+ACCOUNTANTS: dict[str, str] = {
+    "pure_dp": "epsilon",
+    "approx_dp": "epsilon",
+    "zcdp": "rho",
+    "gaussian_dp": "mu_squared",
+}
 
 
 class IncompatibleAccountantError(ValueError):
     """A mechanism's privacy loss cannot be expressed in the account's unit (e.g. a zCDP mechanism on a pure-DP
-    account). A public-parameter refusal, raised before anything is reserved."""
+    account, or a Laplace mechanism on a Gaussian-DP account). A public-parameter refusal, raised before anything
+    is reserved."""
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What a release costs an account: ``amount`` in the account's unit and, for ``approx_dp``, a ``delta``."""
+
+    amount: Fraction
+    delta: Fraction = Fraction(0)
 
 
 def unit_of(accountant: str) -> str:
-    """Return the unit (``"epsilon"`` or ``"rho"``) of ``accountant``.
+    """Return the unit (``"epsilon"``, ``"rho"`` or ``"mu_squared"``) of ``accountant``.
 
     Raises:
         ValueError: unknown accountant name.
@@ -33,12 +68,39 @@ def unit_of(accountant: str) -> str:
 
 
 def charge_in_account_unit(loss: PrivacyLoss, accountant: str) -> Fraction:
-    """Convert one mechanism's privacy loss to the account's unit, exactly, rounded up.
+    """Convert one mechanism's privacy loss to the account's unit, exactly (or rounded up where irrational).
+
+    For ``approx_dp`` this is the epsilon part; :func:`delta_in_account` gives the delta part, and
+    :func:`account_charge` both at once.
 
     Raises:
-        IncompatibleAccountantError: a rho-zCDP loss on a ``pure_dp`` account (zCDP does not imply pure DP).
+        IncompatibleAccountantError: the loss has no valid expression in the account's unit (see module docstring).
     """
     unit = unit_of(accountant)
+    if accountant == "gaussian_dp":
+        if loss.gaussian is None:
+            raise IncompatibleAccountantError(
+                f"a gaussian_dp account composes Gaussian mechanisms only (charged mu^2 = Delta^2 / sigma^2); "
+                f"this mechanism has a {_describe(loss)} guarantee without Gaussian noise parameters. Use a "
+                "discrete_gaussian mechanism, or an account whose accountant is 'zcdp' or 'approx_dp'"
+            )
+        return round_up(loss.gaussian.mu_squared)
+    if accountant == "approx_dp":
+        if loss.unit == "epsilon":
+            return round_up(loss.amount)
+        if loss.delta == 0:
+            raise IncompatibleAccountantError(
+                "a rho-zCDP mechanism needs a delta to be charged to an approx_dp account; give its budget as "
+                "{epsilon, delta}, or use an account whose accountant is 'zcdp'"
+            )
+        from dp_operators.mechanisms.calibration import rho_to_epsilon
+
+        return round_up(Fraction(rho_to_epsilon(loss.amount, loss.delta)))
+    if loss.unit == "epsilon" and loss.delta > 0:
+        raise IncompatibleAccountantError(
+            f"an approximate ({_describe(loss)}) guarantee cannot be charged to a {accountant!r} account: it implies "
+            "neither pure DP nor zCDP. Use an account whose accountant is 'approx_dp'"
+        )
     if loss.unit == unit:
         return round_up(loss.amount)
     if loss.unit == "epsilon" and unit == "rho":
@@ -50,11 +112,31 @@ def charge_in_account_unit(loss: PrivacyLoss, accountant: str) -> Fraction:
     )
 
 
-def epsilon_at_delta(amount: Fraction, accountant: str, delta: Fraction | None) -> float | None:
-    """Report a spend in the account's unit as epsilon (at the account's delta for zCDP).
+def delta_in_account(loss: PrivacyLoss, accountant: str) -> Fraction:
+    """The delta one loss adds to an ``approx_dp`` account (0 for every other accountant)."""
+    return loss.delta if accountant == "approx_dp" else Fraction(0)
 
-    Returns the epsilon itself for ``pure_dp``; for ``zcdp`` the Canonne-Kamath-Steinke 2020 conversion at
-    ``delta`` (``None`` when no delta is configured or ``amount`` is 0, where the conversion is 0).
+
+def account_charge(losses: Iterable[PrivacyLoss], accountant: str) -> Charge:
+    """The composed charge of a release's mechanisms on an ``accountant`` account: the sum of every loss in the
+    account's unit (each rounded up), and for ``approx_dp`` the sum of the deltas (basic composition).
+
+    Raises:
+        IncompatibleAccountantError: one loss cannot be charged to this accountant (before anything is reserved).
+    """
+    amount, delta = Fraction(0), Fraction(0)
+    for loss in losses:
+        amount += charge_in_account_unit(loss, accountant)
+        delta += delta_in_account(loss, accountant)
+    return Charge(amount=amount, delta=delta)
+
+
+def epsilon_at_delta(amount: Fraction, accountant: str, delta: Fraction | None) -> float | None:
+    """Report a spend in the account's unit as epsilon (at the account's delta for zCDP and Gaussian DP).
+
+    Returns the epsilon itself for ``pure_dp`` and ``approx_dp``; for ``zcdp`` the Canonne-Kamath-Steinke 2020
+    conversion at ``delta``; for ``gaussian_dp`` the Dong-Roth-Su conversion of mu = sqrt(amount) at ``delta``.
+    ``None`` when no delta is configured; 0 when ``amount`` is 0. Conversions are rounded up.
     """
     if unit_of(accountant) == "epsilon":
         return float(amount)
@@ -62,6 +144,16 @@ def epsilon_at_delta(amount: Fraction, accountant: str, delta: Fraction | None) 
         return None
     if amount == 0:
         return 0.0
+    if accountant == "gaussian_dp":
+        from dp_operators.accounting.gaussian_dp import gdp_epsilon
+
+        return gdp_epsilon(amount, delta)
     from dp_operators.mechanisms.calibration import rho_to_epsilon
 
     return rho_to_epsilon(amount, delta)
+
+
+def _describe(loss: PrivacyLoss) -> str:
+    if loss.unit == "epsilon":
+        return f"epsilon={float(loss.amount):g}" + (f", delta={float(loss.delta):g}" if loss.delta else "")
+    return f"rho={float(loss.amount):g}"

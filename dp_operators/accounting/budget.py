@@ -76,19 +76,60 @@ def round_down(value: Fraction, max_denominator: int = MAX_DENOMINATOR) -> Fract
 
 
 @dataclass(frozen=True)
+class GaussianNoise:
+    """The parameters of one Gaussian noise addition, enough for exact Gaussian-DP accounting.
+
+    Attributes:
+        sigma2: the noise variance parameter sigma^2 (for the discrete Gaussian, the sigma^2 of N_Z(0, sigma^2)),
+            in the query's units squared.
+        l2_sensitivity_squared: the squared L2 sensitivity of the noised vector, same units.
+
+    ``mu_squared = l2_sensitivity_squared / sigma2`` is exact: the mechanism is (Delta / sigma)-GDP
+    (Dong, Roth & Su 2019, Thm 2.7), and composing k of them gives sqrt(sum mu_i^2)-GDP (ibid., Cor. 3.3).
+    """
+
+    sigma2: Fraction
+    l2_sensitivity_squared: Fraction
+
+    def __post_init__(self) -> None:
+        for name in ("sigma2", "l2_sensitivity_squared"):
+            value = exact_number(getattr(self, name), name=name)
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+            object.__setattr__(self, name, value)
+
+    @property
+    def mu_squared(self) -> Fraction:
+        return self.l2_sensitivity_squared / self.sigma2
+
+
+@dataclass(frozen=True)
 class PrivacyLoss:
     """The privacy loss of one mechanism, in the unit its calibration guarantees.
 
     Attributes:
-        unit: ``"epsilon"`` (pure epsilon-DP) or ``"rho"`` (rho-zCDP).
+        unit: ``"epsilon"`` (epsilon-DP, or (epsilon, delta)-DP when ``delta > 0``) or ``"rho"`` (rho-zCDP).
         amount: the exact loss, a positive :class:`~fractions.Fraction`.
+        delta: the delta this loss is charged at on an ``approx_dp`` account. For an ``epsilon`` loss it is the
+            mechanism's own delta (0: pure DP). For a ``rho`` loss it is the delta at which the rho-zCDP
+            guarantee is converted to (epsilon, delta) (0: the loss cannot be charged to an ``approx_dp`` account).
+        gaussian: for a Gaussian mechanism, its sigma^2 and squared L2 sensitivity; required by ``gaussian_dp``
+            accounts, which only compose Gaussian mechanisms.
+
+    The two optional fields default to "absent", so ``PrivacyLoss("rho", rho)`` keeps its old meaning.
     """
 
     unit: str
     amount: Fraction
+    delta: Fraction = Fraction(0)
+    gaussian: GaussianNoise | None = None
 
     def __post_init__(self) -> None:
         if self.unit not in ("epsilon", "rho"):
             raise ValueError(f"unknown privacy-loss unit {self.unit!r}; expected 'epsilon' or 'rho'")
         if self.amount <= 0:
             raise ValueError(f"{self.unit} must be > 0, got {self.amount}")
+        delta = exact_number(self.delta, name="delta")
+        if not 0 <= delta < 1:
+            raise ValueError(f"delta must be in [0, 1), got {self.delta}")
+        object.__setattr__(self, "delta", delta)

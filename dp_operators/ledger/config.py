@@ -33,18 +33,36 @@ def _delta(value: object) -> Fraction:
 class AccountConfig(BaseModel):
     """One budget account.
 
+    The cap is given either as ``cap`` in the accountant's own terms, or as an ``epsilon`` target that, with
+    ``delta``, is converted to the largest cap in the account's unit whose guarantee implies (epsilon, delta)-DP:
+
+    ============  ==========================  ====================================================================
+    accountant    ``cap`` means               ``epsilon`` (+ ``delta``) becomes
+    ============  ==========================  ====================================================================
+    pure_dp       epsilon                     the same epsilon (no delta allowed)
+    approx_dp     epsilon (``delta`` is the   the same epsilon; ``delta`` is required: the delta cap
+                  delta cap, required)
+    zcdp          rho                         the largest rho with CKS(rho, delta) <= epsilon, 12 significant
+                                              digits, rounded down (Canonne, Kamath & Steinke 2020, Cor. 13)
+    gaussian_dp   mu (stored as mu^2 = cap^2) the largest mu^2 with delta_mu(epsilon) <= delta, 12 significant
+                                              digits, rounded down (Dong, Roth & Su 2019, Cor. 2.13)
+    ============  ==========================  ====================================================================
+
+    For ``zcdp`` and ``gaussian_dp`` ``delta`` is also the delta at which spend is reported as epsilon.
+
     Attributes:
-        accountant: ``pure_dp`` (cap in epsilon) or ``zcdp`` (cap in rho); fixed once the account exists.
-        cap: total budget in the accountant's unit.
-        delta: for ``zcdp``, the delta at which spend is also reported as epsilon.
+        accountant: ``pure_dp``, ``approx_dp``, ``zcdp`` or ``gaussian_dp``; fixed once the account exists.
+        cap, epsilon: the budget, exactly one of the two (see the table).
+        delta: see the table.
         privacy_unit: what one contribution bound protects (must match the specs that spend from it).
         allowed_dags: DAG ids allowed to spend; any other DAG is refused before anything is reserved.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    accountant: Literal["pure_dp", "zcdp"]
-    cap: Annotated[Fraction, BeforeValidator(_positive)]
+    accountant: Literal["pure_dp", "approx_dp", "zcdp", "gaussian_dp"]
+    cap: Annotated[Fraction, BeforeValidator(_positive)] | None = None
+    epsilon: Annotated[Fraction, BeforeValidator(_positive)] | None = None
     delta: Annotated[Fraction, BeforeValidator(_delta)] | None = None
     privacy_unit: str
     allowed_dags: list[str] = Field(min_length=1)
@@ -52,10 +70,45 @@ class AccountConfig(BaseModel):
     description: str | None = None
 
     @model_validator(mode="after")
-    def _delta_for_zcdp_only(self) -> AccountConfig:
+    def _consistent(self) -> AccountConfig:
+        if (self.cap is None) == (self.epsilon is None):
+            raise ValueError("give exactly one of 'cap' (in the accountant's unit) or 'epsilon' (with 'delta')")
         if self.accountant == "pure_dp" and self.delta is not None:
-            raise ValueError("a pure_dp account has no delta; remove 'delta' or use accountant 'zcdp'")
+            raise ValueError("a pure_dp account has no delta; remove 'delta' or use accountant 'approx_dp'")
+        if self.accountant == "approx_dp" and self.delta is None:
+            raise ValueError("an approx_dp account needs 'delta': the total delta it may spend")
+        if self.epsilon is not None and self.accountant in ("zcdp", "gaussian_dp") and self.delta is None:
+            raise ValueError(f"a {self.accountant} cap given as 'epsilon' needs the 'delta' it holds at")
         return self
+
+    def cap_in_unit(self) -> Fraction:
+        """The cap in the account's unit (epsilon, rho or mu^2), converted as the class docstring says."""
+        if self.accountant in ("pure_dp", "approx_dp"):
+            return self.cap if self.cap is not None else self.epsilon  # type: ignore[return-value]
+        if self.accountant == "zcdp":
+            if self.cap is not None:
+                return self.cap
+            from dp_operators.mechanisms.calibration import rho_for_approx_dp
+
+            return rho_for_approx_dp(self.epsilon, self.delta)  # type: ignore[arg-type]
+        if self.cap is not None:
+            return self.cap * self.cap
+        from dp_operators.accounting.gaussian_dp import gdp_mu_squared_for_approx_dp
+
+        return gdp_mu_squared_for_approx_dp(self.epsilon, self.delta)  # type: ignore[arg-type]
+
+    def as_record(self) -> dict:
+        """The configuration as written, JSON-safe (exact numbers as strings); recorded in the audit log."""
+        return {
+            "accountant": self.accountant,
+            "cap": None if self.cap is None else str(self.cap),
+            "epsilon": None if self.epsilon is None else str(self.epsilon),
+            "delta": None if self.delta is None else str(self.delta),
+            "privacy_unit": self.privacy_unit,
+            "allowed_dags": sorted(self.allowed_dags),
+            "owner": self.owner,
+            "description": self.description,
+        }
 
 
 class LedgerConfig(BaseModel):

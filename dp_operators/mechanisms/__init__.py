@@ -9,17 +9,32 @@ from __future__ import annotations
 from dp_operators.mechanisms.accuracy import (
     discrete_gaussian_accuracy,
     discrete_gaussian_pmf,
+    discrete_gaussian_upper_tail,
+    discrete_gaussian_variance,
     discrete_laplace_accuracy,
     discrete_laplace_pmf,
+    discrete_laplace_variance,
     gaussian_accuracy,
     laplace_accuracy,
 )
 from dp_operators.mechanisms.calibration import (
     discrete_gaussian_sigma2,
+    discrete_gaussian_sigma2_for_approx_dp,
+    discrete_gaussian_threshold,
     discrete_laplace_scale,
+    discrete_laplace_threshold,
+    epsilon_for_discrete_gaussian_accuracy,
+    epsilon_for_discrete_laplace_accuracy,
+    epsilon_for_rho,
+    rho_for_discrete_gaussian_accuracy,
     pure_epsilon_to_rho,
     rho_for_approx_dp,
     rho_to_epsilon,
+)
+from dp_operators.mechanisms.privacy_profile import (
+    analytic_gaussian_delta,
+    analytic_gaussian_sigma,
+    discrete_gaussian_delta,
 )
 from dp_operators.mechanisms.samplers import (
     sample_discrete_gaussian,
@@ -29,16 +44,29 @@ from dp_operators.mechanisms.samplers import (
 )
 
 __all__ = [
+    "analytic_gaussian_delta",
+    "analytic_gaussian_sigma",
     "discrete_gaussian_accuracy",
+    "discrete_gaussian_delta",
     "discrete_gaussian_pmf",
     "discrete_gaussian_sigma2",
+    "discrete_gaussian_sigma2_for_approx_dp",
+    "discrete_gaussian_threshold",
+    "discrete_gaussian_upper_tail",
+    "discrete_gaussian_variance",
     "discrete_laplace_accuracy",
     "discrete_laplace_pmf",
     "discrete_laplace_scale",
+    "discrete_laplace_threshold",
+    "discrete_laplace_variance",
+    "epsilon_for_discrete_gaussian_accuracy",
+    "epsilon_for_discrete_laplace_accuracy",
+    "epsilon_for_rho",
     "gaussian_accuracy",
     "laplace_accuracy",
     "pure_epsilon_to_rho",
     "rho_for_approx_dp",
+    "rho_for_discrete_gaussian_accuracy",
     "rho_to_epsilon",
     "sample_discrete_gaussian",
     "sample_discrete_gaussian_vector",

@@ -17,6 +17,9 @@ from dp_operators.mechanisms._rational import as_open_unit_interval, as_positive
 
 __all__ = [
     "discrete_gaussian_accuracy",
+    "discrete_gaussian_upper_tail",
+    "discrete_gaussian_variance",
+    "discrete_laplace_variance",
     "discrete_gaussian_pmf",
     "discrete_laplace_accuracy",
     "discrete_laplace_pmf",
@@ -156,3 +159,47 @@ def _discrete_gaussian_accuracy_by_euler_maclaurin(sigma2: float, alpha: float) 
     while a > 0 and tail_beyond(a - 1) <= target:
         a -= 1
     return a
+
+
+def discrete_gaussian_upper_tail(k: int, sigma2: float | Fraction) -> float:
+    """P(Z >= k) for Z ~ N_Z(0, sigma2), for any integer k (by symmetry for k <= 0).
+
+    Summed from the far tail inwards for sigma <= 1e4 (terms beyond 40 sigma underflow), else by Euler-Maclaurin
+    (relative error O(sigma^-3), far below float precision there). Raises ValueError for a bad sigma2.
+    Source: Canonne, Kamath, Steinke 2020, Definition 1 (pmf).
+    """
+    sigma2_f = _positive(sigma2, "sigma2")
+    if k <= 0:
+        return 1.0 - discrete_gaussian_upper_tail(1 - k, sigma2_f)
+    sigma = math.sqrt(sigma2_f)
+    if k > _NEGLIGIBLE_SIGMAS * sigma + 1:
+        return 0.0
+    if sigma <= _SUMMATION_MAX_SIGMA:
+        x = np.arange(k, math.ceil(_NEGLIGIBLE_SIGMAS * sigma) + 2, dtype=np.float64)
+        tail = float(np.sum(np.exp(-(x * x) / (2 * sigma2_f))[::-1]))
+        return tail / _discrete_gaussian_normaliser(sigma2_f)
+    w = math.exp(-k * k / (2 * sigma2_f))
+    tail = sigma * math.sqrt(math.pi / 2) * math.erfc(k / (sigma * math.sqrt(2))) + w / 2 + k * w / (12 * sigma2_f)
+    return tail / (math.sqrt(2 * math.pi) * sigma)
+
+
+def discrete_laplace_variance(scale: float | Fraction) -> float:
+    """Variance of discrete Laplace noise of the given scale t: 2 e^(-1/t) / (1 - e^(-1/t))^2.
+
+    Slightly below the continuous Laplace's 2 t^2. Raises ValueError for a bad scale.
+    Source: two-sided geometric distribution (Ghosh, Roughgarden, Sundararajan 2009).
+    """
+    scale_f = _positive(scale, "scale")
+    q = math.exp(-1 / scale_f)
+    return 2 * q / (-math.expm1(-1 / scale_f)) ** 2
+
+
+def discrete_gaussian_variance(sigma2: float | Fraction) -> float:
+    """Variance of N_Z(0, sigma2): sum of x^2 pmf(x); below sigma2 (CKS 2020, Section 2), equal to it to float
+    precision once sigma >= 2 (the Poisson-summation correction is below exp(-2 pi^2 sigma2)). Raises ValueError for a bad sigma2."""
+    sigma2_f = _positive(sigma2, "sigma2")
+    if sigma2_f >= 4:  # the theta-function correction is below exp(-2 pi^2 sigma2) < 1e-34
+        return sigma2_f
+    x = np.arange(1, math.ceil(_NEGLIGIBLE_SIGMAS * math.sqrt(sigma2_f)) + 2, dtype=np.float64)
+    weights = np.exp(-(x * x) / (2 * sigma2_f))
+    return float(2 * np.sum(x * x * weights) / _discrete_gaussian_normaliser(sigma2_f))

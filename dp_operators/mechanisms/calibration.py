@@ -9,11 +9,19 @@ from __future__ import annotations
 import math
 import sys
 from fractions import Fraction
+from functools import lru_cache
 
 from dp_operators.mechanisms._rational import as_open_unit_interval, as_positive_rational
 
 __all__ = [
     "discrete_gaussian_sigma2",
+    "discrete_gaussian_sigma2_for_approx_dp",
+    "discrete_gaussian_threshold",
+    "discrete_laplace_threshold",
+    "epsilon_for_rho",
+    "epsilon_for_discrete_gaussian_accuracy",
+    "epsilon_for_discrete_laplace_accuracy",
+    "rho_for_discrete_gaussian_accuracy",
     "discrete_laplace_scale",
     "pure_epsilon_to_rho",
     "rho_for_approx_dp",
@@ -170,3 +178,253 @@ def rho_for_approx_dp(epsilon: Fraction | int | float, delta: Fraction | float) 
     while rho_to_epsilon(rho, delta_q) > epsilon_f:  # guard the float round trip
         rho -= Fraction(10) ** exponent
     return rho
+
+
+# -- (epsilon, delta) calibration of the discrete Gaussian ---------------------------------------------------------
+_SIGNIFICANT_DIGITS = 12
+
+
+def _round_up_decimal(value: float | Fraction) -> Fraction:
+    """``value`` rounded up to a decimal with 12 significant digits (a short, exact rational)."""
+    value = Fraction(value)
+    exponent = math.floor(math.log10(value)) - (_SIGNIFICANT_DIGITS - 1)
+    step = Fraction(10) ** exponent
+    return math.ceil(value / step) * step
+
+
+def _round_down_decimal(value: float | Fraction) -> Fraction:
+    value = Fraction(value)
+    exponent = math.floor(math.log10(value)) - (_SIGNIFICANT_DIGITS - 1)
+    step = Fraction(10) ** exponent
+    return math.floor(value / step) * step
+
+
+@lru_cache(maxsize=512)
+def discrete_gaussian_sigma2_for_approx_dp(
+    epsilon: Fraction | int | float, delta: Fraction | float, *, linf: int = 1, l0: int = 1
+) -> Fraction:
+    """The smallest sigma^2 (12 significant digits, rounded up) for which adding i.i.d. discrete Gaussian noise
+    N_Z(0, sigma^2) to an integer vector is (epsilon, delta)-DP, when neighbours differ by at most ``linf`` grid
+    units in each of at most ``l0`` coordinates (L2 sensitivity sqrt(l0) * linf). Valid for every epsilon > 0.
+
+    Two valid calibrations are computed and the smaller sigma^2 returned:
+
+    * the exact privacy profile of the discrete Gaussian
+      (:func:`~dp_operators.mechanisms.privacy_profile.discrete_gaussian_delta`; CKS 2020 Theorem 7 for one
+      coordinate), searched by bisection; the returned value is itself checked, so validity does not rest on the
+      search;
+    * the zCDP route: sigma^2 = l0 linf^2 / (2 rho) with the largest rho whose CKS 2020 Corollary 13 conversion
+      implies (epsilon, delta) (:func:`rho_for_approx_dp`), used when the exact profile is too large to compute.
+
+    The result is within about 0.1 % of the analytic Gaussian mechanism's sigma (Balle & Wang 2018) once
+    sigma >= 1.
+
+    Raises:
+        ValueError: epsilon not positive finite, delta not in (0, 1), linf or l0 not positive ints.
+    """
+    from dp_operators.mechanisms.privacy_profile import analytic_gaussian_sigma, discrete_gaussian_delta
+
+    epsilon_q = as_positive_rational(epsilon, "epsilon")
+    delta_q = as_open_unit_interval(delta, "delta")
+    for name, value in (("linf", linf), ("l0", l0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    l2_squared = l0 * linf * linf
+    by_zcdp = _round_up_decimal(Fraction(l2_squared) / (2 * rho_for_approx_dp(epsilon_q, delta_q)))
+    target = float(delta_q)
+
+    def valid(sigma2: Fraction | float) -> bool:
+        return discrete_gaussian_delta(sigma2, epsilon_q, linf=linf, l0=l0) <= target
+
+    high = math.sqrt(by_zcdp)
+    if not valid(by_zcdp):  # the exact profile is out of reach (FFT too large): the zCDP route stands
+        return by_zcdp
+    reference = analytic_gaussian_sigma(float(epsilon_q), target, math.sqrt(l2_squared))
+    low = min(0.9 * reference, high)
+    for _ in range(60):
+        if not valid(low * low):
+            break
+        high, low = low, low / 2
+    while high - low > 1e-10 * high:
+        middle = (low + high) / 2
+        if valid(middle * middle):
+            high = middle
+        else:
+            low = middle
+    sigma2 = _round_up_decimal(high * high)
+    while not valid(sigma2):  # float round trip; never more than a step or two
+        sigma2 = _round_up_decimal(sigma2 * (1 + Fraction(1, 10**10)))
+    return min(sigma2, by_zcdp)
+
+
+# -- target accuracy -> smallest budget ------------------------------------------------------------------------
+def _largest_scale_within(half_width: float, accuracy, start: float) -> float:
+    """Largest scale s with accuracy(s) <= half_width, for an accuracy nondecreasing in s (bisection)."""
+    low, high = 0.0, start
+    while accuracy(high) <= half_width:
+        low, high = high, 2 * high
+    for _ in range(200):
+        middle = (low + high) / 2
+        if middle in (low, high):
+            break
+        if accuracy(middle) <= half_width:
+            low = middle
+        else:
+            high = middle
+    if low == 0.0:
+        raise ValueError(f"no noise scale reaches half-width {half_width}")
+    return low
+
+
+def epsilon_for_discrete_laplace_accuracy(half_width: float, alpha: float, l1_sensitivity: Fraction | int) -> Fraction:
+    """The smallest epsilon (12 significant digits, rounded up) whose discrete Laplace noise, for a query of the
+    given L1 sensitivity, has a (1 - alpha) half-width of at most ``half_width`` (same units, e.g. grid steps).
+
+    Raises:
+        ValueError: half_width not positive finite, alpha not in (0, 1), sensitivity not positive.
+    Source: inverts :func:`~dp_operators.mechanisms.accuracy.discrete_laplace_accuracy`.
+    """
+    from dp_operators.mechanisms.accuracy import discrete_laplace_accuracy
+
+    half_width_f = float(as_positive_rational(half_width, "half_width"))
+    as_open_unit_interval(alpha, "alpha")
+    l1 = as_positive_rational(l1_sensitivity, "l1_sensitivity")
+    scale = _largest_scale_within(half_width_f, lambda s: discrete_laplace_accuracy(s, alpha), half_width_f)
+    epsilon = _round_up_decimal(l1 / Fraction(scale))
+    while discrete_laplace_accuracy(l1 / epsilon, alpha) > half_width_f:
+        epsilon = _round_up_decimal(epsilon * (1 + Fraction(1, 10**10)))
+    return epsilon
+
+
+def rho_for_discrete_gaussian_accuracy(
+    half_width: float, alpha: float, l2_sensitivity_squared: Fraction | int
+) -> Fraction:
+    """The smallest rho (12 significant digits, rounded up) whose discrete Gaussian noise N_Z(0, D^2/(2 rho)) has
+    a (1 - alpha) half-width of at most ``half_width`` grid units.
+
+    Raises:
+        ValueError: half_width not positive finite, alpha not in (0, 1), sensitivity not positive.
+    Source: inverts :func:`~dp_operators.mechanisms.accuracy.discrete_gaussian_accuracy` (integer-exact).
+    """
+    from dp_operators.mechanisms.accuracy import discrete_gaussian_accuracy
+
+    half_width_f = float(as_positive_rational(half_width, "half_width"))
+    as_open_unit_interval(alpha, "alpha")
+    l2_squared = as_positive_rational(l2_sensitivity_squared, "l2_sensitivity_squared")
+    sigma2 = _largest_scale_within(half_width_f, lambda s2: discrete_gaussian_accuracy(s2, alpha), half_width_f**2)
+    rho = _round_up_decimal(l2_squared / (2 * Fraction(sigma2)))
+    while discrete_gaussian_accuracy(l2_squared / (2 * rho), alpha) > half_width_f:
+        rho = _round_up_decimal(rho * (1 + Fraction(1, 10**10)))
+    return rho
+
+
+def epsilon_for_discrete_gaussian_accuracy(
+    half_width: float, alpha: float, delta: Fraction | float, *, linf: int = 1, l0: int = 1
+) -> Fraction:
+    """The smallest epsilon (12 significant digits, rounded up) such that a discrete Gaussian calibrated by
+    :func:`discrete_gaussian_sigma2_for_approx_dp` to (epsilon, delta) has a (1 - alpha) half-width of at most
+    ``half_width`` grid units.
+
+    Raises:
+        ValueError: bad half_width, alpha, delta, linf or l0.
+    """
+    from dp_operators.mechanisms.accuracy import discrete_gaussian_accuracy
+
+    half_width_f = float(as_positive_rational(half_width, "half_width"))
+    as_open_unit_interval(alpha, "alpha")
+    delta_q = as_open_unit_interval(delta, "delta")
+
+    def accuracy(epsilon: Fraction) -> int:
+        return discrete_gaussian_accuracy(discrete_gaussian_sigma2_for_approx_dp(epsilon, delta_q, linf=linf, l0=l0), alpha)
+
+    low, high = Fraction(0), Fraction(1)
+    while accuracy(high) > half_width_f:
+        low, high = high, 2 * high
+    for _ in range(45):  # relative precision 2^-45 on epsilon
+        middle = _round_up_decimal((low + high) / 2)
+        if middle >= high:
+            break
+        if accuracy(middle) <= half_width_f:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def epsilon_for_rho(rho: Fraction | int) -> Fraction:
+    """The largest epsilon (12 significant digits, rounded down) with epsilon^2 / 2 <= rho: a pure epsilon-DP
+    mechanism at this epsilon fits a rho-zCDP budget (Bun & Steinke 2016, Prop. 1.4).
+
+    Raises:
+        ValueError: rho not positive finite.
+    """
+    rho_q = as_positive_rational(rho, "rho")
+    epsilon = _round_down_decimal(math.sqrt(2 * rho_q))
+    step = Fraction(10) ** (math.floor(math.log10(epsilon)) - (_SIGNIFICANT_DIGITS - 1))
+    while epsilon * epsilon / 2 > rho_q:
+        epsilon -= step
+    return epsilon
+
+
+# -- partition selection: thresholds ------------------------------------------------------------------------------
+def _any_of_released(probability: float, l0: int) -> float:
+    """P(at least one of l0 independent partitions is released) = 1 - (1 - p)^l0, without cancellation."""
+    if probability >= 1.0:
+        return 1.0
+    return -math.expm1(l0 * math.log1p(-probability))
+
+
+def _discrete_laplace_upper_tail(k: int, scale: float) -> float:
+    """P(Z >= k) for Z discrete Laplace of scale t: e^(-k/t) / (1 + e^(-1/t)) for k >= 1."""
+    if k <= 0:
+        return 1.0 - _discrete_laplace_upper_tail(1 - k, scale)
+    return math.exp(-k / scale) / (1 + math.exp(-1 / scale))
+
+
+def discrete_laplace_threshold(scale: Fraction | int, delta: Fraction | float, *, l0: int = 1) -> tuple[int, Fraction]:
+    """Threshold for partition selection with discrete Laplace noise of scale t on counts of privacy units.
+
+    A key is released iff its noised count is ``>= threshold`` (an integer, the real threshold rounded up). A key
+    held only by the added privacy unit has count 1 and is released with probability P(Z >= threshold - 1); one unit
+    adds at most ``l0`` keys, so the mechanism's delta is 1 - (1 - P(Z >= threshold - 1))^l0, computed with the
+    same ``>=``. Keys present on both sides are covered by the noise's epsilon = l0 / t.
+
+    Returns ``(threshold, delta_spent)`` with delta_spent <= delta, the smallest threshold that achieves it.
+    Raises ValueError for a bad scale, delta or l0. Source: Korolova et al. 2009; Wilson et al., "Differentially
+    Private SQL with Bounded User Contribution" (PoPETs 2020), Section 4.
+    """
+    scale_f = float(as_positive_rational(scale, "scale"))
+    delta_q = as_open_unit_interval(delta, "delta")
+    target = float(delta_q) * (1 - 1e-9)  # margin for the float evaluation
+    per_key = -math.expm1(math.log1p(-target) / l0)
+    k = max(1, math.ceil(-scale_f * math.log(per_key * (1 + math.exp(-1 / scale_f)))))
+    while k > 1 and _any_of_released(_discrete_laplace_upper_tail(k - 1, scale_f), l0) <= target:
+        k -= 1
+    while _any_of_released(_discrete_laplace_upper_tail(k, scale_f), l0) > target:
+        k += 1
+    spent = _round_up_decimal(_any_of_released(_discrete_laplace_upper_tail(k, scale_f), l0) / (1 - 1e-9))
+    return k + 1, min(spent, delta_q)
+
+
+def discrete_gaussian_threshold(sigma2: Fraction | int, delta: Fraction | float, *, l0: int = 1) -> tuple[int, Fraction]:
+    """Threshold for partition selection with discrete Gaussian noise N_Z(0, sigma2) on counts of privacy units:
+    as :func:`discrete_laplace_threshold`, with P(Y >= threshold - 1) from the discrete Gaussian's exact tail.
+
+    Returns ``(threshold, delta_spent)``. Raises ValueError for a bad sigma2, delta or l0.
+    """
+    from dp_operators.mechanisms.accuracy import discrete_gaussian_upper_tail
+
+    sigma2_q = as_positive_rational(sigma2, "sigma2")
+    delta_q = as_open_unit_interval(delta, "delta")
+    target = float(delta_q) * (1 - 1e-9)
+
+    def released(k: int) -> float:
+        return _any_of_released(discrete_gaussian_upper_tail(k, sigma2_q), l0) * (1 + 1e-12)
+
+    k = max(1, math.ceil(math.sqrt(2 * float(sigma2_q) * math.log(2 * l0 / target))))
+    while k > 1 and released(k - 1) <= target:
+        k -= 1
+    while released(k) > target:
+        k += 1
+    spent = _round_up_decimal(released(k) / (1 - 1e-9)) if released(k) > 0 else Fraction(0)
+    return k + 1, min(spent, delta_q)

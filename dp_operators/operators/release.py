@@ -97,6 +97,7 @@ class DPReleaseOperator(BaseOperator):
                 key,
                 spec_hash=self.spec_sha256,
                 try_number=getattr(ti, "try_number", None),
+                audit=_audit_context(context),
             )
         except _PERMANENT as error:
             raise AirflowFailException(str(error)) from error
@@ -142,6 +143,17 @@ class DPReleaseOperator(BaseOperator):
         json_path.write_text(json.dumps(output, indent=2, sort_keys=True) + "\n")
         (folder / f"{stem}.csv").write_text(release_csv(output))
         return json_path
+
+
+def _audit_context(context: Context) -> dict[str, Any]:
+    """Who/what triggered this run, for the ledger's audit events (host, OS user, pid, version are added there)."""
+    dag_run = context.get("dag_run")
+    run_type = getattr(dag_run, "run_type", None)
+    audit = {
+        "run_type": getattr(run_type, "value", run_type),
+        "triggering_user": getattr(dag_run, "triggering_user_name", None),
+    }
+    return {name: str(value) for name, value in audit.items() if value is not None}
 
 
 def release_csv(output: dict[str, Any]) -> str:

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from dp_operators.spec.loader import SpecError, load_spec, parse_spec, spec_hash
-from dp_operators.spec.models import Aggregate, Budget, ContributionBounds, ReleaseSpec
+from dp_operators.spec.models import (
+    Aggregate,
+    Budget,
+    ContributionBounds,
+    NonFinitePolicy,
+    PartitionSelection,
+    ReleaseSpec,
+)
 
 __all__ = [
     "Aggregate",
     "Budget",
     "ContributionBounds",
+    "NonFinitePolicy",
+    "PartitionSelection",
     "ReleaseSpec",
     "SpecError",
     "load_spec",

@@ -57,10 +57,10 @@ Delta = Annotated[Fraction, BeforeValidator(_delta), PlainSerializer(str, return
 class Budget(_Strict):
     """The privacy loss one aggregate may spend. One of:
 
-    * ``{epsilon}``: pure epsilon-DP (``discrete_laplace``);
-    * ``{rho}``: rho-zCDP (``discrete_gaussian``);
-    * ``{epsilon, delta}``: approximate DP for ``discrete_gaussian``, calibrated through the largest rho whose
-      zCDP guarantee implies (epsilon, delta) (Canonne, Kamath, Steinke 2020, Cor. 13) and charged as that rho.
+    * ``{epsilon}``: pure epsilon-DP (``discrete_laplace``, or ``auto`` which then picks it);
+    * ``{rho}``: rho-zCDP (``discrete_gaussian``; ``auto`` compares it with a Laplace at epsilon = sqrt(2 rho));
+    * ``{epsilon, delta}``: approximate DP. ``discrete_gaussian`` is calibrated with the exact (epsilon, delta)
+      privacy profile of the discrete Gaussian (docs/mechanisms.md); ``auto`` compares it with a pure Laplace.
     """
 
     epsilon: PositiveExact | None = None
@@ -94,24 +94,65 @@ class ContributionBounds(_Strict):
 
 
 class NonFinitePolicy(_Strict):
-    """What a NaN or infinite upstream value becomes. Data values never raise mid-release (DESIGN.md 2.4)."""
+    """What a NaN or infinite upstream value does. Data values never raise mid-release (DESIGN.md 2.4).
 
+    * ``nan``: ``replace`` (by ``replace_with``) or ``drop`` (the row is ignored, as if absent);
+    * ``infinity``: ``replace``, ``drop``, or ``clamp`` (to the saturation limit of the engine, +-2**62 grid units).
+    """
+
+    nan: Literal["replace", "drop"] = "replace"
+    infinity: Literal["replace", "clamp", "drop"] = "replace"
     replace_with: FiniteNumber = 0
 
 
+class PartitionSelection(_Strict):
+    """Release only the keys found in the data whose noised count of privacy units reaches a threshold (for
+    group-by keys with no public domain). The threshold is derived from the budget's delta, rounded up; its noise
+    and delta are charged in addition to the aggregate's own budget."""
+
+    mechanism: Literal["discrete_laplace", "discrete_gaussian"] = "discrete_laplace"
+    budget: Budget
+
+    @model_validator(mode="after")
+    def _approximate(self) -> PartitionSelection:
+        if self.budget.form != "epsilon_delta":
+            raise ValueError(
+                "partition selection needs an approximate budget {epsilon, delta}: delta bounds the chance that "
+                f"a key held by one privacy unit is released; got {self.budget.form}"
+            )
+        return self
+
+
+MECHANISM_BUDGETS = {
+    "discrete_laplace": ("epsilon",),
+    "discrete_gaussian": ("rho", "epsilon_delta"),
+    "auto": ("epsilon", "rho", "epsilon_delta"),
+}
+#: the components each kind noises, in release order
+COMPONENTS = {
+    "count": ("count",),
+    "sum": ("sum",),
+    "mean": ("sum", "count"),
+    "variance": ("sum", "count", "sum_squares"),
+}
+
+
 class Aggregate(_Strict):
-    """One released aggregate: a count, bounded sum or bounded mean, optionally grouped over a public key domain."""
+    """One released aggregate: a count, bounded sum, mean or variance; optionally grouped over a public key domain
+    (``keys``) or over keys found in the data (``partition_selection``)."""
 
     name: str
-    kind: Literal["count", "sum", "mean"]
+    kind: Literal["count", "sum", "mean", "variance"]
     group_by: list[str] = Field(default_factory=list)
-    keys: dict[str, list[str | int]] = Field(default_factory=dict)
+    keys: dict[str, list[str | int]] | None = None
+    partition_selection: PartitionSelection | None = None
     bounds: tuple[FiniteNumber, FiniteNumber] | None = None
     grid: PositiveExact = Fraction(1)
-    mechanism: Literal["discrete_laplace", "discrete_gaussian"]
+    mechanism: Literal["discrete_laplace", "discrete_gaussian", "auto"]
     budget: Budget
     contribution: ContributionBounds | None = None
     non_finite: NonFinitePolicy = NonFinitePolicy()
+    out_of_range: Literal["clamp", "drop"] = "clamp"
 
     @field_validator("name")
     @classmethod
@@ -124,38 +165,59 @@ class Aggregate(_Strict):
     def _consistent(self) -> Aggregate:
         if len(set(self.group_by)) != len(self.group_by):
             raise ValueError(f"group_by lists a column twice: {self.group_by}")
-        if set(self.keys) != set(self.group_by):
+        if self.partition_selection is not None:
+            if not self.group_by:
+                raise ValueError("partition_selection needs group_by columns (it selects which keys to release)")
+            if self.keys is not None:
+                raise ValueError("give either public 'keys' or 'partition_selection', not both")
+        elif set(self.keys or {}) != set(self.group_by):
             raise ValueError(
-                "keys must give the public key domain of every group_by column and no other: "
-                f"group_by is {self.group_by}, keys has {sorted(self.keys)}"
+                "keys must give the public key domain of every group_by column and no other "
+                "(or use partition_selection for keys that are not public): "
+                f"group_by is {self.group_by}, keys has {sorted(self.keys or {})}"
             )
-        for column, values in self.keys.items():
+        for column, values in (self.keys or {}).items():
             if not values:
                 raise ValueError(f"keys.{column} is empty; list the public values of {column!r}")
             if len({str(v) for v in values}) != len(values):
                 raise ValueError(f"keys.{column} lists a value twice")
-        if self.kind in ("sum", "mean"):
+        if self.kind != "count":
             if self.bounds is None:
                 raise ValueError(f"a {self.kind} needs clipping 'bounds: [lower, upper]'")
             lower, upper = self.bounds
             if not lower < upper:
-                raise ValueError(f"bounds must have lower < upper, got [{lower}, {upper}]")
-            if lower == 0 and upper == 0:
-                raise ValueError("bounds [0, 0] give sensitivity 0: nothing to release")
+                raise ValueError(
+                    f"bounds must have lower < upper, got [{lower}, {upper}] (equal bounds give sensitivity 0: "
+                    "nothing to release)"
+                )
         elif self.bounds is not None:
             raise ValueError("a count takes no 'bounds' (its per-contribution sensitivity is 1)")
-        allowed = {"discrete_laplace": ("epsilon",), "discrete_gaussian": ("rho", "epsilon_delta")}[self.mechanism]
+        allowed = MECHANISM_BUDGETS[self.mechanism]
         if self.budget.form not in allowed:
             raise ValueError(
                 f"mechanism {self.mechanism} is calibrated from {' or '.join(allowed)}, "
                 f"but budget gives {self.budget.form}"
+                + (" (use mechanism: auto to let the engine choose)" if self.mechanism != "auto" else "")
             )
         return self
 
     @property
-    def partition_count(self) -> int:
-        """Number of released partitions: the product of the key-domain sizes (1 when not grouped)."""
-        return math.prod(len(self.keys[column]) for column in self.group_by)
+    def components(self) -> tuple[str, ...]:
+        """The noised components of this aggregate (``count``, ``sum``, ``sum_squares``), in release order."""
+        return COMPONENTS[self.kind]
+
+    @property
+    def public_keys(self) -> bool:
+        """True when the released keys are the public key domain (always released, missing ones as 0)."""
+        return self.partition_selection is None
+
+    @property
+    def partition_count(self) -> int | None:
+        """Number of released partitions for a public key domain (1 when not grouped); None under partition
+        selection, where it depends on the data."""
+        if not self.public_keys:
+            return None
+        return math.prod(len(self.keys[column]) for column in self.group_by)  # type: ignore[index]
 
 
 class Postprocess(_Strict):

@@ -113,3 +113,52 @@ def test_missing_file_and_bad_yaml(tmp_path: Path):
     listed.write_text("- 1\n- 2\n")
     with pytest.raises(SpecError, match="YAML mapping"):
         load_spec(listed)
+
+
+def aggregate_spec(aggregate: dict) -> str:
+    document = {"version": 1, "release": "r", "budget_account": "a", "privacy_unit": "person",
+                "aggregates": [aggregate]}
+    return yaml.safe_dump(document)
+
+
+@pytest.mark.parametrize(
+    ("aggregate", "reason"),
+    [
+        pytest.param({"name": "v", "kind": "variance", "mechanism": "auto", "budget": {"epsilon": 1}},
+                     "needs clipping 'bounds", id="variance without bounds"),
+        pytest.param({"name": "s", "kind": "sum", "bounds": [3, 3], "mechanism": "auto", "budget": {"epsilon": 1}},
+                     "sensitivity 0", id="equal bounds: sensitivity 0"),
+        pytest.param({"name": "s", "kind": "sum", "bounds": [0, 1], "grid": 0, "mechanism": "auto",
+                      "budget": {"epsilon": 1}}, "> 0", id="zero grid"),
+        pytest.param({"name": "c", "kind": "count", "group_by": ["city"], "mechanism": "auto",
+                      "budget": {"epsilon": 1}}, "partition_selection", id="private keys without selection"),
+        pytest.param({"name": "c", "kind": "count", "group_by": ["city"], "keys": {"city": ["x"]},
+                      "partition_selection": {"budget": {"epsilon": 1, "delta": 1e-6}}, "mechanism": "auto",
+                      "budget": {"epsilon": 1}}, "not both", id="keys and selection"),
+        pytest.param({"name": "c", "kind": "count", "group_by": ["city"],
+                      "partition_selection": {"budget": {"epsilon": 1}}, "mechanism": "auto",
+                      "budget": {"epsilon": 1}}, "approximate budget", id="selection without delta"),
+        pytest.param({"name": "c", "kind": "count", "mechanism": "discrete_gaussian", "budget": {"epsilon": 1}},
+                     "mechanism: auto", id="gaussian with pure epsilon"),
+        pytest.param({"name": "c", "kind": "count", "mechanism": "auto", "budget": {"epsilon": 1},
+                      "non_finite": {"nan": "clamp"}}, "non_finite.nan", id="NaN cannot be clamped"),
+        pytest.param({"name": "c", "kind": "count", "mechanism": "auto", "budget": {"epsilon": 1},
+                      "out_of_range": "ignore"}, "out_of_range", id="unknown out_of_range policy"),
+    ],
+)
+def test_new_aggregate_fields_are_validated(aggregate, reason):
+    with pytest.raises(SpecError) as caught:
+        parse_spec(aggregate_spec(aggregate), source="r.yaml")
+    assert reason in str(caught.value)
+
+
+def test_auto_variance_and_partition_selection_specs_load():
+    spec = parse_spec(aggregate_spec({
+        "name": "hours", "kind": "variance", "group_by": ["city"], "bounds": [0, 99], "grid": 0.5,
+        "partition_selection": {"mechanism": "discrete_gaussian", "budget": {"epsilon": 0.5, "delta": 1e-6}},
+        "mechanism": "auto", "budget": {"epsilon": 1, "delta": 1e-6},
+        "non_finite": {"nan": "drop", "infinity": "clamp"}, "out_of_range": "drop",
+    }))
+    aggregate = spec.aggregates[0]
+    assert aggregate.components == ("sum", "count", "sum_squares")
+    assert aggregate.partition_count is None and not aggregate.public_keys

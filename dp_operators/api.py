@@ -1,0 +1,321 @@
+"""The Python API without Airflow: single-call mechanisms and the release engine.
+
+Every helper here is a thin front over the release engine (:mod:`dp_operators.release`): the value goes onto a
+fixed-point grid, gets exact discrete noise from the OS CSPRNG, and comes back with the half-width of its
+confidence interval. Parameters are validated by the same models as a YAML spec, before anything is charged.
+
+Charging: pass ``ledger``, ``account`` and ``key`` together to charge a budget account first (DESIGN.md 2.1). The
+``key`` (a :class:`~dp_operators.ledger.ReleaseKey`) makes the call idempotent: calling again with the same key
+returns the stored result, draws nothing and spends nothing. Its ``dag_id`` must be allowed to spend from the
+account (``allowed_dags`` in the ledger configuration); outside Airflow use a pipeline name there. Without a
+ledger nothing is recorded: you are responsible for composing the budgets yourself.
+
+User guide: ``docs/python-api.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from pydantic import ValidationError
+
+from dp_operators.accounting import exact_number
+from dp_operators.ledger import Ledger, ReleaseKey
+from dp_operators.release import (
+    _draw_noise,
+    plan_release,
+    prepare_inputs,
+    publish_aggregate,
+    run_release,
+)
+from dp_operators.spec import ReleaseSpec
+
+__all__ = [
+    "NoisyValue",
+    "NoisyVector",
+    "gaussian_mechanism",
+    "laplace_mechanism",
+    "plan_release",
+    "run_release",
+    "vector_release",
+]
+
+_NAME = "value"
+
+
+@dataclass(frozen=True)
+class NoisyValue:
+    """One released value.
+
+    Attributes:
+        value: the noised value, a multiple of the grid (an ``int`` when the grid is 1).
+        half_width: half-width of its ``confidence`` interval, from public parameters only.
+        mechanism: the noise step as recorded in a ledger (mechanism, scale or sigma, sensitivities, epsilon/rho).
+        charge: what the ledger account was charged (``None`` without a ledger).
+        replayed: True when a ledger returned the stored result of this key (nothing drawn, nothing spent).
+    """
+
+    value: int | float
+    half_width: float
+    confidence: float
+    mechanism: dict[str, Any]
+    charge: dict[str, Any] | None
+    replayed: bool = False
+
+
+@dataclass(frozen=True)
+class NoisyVector:
+    """A released vector: ``values`` in input order, each with the same ``half_width`` (see :class:`NoisyValue`)."""
+
+    values: list[int | float]
+    half_width: float
+    confidence: float
+    mechanism: dict[str, Any]
+    charge: dict[str, Any] | None
+    replayed: bool = False
+
+
+def _default_grid(sensitivity: Fraction, grid: object) -> Fraction:
+    if grid is not None:
+        return exact_number(grid, name="grid")
+    return Fraction(1) if sensitivity.denominator == 1 else sensitivity / 1000
+
+
+def _budget(epsilon: object, delta: object, rho: object) -> dict[str, object]:
+    return {name: value for name, value in (("epsilon", epsilon), ("delta", delta), ("rho", rho)) if value is not None}
+
+
+def _checked_sensitivity(sensitivity: object) -> Fraction:
+    try:
+        value = exact_number(sensitivity, name="sensitivity")
+    except ValueError as error:
+        raise ValueError(str(error)) from None
+    if value <= 0:
+        raise ValueError(f"sensitivity must be > 0, got {sensitivity!r}: a zero sensitivity needs no noise")
+    return value
+
+
+def _spec(
+    *,
+    release: str,
+    account: str,
+    privacy_unit: str,
+    size: int | None,
+    sensitivity: Fraction,
+    grid: Fraction,
+    mechanism: str,
+    budget: dict[str, object],
+    max_partitions_contributed: int,
+    confidence: float,
+) -> ReleaseSpec:
+    """The one-aggregate spec a single call stands for: a sum whose contributions lie in [-sensitivity,
+    sensitivity], so one privacy unit moves each value by at most the sensitivity (in at most
+    ``max_partitions_contributed`` of the ``size`` values of a vector)."""
+    aggregate: dict[str, Any] = {
+        "name": _NAME,
+        "kind": "sum",
+        "bounds": [-float(sensitivity), float(sensitivity)] if Fraction(float(sensitivity)) == sensitivity else None,
+        "grid": str(grid),
+        "mechanism": mechanism,
+        "budget": {k: str(v) if isinstance(v, Fraction) else v for k, v in budget.items()},
+        "contribution": {"max_partitions_contributed": max_partitions_contributed},
+    }
+    if aggregate["bounds"] is None:
+        raise ValueError(f"sensitivity must be representable as a float, got {sensitivity}")
+    if size is not None:
+        aggregate.update(group_by=["index"], keys={"index": list(range(size))})
+    document = {
+        "version": 1,
+        "release": release,
+        "budget_account": account,
+        "privacy_unit": privacy_unit,
+        "confidence": confidence,
+        "aggregates": [aggregate],
+    }
+    try:
+        return ReleaseSpec.model_validate(document)
+    except ValidationError as error:
+        problems = []
+        for problem in error.errors():
+            where = ".".join(str(p) for p in problem["loc"] if not isinstance(p, int) and p != "aggregates")
+            where = where.replace("budget.", "").replace("contribution.", "")
+            problems.append(f"{where or 'parameters'}: {problem['msg'].removeprefix('Value error, ')}")
+        raise ValueError("invalid parameters: " + "; ".join(problems)) from None
+
+
+def _release(
+    values: list[object] | object,
+    *,
+    sensitivity: object,
+    budget: dict[str, object],
+    mechanism: str,
+    grid: object,
+    max_partitions_contributed: int | None,
+    confidence: float,
+    ledger: Ledger | None,
+    account: str | None,
+    key: ReleaseKey | None,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None, bool]:
+    """Run a one-aggregate release; returns (published aggregate, mechanism description, charge, replayed)."""
+    sensitivity_q = _checked_sensitivity(sensitivity)
+    grid_q = _default_grid(sensitivity_q, grid)
+    vector = isinstance(values, list)
+    size = len(values) if vector else None
+    if vector and size == 0:
+        raise ValueError("values is empty: nothing to release")
+    given = (ledger is not None, account is not None, key is not None)
+    if any(given) and not all(given):
+        raise ValueError("to charge a budget, give ledger, account and key together (see docs/python-api.md)")
+    account_status = ledger.account(account) if ledger is not None else None  # type: ignore[arg-type]
+    spec = _spec(
+        release=key.release_name if key is not None else "api",
+        account=account or "none",
+        privacy_unit=account_status.privacy_unit if account_status else "unspecified",
+        size=size,
+        sensitivity=sensitivity_q,
+        grid=grid_q,
+        mechanism=mechanism,
+        budget=budget,
+        max_partitions_contributed=max_partitions_contributed or size or 1,
+        confidence=confidence,
+    )
+    upstream = {_NAME: [{"index": i, "sum": v} for i, v in enumerate(values)] if vector else values}
+    if ledger is not None:
+        result = run_release(spec, upstream, ledger, key, spec_hash=_call_hash(spec))  # type: ignore[arg-type]
+        output = result.output
+        return output["aggregates"][_NAME], output["mechanisms"][0], output["charge"], result.replayed
+    plan = plan_release(spec)
+    prepared = prepare_inputs(spec, upstream)
+    noised, _ = _draw_noise(plan, prepared, [])
+    published = publish_aggregate(spec, spec.aggregates[0], plan, noised, prepared.keys[_NAME])
+    return published, plan.steps[0].describe(), None, False
+
+
+def _call_hash(spec: ReleaseSpec) -> str:
+    """SHA-256 of the call's parameters (the spec it stands for), recorded with the charge like a spec's hash."""
+    from dp_operators.ledger import canonical_json
+    from dp_operators.spec import spec_hash
+
+    return spec_hash(canonical_json(spec.model_dump(mode="json")))
+
+
+def _scalar(published: dict, described: dict, charge: dict | None, replayed: bool, confidence: float) -> NoisyValue:
+    return NoisyValue(
+        value=published["value"],
+        half_width=published["half_width"],
+        confidence=confidence,
+        mechanism=described,
+        charge=charge,
+        replayed=replayed,
+    )
+
+
+def laplace_mechanism(
+    value: int | float,
+    *,
+    sensitivity: int | float | Fraction,
+    epsilon: int | float | Fraction,
+    grid: int | float | Fraction | None = None,
+    confidence: float = 0.95,
+    ledger: Ledger | None = None,
+    account: str | None = None,
+    key: ReleaseKey | None = None,
+) -> NoisyValue:
+    """Release ``value`` with discrete Laplace noise: pure epsilon-DP for a query whose value one privacy unit
+    changes by at most ``sensitivity``.
+
+    The value is rounded to the ``grid`` (default 1 for an integer sensitivity, else sensitivity/1000) and noised
+    as an integer with scale ceil(sensitivity/grid)/epsilon grid units, so the output carries no floating-point
+    leak (Mironov 2012). NaN becomes 0 and infinities saturate (the spec defaults for ``non_finite``).
+
+    Raises:
+        ValueError: epsilon or sensitivity not positive finite; ledger, account and key not given together.
+        BudgetExhaustedError, DagNotAllowedError, AccountNotFoundError: ledger refusals, nothing spent.
+
+    Source: Canonne, Kamath, Steinke 2020 (discrete Laplace, exact sampler).
+    """
+    published, described, charge, replayed = _release(
+        value, sensitivity=sensitivity, budget=_budget(epsilon, None, None), mechanism="discrete_laplace", grid=grid,
+        max_partitions_contributed=None, confidence=confidence, ledger=ledger, account=account, key=key,
+    )
+    return _scalar(published, described, charge, replayed, confidence)
+
+
+def gaussian_mechanism(
+    value: int | float,
+    *,
+    sensitivity: int | float | Fraction,
+    epsilon: int | float | Fraction | None = None,
+    delta: float | Fraction | None = None,
+    rho: int | float | Fraction | None = None,
+    grid: int | float | Fraction | None = None,
+    confidence: float = 0.95,
+    ledger: Ledger | None = None,
+    account: str | None = None,
+    key: ReleaseKey | None = None,
+) -> NoisyValue:
+    """Release ``value`` with discrete Gaussian noise, calibrated to (epsilon, delta) — any epsilon > 0, with the
+    exact privacy profile of the discrete Gaussian — or to rho-zCDP.
+
+    Give ``epsilon`` and ``delta``, or ``rho``. Grid and special values as :func:`laplace_mechanism`.
+
+    Raises:
+        ValueError: a missing or invalid budget (delta must be in (0, 1)), sensitivity not positive finite.
+        Ledger refusals as :func:`laplace_mechanism`.
+
+    Source: Canonne, Kamath, Steinke 2020, Theorem 7 (profile) and Theorem 14 (zCDP); docs/mechanisms.md.
+    """
+    if rho is None and (epsilon is None or delta is None):
+        raise ValueError("gaussian_mechanism needs epsilon and delta (approximate DP), or rho (zCDP)")
+    published, described, charge, replayed = _release(
+        value, sensitivity=sensitivity, budget=_budget(epsilon, delta, rho), mechanism="discrete_gaussian", grid=grid,
+        max_partitions_contributed=None, confidence=confidence, ledger=ledger, account=account, key=key,
+    )
+    return _scalar(published, described, charge, replayed, confidence)
+
+
+def vector_release(
+    values: Sequence[int | float],
+    *,
+    sensitivity: int | float | Fraction,
+    epsilon: int | float | Fraction | None = None,
+    delta: float | Fraction | None = None,
+    rho: int | float | Fraction | None = None,
+    mechanism: str = "auto",
+    max_partitions_contributed: int | None = None,
+    grid: int | float | Fraction | None = None,
+    confidence: float = 0.95,
+    ledger: Ledger | None = None,
+    account: str | None = None,
+    key: ReleaseKey | None = None,
+) -> NoisyVector:
+    """Release a vector of k values under one budget for the whole vector.
+
+    One privacy unit changes each value by at most ``sensitivity``, in at most ``max_partitions_contributed``
+    values (default: all k). The noise is calibrated to the true sensitivities: L1 = L0 * s for
+    ``discrete_laplace``, L2 = sqrt(L0) * s for ``discrete_gaussian`` (exact (epsilon, delta) profile); ``auto``
+    (the default) picks the one with the smaller variance. A budget ``{epsilon}`` alone means pure DP (Laplace).
+
+    Raises:
+        ValueError: an invalid budget or sensitivity, an empty vector, an unknown mechanism.
+        Ledger refusals as :func:`laplace_mechanism`.
+    """
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
+        raise ValueError(f"values must be a sequence of numbers, got {type(values).__name__}")
+    published, described, charge, replayed = _release(
+        list(values), sensitivity=sensitivity, budget=_budget(epsilon, delta, rho), mechanism=mechanism, grid=grid,
+        max_partitions_contributed=max_partitions_contributed, confidence=confidence, ledger=ledger,
+        account=account, key=key,
+    )
+    rows = published["rows"]
+    return NoisyVector(
+        values=[row["value"] for row in rows],
+        half_width=rows[0]["half_width"],
+        confidence=confidence,
+        mechanism=described,
+        charge=charge,
+        replayed=replayed,
+    )

@@ -1,0 +1,194 @@
+"""The ledger's life cycle, exact arithmetic, refusals and governance, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+
+from dp_operators.ledger import (
+    AccountNotFoundError,
+    BudgetExhaustedError,
+    ChargeStateError,
+    DagNotAllowedError,
+    Ledger,
+    LedgerConfig,
+    LedgerNotInitialisedError,
+    ReleaseKey,
+)
+from ledger_backends import account_config, ledger_with
+
+NO_MECHANISMS: list[dict] = []
+
+
+def key(run: str = "run-1", dag: str = "d") -> ReleaseKey:
+    return ReleaseKey(dag, run, "t", -1, "r")
+
+
+def spend(ledger: Ledger, run: str, amount, account: str = "a", **kwargs):
+    reservation = ledger.reserve(
+        key(run), account=account, amount=Fraction(amount), mechanisms=NO_MECHANISMS, spec_hash="0" * 64, **kwargs
+    )
+    ledger.commit(reservation, {"run": run})
+    return reservation
+
+
+def test_ten_tenths_fill_a_cap_of_one_and_the_eleventh_is_refused(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap="1.0"))
+    for run in range(10):
+        spend(ledger, f"run-{run}", "0.1")
+    assert ledger.account("a").spent == 1 and ledger.account("a").remaining == 0
+    with pytest.raises(BudgetExhaustedError) as refused:
+        spend(ledger, "run-10", "0.1")
+    error = refused.value
+    assert (error.requested, error.remaining, error.difference) == (Fraction(1, 10), 0, Fraction(1, 10))
+    assert "requested epsilon 0.1, remaining 0, short by 0.1" in str(error)
+    assert len(ledger.charges()) == 10
+
+
+def test_three_thirds_fit_in_one_and_the_refusal_names_requested_remaining_difference(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("zcdp", cap=1, delta="1e-6"))
+    for run in range(3):
+        spend(ledger, f"run-{run}", Fraction(1, 3))
+    assert ledger.account("a").spent == 1
+    ledger = ledger_with(ledger_url, a=account_config("zcdp", cap="1.5", delta="1e-6"))
+    with pytest.raises(BudgetExhaustedError, match=r"requested rho 2/3 \(~0.666667\), remaining 0.5, short by 1/6 \(~0.166667\)"):
+        spend(ledger, "run-3", Fraction(2, 3))
+
+
+def test_replay_of_a_committed_key_returns_the_output_and_charges_nothing(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    spend(ledger, "run-1", "0.5")
+    again = ledger.reserve(key("run-1"), account="a", amount=Fraction(1, 2), mechanisms=[], spec_hash="0" * 64)
+    assert again == {"run": "run-1"} == ledger.stored_output(key("run-1"))
+    assert ledger.account("a").spent == Fraction(1, 2) and len(ledger.charges()) == 1
+
+
+def test_release_returns_budget_only_for_a_reserved_charge(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    reservation = ledger.reserve(key(), account="a", amount=Fraction(1, 4), mechanisms=[], spec_hash="0" * 64)
+    assert ledger.account("a").reserved == Fraction(1, 4)
+    ledger.release(reservation)
+    assert ledger.account("a").spent == 0 and ledger.charges()[0]["state"] == "released"
+    with pytest.raises(ChargeStateError):
+        ledger.release(reservation)
+    with pytest.raises(ChargeStateError):
+        ledger.commit(reservation, {"x": 1})
+
+
+def test_approx_account_composes_epsilon_and_delta_and_refuses_on_either(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("approx_dp", cap=1, delta="1e-6"))
+    spend(ledger, "run-1", "0.25", delta=Fraction(1, 2 * 10**6))
+    spend(ledger, "run-2", "0.25", delta=Fraction(1, 2 * 10**6))
+    status = ledger.account("a")
+    assert (status.spent, status.delta_spent, status.remaining_delta) == (Fraction(1, 2), Fraction(1, 10**6), 0)
+    with pytest.raises(BudgetExhaustedError) as refused:
+        spend(ledger, "run-3", "0.25", delta=Fraction(1, 10**9))
+    assert refused.value.unit == "delta"
+    spend(ledger, "run-4", "0.5")  # pure charges still fit
+    assert ledger.verify().ok
+
+
+def test_a_delta_on_an_account_without_one_is_a_programming_error(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    with pytest.raises(ValueError, match="no delta part"):
+        spend(ledger, "run-1", "0.1", delta=Fraction(1, 10**6))
+    assert ledger.charges() == []
+
+
+def test_refusals_reserve_nothing_and_are_recorded(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap="0.5"))
+    with pytest.raises(AccountNotFoundError, match="dpctl ledger apply"):
+        spend(ledger, "run-1", "0.1", account="missing")
+    with pytest.raises(DagNotAllowedError, match="allowed_dags"):
+        ledger.reserve(key(dag="other"), account="a", amount=Fraction(1, 10), mechanisms=[], spec_hash="0" * 64)
+    with pytest.raises(BudgetExhaustedError):
+        spend(ledger, "run-2", "0.6")
+    assert ledger.charges() == [] and ledger.account("a").spent == 0
+    refused = [json.loads(e["details"])["reason"] for e in ledger.events("a") if e["event"] == "refused"]
+    assert refused == ["dag_not_allowed", "budget_exhausted"]
+    assert ledger.verify().ok
+
+
+def test_audit_rows_carry_who_what_when_and_never_the_output(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    mechanisms = [{"mechanism": "discrete_laplace", "scale": 10.0, "l1_sensitivity": 1.0, "epsilon_exact": "1/10"}]
+    reservation = ledger.reserve(
+        key(), account="a", amount=Fraction(1, 10), mechanisms=mechanisms, spec_hash="ab" * 32, try_number=2,
+        audit={"run_type": "scheduled", "triggering_user": "alice"},
+    )
+    digest = ledger.commit(reservation, {"secret_looking_value": 123456789})
+    reserved, committed = [e for e in ledger.events("a") if e["event"] in ("reserved", "committed")]
+    for event in (reserved, committed):
+        context = json.loads(event["context"])
+        assert context["run_type"] == "scheduled" and context["triggering_user"] == "alice"
+        assert {"host", "package_version"} <= set(context)
+        assert (event["dag_id"], event["run_id"], event["task_id"], event["map_index"]) == ("d", "run-1", "t", -1)
+        assert (event["try_number"], event["spec_hash"], event["amount"]) == (2, "ab" * 32, "1/10")
+        assert json.loads(event["mechanisms"]) == mechanisms
+    assert committed["output_digest"] == digest
+    assert not any("123456789" in str(value) for event in ledger.events() for value in event.values())
+    with pytest.raises(ValueError, match="audit context key"):
+        ledger.reserve(key("run-2"), account="a", amount=Fraction(1, 10), mechanisms=[], spec_hash="0" * 64,
+                       audit={"true_count": 17})
+
+
+def test_apply_records_every_change_and_guards_caps_and_accountants(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    spend(ledger, "run-1", "0.75")
+    config = lambda **kw: LedgerConfig(version=1, accounts={"a": account_config(**kw)})  # noqa: E731
+    assert ledger.apply_config(config(accountant="pure_dp", cap=1)) == []
+    assert ledger.apply_config(config(accountant="pure_dp", cap=2, owner="po@example.org")) == [
+        "updated account 'a': cap, owner"
+    ]
+    with pytest.raises(ValueError, match="below the 0.75 already spent"):
+        ledger.apply_config(config(accountant="pure_dp", cap="0.5"))
+    with pytest.raises(ValueError, match="accountant is fixed"):
+        ledger.apply_config(config(accountant="zcdp", cap=1))
+    assert ledger.account("a").cap == 2
+    events = [e for e in ledger.events("a") if e["event"].startswith("account_")]
+    assert [e["event"] for e in events] == ["account_created", "account_updated"]
+    details = json.loads(events[1]["details"])
+    assert details["before"]["cap"] == "1" and details["stored"]["cap"] == "2"
+    assert ledger.verify().ok
+
+
+@pytest.mark.parametrize(
+    ("accountant", "given", "stored"),
+    [
+        pytest.param("pure_dp", {"epsilon": 1}, Fraction(1), id="pure_dp epsilon"),
+        pytest.param("gaussian_dp", {"cap": "0.5", "delta": "1e-6"}, Fraction(1, 4), id="gaussian_dp cap is mu"),
+        pytest.param("gaussian_dp", {"epsilon": 1, "delta": "1e-6"}, Fraction(140072409563, 2500000000000),
+                     id="gaussian_dp by (epsilon, delta)"),
+        pytest.param("zcdp", {"epsilon": 1, "delta": "1e-6"}, Fraction(48711940719, 2000000000000),
+                     id="zcdp by (epsilon, delta)"),
+    ],
+)
+def test_caps_are_stored_in_the_account_unit(ledger_url, accountant, given, stored):
+    ledger = ledger_with(ledger_url, a=account_config(accountant, **given))
+    assert ledger.account("a").cap == stored
+    assert ledger.apply_config(LedgerConfig(version=1, accounts={"a": account_config(accountant, **given)})) == []
+
+
+def test_the_ledger_refuses_to_work_before_init(ledger_url):
+    ledger = Ledger(ledger_url)
+    with pytest.raises(LedgerNotInitialisedError, match="dpctl ledger init"):
+        ledger.accounts()
+    assert ledger.init_schema() == ledger.init_schema() == 2
+
+
+def test_history_filters_by_account_dag_state_and_date(ledger_url):
+    import datetime as dt
+
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1, dags=("d", "e")),
+                         b=account_config("pure_dp", cap=1))
+    spend(ledger, "run-1", "0.1")
+    spend(ledger, "run-2", "0.1", account="b")
+    ledger.reserve(key("run-3", dag="e"), account="a", amount=Fraction(1, 10), mechanisms=[], spec_hash="0" * 64)
+    assert len(ledger.charges()) == 3
+    assert [c["run_id"] for c in ledger.charges(account="a")] == ["run-1", "run-3"]
+    assert [c["run_id"] for c in ledger.charges(dag_id="e")] == ["run-3"]
+    assert [c["run_id"] for c in ledger.charges(state="reserved")] == ["run-3"]
+    tomorrow = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)
+    assert ledger.charges(since=tomorrow) == [] and len(ledger.charges(until=tomorrow)) == 3

@@ -1,0 +1,102 @@
+"""The Python API without Airflow: single-call mechanisms, validation, ledger charging and replay."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+import dp_operators
+from dp_operators import gaussian_mechanism, laplace_mechanism, vector_release
+from dp_operators.ledger import BudgetExhaustedError, ReleaseKey
+
+from support import make_ledger
+
+KEY = ReleaseKey(dag_id="adult_census_release", run_id="notebook-1", task_id="api", map_index=-1,
+                 release_name="weekly_total")
+
+
+def test_the_api_is_exported_from_the_package():
+    assert dp_operators.run_release is dp_operators.api.run_release
+    assert dp_operators.vector_release is vector_release
+
+
+def test_laplace_mechanism_returns_a_grid_value_with_its_published_half_width():
+    result = laplace_mechanism(42, sensitivity=1, epsilon=1)
+    assert isinstance(result.value, int)
+    assert result.half_width == pytest.approx(3.3756, abs=1e-4)
+    assert result.mechanism["mechanism"] == "discrete_laplace" and result.mechanism["scale"] == 1
+    assert result.charge is None
+
+
+def test_gaussian_mechanism_is_tight_for_any_epsilon():
+    result = gaussian_mechanism(0, sensitivity=1, epsilon=1, delta=1e-6)
+    assert result.mechanism["sigma"] == pytest.approx(4.225, rel=0.01)
+    large = gaussian_mechanism(0, sensitivity=1, epsilon=8, delta=1e-6)  # the classical rule is invalid here
+    assert large.mechanism["sigma"] < 1
+
+
+def test_vector_release_uses_the_l2_sensitivity_for_gaussian_and_l1_for_laplace():
+    gaussian = vector_release([0] * 100, sensitivity=1, epsilon=1, delta=1e-6, mechanism="discrete_gaussian")
+    laplace = vector_release([0] * 100, sensitivity=1, epsilon=1, mechanism="discrete_laplace")
+    assert gaussian.mechanism["l2_sensitivity"] == 10 and gaussian.mechanism["sigma"] == pytest.approx(42.25, rel=0.01)
+    assert laplace.mechanism["l1_sensitivity"] == 100 and laplace.mechanism["scale"] == 100
+    auto = vector_release([0] * 100, sensitivity=1, epsilon=1, delta=1e-6)
+    assert auto.mechanism["mechanism"] == "discrete_gaussian"
+    assert len(auto.values) == 100
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        pytest.param(lambda: laplace_mechanism(1, sensitivity=1, epsilon=float("nan")), "epsilon", id="epsilon NaN"),
+        pytest.param(lambda: laplace_mechanism(1, sensitivity=1, epsilon=0), "epsilon: must be > 0", id="epsilon 0"),
+        pytest.param(lambda: laplace_mechanism(1, sensitivity=1, epsilon=-1), "epsilon: must be > 0", id="negative"),
+        pytest.param(lambda: laplace_mechanism(1, sensitivity=1, epsilon=float("inf")), "finite", id="epsilon inf"),
+        pytest.param(lambda: gaussian_mechanism(1, sensitivity=1, epsilon=1, delta=0), "delta", id="delta 0"),
+        pytest.param(lambda: gaussian_mechanism(1, sensitivity=1, epsilon=1, delta=1), "delta", id="delta 1"),
+        pytest.param(lambda: gaussian_mechanism(1, sensitivity=1, epsilon=1), "epsilon and delta", id="no delta"),
+        pytest.param(lambda: laplace_mechanism(1, sensitivity=0, epsilon=1), "sensitivity must be > 0", id="sens 0"),
+        pytest.param(lambda: laplace_mechanism(1, sensitivity=float("inf"), epsilon=1), "finite", id="sens inf"),
+        pytest.param(lambda: vector_release([], sensitivity=1, epsilon=1), "empty", id="empty vector"),
+        pytest.param(lambda: vector_release([1], sensitivity=1, epsilon=1, mechanism="laplace"), "mechanism",
+                     id="unknown mechanism"),
+    ],
+)
+def test_bad_parameters_are_refused_clearly(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_special_values_never_raise_and_huge_values_saturate():
+    import numpy as np
+
+    for special in (float("nan"), float("inf"), float("-inf")):  # replaced by 0: the spec default
+        assert abs(laplace_mechanism(special, sensitivity=1, epsilon=1).value) < 100
+    assert 2**62 - 100 < laplace_mechanism(1e300, sensitivity=1, epsilon=1).value < 2**62 + 100
+    # numpy integers are read as Python ints: nothing wraps
+    assert laplace_mechanism(np.int64(2**62), sensitivity=1, epsilon=1).value > 2**61
+    assert laplace_mechanism(np.int32(2**31 - 1), sensitivity=1, epsilon=1).value > 2**30
+
+
+def test_charged_to_a_ledger_account_once_and_replayed_by_key(tmp_path):
+    ledger = make_ledger(tmp_path / "api.db", accountant="pure_dp", cap="1")
+    first = laplace_mechanism(100, sensitivity=1, epsilon=Fraction(1, 2), ledger=ledger, account="census_adult", key=KEY)
+    again = laplace_mechanism(100, sensitivity=1, epsilon=Fraction(1, 2), ledger=ledger, account="census_adult", key=KEY)
+    assert not first.replayed and again.replayed and again.value == first.value
+    assert first.charge["epsilon_exact"] == "1/2"
+    assert ledger.account("census_adult").spent == Fraction(1, 2)
+
+
+def test_bad_parameters_or_exhausted_budget_spend_nothing(tmp_path):
+    ledger = make_ledger(tmp_path / "api.db", accountant="pure_dp", cap="1")
+    with pytest.raises(ValueError):
+        laplace_mechanism(1, sensitivity=1, epsilon=0, ledger=ledger, account="census_adult", key=KEY)
+    with pytest.raises(BudgetExhaustedError):
+        laplace_mechanism(1, sensitivity=1, epsilon=2, ledger=ledger, account="census_adult", key=KEY)
+    assert ledger.account("census_adult").spent == 0 and ledger.charges() == []
+
+
+def test_ledger_needs_account_and_key():
+    with pytest.raises(ValueError, match="ledger, account and key together"):
+        laplace_mechanism(1, sensitivity=1, epsilon=1, account="census_adult")
