@@ -142,7 +142,7 @@ class NoiseStep:
           accounts the exact rho = L2^2 / (2 sigma^2) of the same noise, a valid but looser description
           (docs/adr/0011), with delta as the conversion delta.
         """
-        noise = GaussianNoise(self.scale, Fraction(self.l2_sensitivity_squared))
+        noise = GaussianNoise(self.scale, Fraction(self.l2_sensitivity_squared), discrete=True)
         if self.component == "selection" or self.mechanism == "discrete_laplace":
             if self.mechanism == "discrete_laplace":
                 return PrivacyLoss("epsilon", self.epsilon, delta=self.delta)

@@ -319,3 +319,18 @@ def test_numpy_integers_neither_wrap_nor_overflow_and_drop_policies_apply(tmp_pa
     assert abs(values["b"] - 3) < 100 and abs(values["c"]) < 100  # NaN row and negative row dropped
     huge = {"c": [{"k": "a", "count": np.int64(2**63 - 1)}, {"k": "a", "count": np.int64(2**63 - 1)}]}
     assert release(spec, huge, ledger, run="huge").output["aggregates"]["c"]["rows"][0]["value"] > 2**61
+
+
+def test_discrete_gaussian_is_refused_on_a_gaussian_dp_account_before_reserving(example_spec, adult_aggregates, tmp_path):
+    from dp_operators.ledger import AccountConfig, Ledger, LedgerConfig
+
+    ledger = Ledger(f"sqlite:///{tmp_path / 'gdp.db'}")
+    ledger.init_schema()
+    account = AccountConfig(
+        accountant="gaussian_dp", epsilon=1, delta=Fraction(1, 10**6), privacy_unit="person",
+        allowed_dags=[DAG],
+    )
+    ledger.apply_config(LedgerConfig(version=1, accounts={"census_adult": account}))
+    with pytest.raises(IncompatibleAccountantError, match="cannot be charged a discrete Gaussian"):
+        release(example_spec, adult_aggregates, ledger)
+    assert ledger.charges() == []

@@ -84,6 +84,13 @@ def charge_in_account_unit(loss: PrivacyLoss, accountant: str) -> Fraction:
                 f"this mechanism has a {_describe(loss)} guarantee without Gaussian noise parameters. Use a "
                 "discrete_gaussian mechanism, or an account whose accountant is 'zcdp' or 'approx_dp'"
             )
+        if loss.gaussian.discrete:
+            raise IncompatibleAccountantError(
+                "a gaussian_dp account cannot be charged a discrete Gaussian: mu = Delta / sigma is exact for "
+                "continuous Gaussian noise only, and the discrete Gaussian's privacy profile is slightly worse "
+                "(docs/adr/0005). Charge discrete_gaussian releases to an account whose accountant is 'zcdp' "
+                "(exact for the discrete Gaussian, CKS 2020 Thm 14) or 'approx_dp'"
+            )
         return round_up(loss.gaussian.mu_squared)
     if accountant == "approx_dp":
         if loss.unit == "epsilon":

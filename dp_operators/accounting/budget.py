@@ -84,12 +84,18 @@ class GaussianNoise:
             in the query's units squared.
         l2_sensitivity_squared: the squared L2 sensitivity of the noised vector, same units.
 
-    ``mu_squared = l2_sensitivity_squared / sigma2`` is exact: the mechanism is (Delta / sigma)-GDP
-    (Dong, Roth & Su 2019, Thm 2.7), and composing k of them gives sqrt(sum mu_i^2)-GDP (ibid., Cor. 3.3).
+        discrete: ``True`` for the discrete Gaussian N_Z(0, sigma^2) (every release mechanism of this project),
+            ``False`` for continuous Gaussian noise.
+
+    For continuous noise ``mu_squared = l2_sensitivity_squared / sigma2`` is exact: the mechanism is
+    (Delta / sigma)-GDP (Dong, Roth & Su 2019, Thm 2.7), and composing k of them gives sqrt(sum mu_i^2)-GDP (ibid.,
+    Cor. 3.3). The discrete Gaussian's privacy profile is slightly worse than the continuous one at the same sigma
+    (CKS 2020, Thm 7; docs/adr/0005), so Delta / sigma is not a proven GDP bound for it.
     """
 
     sigma2: Fraction
     l2_sensitivity_squared: Fraction
+    discrete: bool = False
 
     def __post_init__(self) -> None:
         for name in ("sigma2", "l2_sensitivity_squared"):
