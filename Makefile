@@ -27,7 +27,9 @@ test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 benchmarks: $(VENV)/.installed
+	$(BIN)/python benchmarks/noise_efficiency.py
 	$(BIN)/python benchmarks/anonymity_adult.py
+	$(BIN)/python benchmarks/ledger_throughput.py
 
 clean:
 	rm -rf $(VENV) .demo .cache build *.egg-info
