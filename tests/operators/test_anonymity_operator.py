@@ -16,21 +16,9 @@ from airflow.sdk.exceptions import AirflowFailException
 from dp_operators.anonymity import AnonymitySpecError
 from dp_operators.operators.anonymity import AnonymityCheckOperator
 
-# Li, Li, Venkatasubramanian 2007, Table 4 (the 3-anonymous patients table).
-PATIENTS = pd.DataFrame(
-    [
-        ("4767*", "<=40", 3, "gastric ulcer"),
-        ("4767*", "<=40", 5, "stomach cancer"),
-        ("4767*", "<=40", 9, "pneumonia"),
-        ("4790*", ">=40", 6, "gastritis"),
-        ("4790*", ">=40", 11, "flu"),
-        ("4790*", ">=40", 8, "bronchitis"),
-        ("4760*", "<=40", 4, "gastritis"),
-        ("4760*", "<=40", 7, "bronchitis"),
-        ("4760*", "<=40", 10, "stomach cancer"),
-    ],
-    columns=["zip", "age", "salary", "disease"],
-)
+from anonymity.anonymity_tables import li_patients_table
+
+PATIENTS = li_patients_table()  # Li, Li, Venkatasubramanian 2007, Table 4
 
 SPEC = """
 version: 1
