@@ -69,7 +69,7 @@ def compute_adult_aggregates(path: Path) -> dict:
     doc_md=__doc__,
 )
 def adult_census_release():
-    @task(show_return_value_in_logs=False)
+    @task(show_return_value_in_logs=False, multiple_outputs=False)
     def compute_aggregates() -> dict:
         return compute_adult_aggregates(adult_csv_path())
 

@@ -94,7 +94,9 @@ def _checked_sensitivity(sensitivity: object) -> Fraction:
     except ValueError as error:
         raise ValueError(str(error)) from None
     if value <= 0:
-        raise ValueError(f"sensitivity must be > 0, got {sensitivity!r}: a zero sensitivity needs no noise")
+        raise ValueError(
+            f"sensitivity must be > 0 (how much one privacy unit can change the value), got {sensitivity!r}"
+        )
     return value
 
 
@@ -303,8 +305,19 @@ def vector_release(
         ValueError: an invalid budget or sensitivity, an empty vector, an unknown mechanism.
         Ledger refusals as :func:`laplace_mechanism`.
     """
+    if getattr(values, "ndim", None) == 1 and hasattr(values, "tolist"):  # a 1-D numpy array
+        values = values.tolist()
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
-        raise ValueError(f"values must be a sequence of numbers, got {type(values).__name__}")
+        raise ValueError(f"values must be a sequence (or 1-D array) of numbers, got {type(values).__name__}")
+    if max_partitions_contributed is not None and (
+        isinstance(max_partitions_contributed, bool)
+        or not isinstance(max_partitions_contributed, int)
+        or not 1 <= max_partitions_contributed <= max(len(values), 1)
+    ):
+        raise ValueError(
+            "max_partitions_contributed must be a whole number from 1 to the number of values "
+            f"({len(values)}), got {max_partitions_contributed!r}"
+        )
     published, described, charge, replayed = _release(
         list(values), sensitivity=sensitivity, budget=_budget(epsilon, delta, rho), mechanism=mechanism, grid=grid,
         max_partitions_contributed=max_partitions_contributed, confidence=confidence, ledger=ledger,

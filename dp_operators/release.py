@@ -26,7 +26,7 @@ import datetime as dt
 import logging
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from itertools import product
@@ -584,6 +584,16 @@ class ReleaseResult:
     replayed: bool
 
 
+def _warn_if_spec_changed(stored: Mapping[str, Any], spec_hash: str, key: ReleaseKey) -> None:
+    """A replay returns what was released under ``key``, whatever the spec says now; say so if the spec changed."""
+    if stored.get("spec_hash") != spec_hash:
+        log.warning(
+            "release %s was already committed with another version of the spec (sha256 %s); replaying the stored "
+            "release unchanged. To release under the new spec, give it a new release name.",
+            key, stored.get("spec_hash"),
+        )
+
+
 def _draw_noise(
     plan: ReleasePlan, prepared: PreparedInputs, drawn: list[str]
 ) -> tuple[dict[tuple[str, str], list[int]], dict]:
@@ -615,7 +625,7 @@ def _draw_noise(
 
 def run_release(
     spec: ReleaseSpec,
-    aggregates: Mapping[str, Any],
+    aggregates: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
     ledger: Ledger,
     key: ReleaseKey,
     *,
@@ -627,7 +637,8 @@ def run_release(
 
     Args:
         spec: the validated release spec.
-        aggregates: true aggregates from upstream, shaped as :func:`prepare_inputs` documents.
+        aggregates: true aggregates from upstream, shaped as :func:`prepare_inputs` documents, or a function
+            returning them, called only when the release is not a replay (a retry then needs no upstream value).
         ledger: the budget ledger.
         key: the release key; ``key.release_name`` must equal ``spec.release``.
         spec_hash: SHA-256 of the spec's text, recorded with the charge.
@@ -647,6 +658,7 @@ def run_release(
         raise ReleaseConfigError(f"release key names {key.release_name!r} but the spec releases {spec.release!r}")
     stored = ledger.stored_output(key)
     if stored is not None:
+        _warn_if_spec_changed(stored, spec_hash, key)
         return ReleaseResult(output=stored, replayed=True)
 
     plan = plan_release(spec)
@@ -658,7 +670,12 @@ def run_release(
         )
     charge = plan.charge(account.accountant)
     delta_spent = plan.delta(account.accountant)
+    if callable(aggregates):
+        aggregates = aggregates()
     prepared = prepare_inputs(spec, aggregates)
+    unused = sorted(str(name) for name in aggregates if name not in {a.name for a in spec.aggregates})
+    if unused:
+        log.warning("upstream provided aggregate(s) %s that the spec does not release; they were ignored", unused)
     for name, count in prepared.dropped_keys.items():
         log.warning("aggregate %r: %d upstream row(s) outside the public key domain were dropped", name, count)
     for name, count in prepared.special_values.items():
@@ -676,6 +693,7 @@ def run_release(
         audit=audit,
     )
     if isinstance(reservation, dict):
+        _warn_if_spec_changed(reservation, spec_hash, key)
         return ReleaseResult(output=reservation, replayed=True)
 
     # From here on a failure keeps the charge spent unless no noise was drawn at all (DESIGN.md 2.1).

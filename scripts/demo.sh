@@ -33,11 +33,16 @@ if grep -q "state=success, run_type" "$DEMO/last-run.log"; then
   "$BIN/dpctl" release show "$DEMO/releases"
 else
   echo
-  echo "The release task failed; nothing was published for this run. From the task log:"
-  grep -E "AirflowFailException|exhausted|Error" "$DEMO/last-run.log" | grep -v "^\s*File" | sed 's/^/  /' | tail -5
+  echo "The release task failed; nothing was published for this run. The reason, from the task log:"
+  reason=$(grep -E "^[a-zA-Z_.]*(AirflowFailException|Error): " "$DEMO/last-run.log" | tail -1)
+  echo "  ${reason:-see $DEMO/last-run.log}"
   status=1
 fi
 echo
 "$BIN/dpctl" ledger show
-echo "Run 'make demo' again to release again (a new run); 'make demo-reset' starts over with a fresh budget."
+if [ "$status" -eq 0 ]; then
+  echo "Run 'make demo' again to release again (a new run, fresh noise); 'make demo-reset' starts over."
+else
+  echo "'make demo-reset' starts over with a fresh budget."
+fi
 exit $status

@@ -100,3 +100,23 @@ def test_bad_parameters_or_exhausted_budget_spend_nothing(tmp_path):
 def test_ledger_needs_account_and_key():
     with pytest.raises(ValueError, match="ledger, account and key together"):
         laplace_mechanism(1, sensitivity=1, epsilon=1, account="census_adult")
+
+
+def test_numpy_scalars_and_arrays_are_accepted():
+    import numpy as np
+
+    from dp_operators import laplace_mechanism, vector_release
+
+    single = laplace_mechanism(np.int64(10), sensitivity=np.int64(1), epsilon=np.float64(0.5))
+    assert isinstance(single.value, int)
+    assert single.mechanism["epsilon_exact"] == "1/2"
+    assert len(vector_release(np.array([1, 2, 3]), sensitivity=1, epsilon=1).values) == 3
+
+
+@pytest.mark.parametrize("bound", [pytest.param(0, id="zero"), pytest.param(4, id="more than the values"),
+                                   pytest.param(True, id="boolean")])
+def test_max_partitions_contributed_must_fit_the_vector(bound):
+    from dp_operators import vector_release
+
+    with pytest.raises(ValueError, match="max_partitions_contributed must be a whole number from 1 to"):
+        vector_release([1, 2, 3], sensitivity=1, epsilon=1, max_partitions_contributed=bound)

@@ -334,3 +334,20 @@ def test_discrete_gaussian_is_refused_on_a_gaussian_dp_account_before_reserving(
     with pytest.raises(IncompatibleAccountantError, match="cannot be charged a discrete Gaussian"):
         release(example_spec, adult_aggregates, ledger)
     assert ledger.charges() == []
+
+
+def test_replay_under_a_changed_spec_warns_and_returns_the_stored_release(example_spec, adult_aggregates, ledger,
+                                                                          caplog):
+    first = run_release(example_spec, adult_aggregates, ledger, key(), spec_hash="a" * 64)
+    with caplog.at_level(logging.WARNING):
+        again = run_release(example_spec, adult_aggregates, ledger, key(), spec_hash="b" * 64)
+    assert again.replayed and again.output == first.output
+    assert "another version of the spec" in caplog.text
+
+
+def test_upstream_aggregates_the_spec_does_not_release_are_ignored_with_a_warning(example_spec, adult_aggregates,
+                                                                                  ledger, caplog):
+    with caplog.at_level(logging.WARNING):
+        output = release(example_spec, {**adult_aggregates, "median_income": 45_000}, ledger).output
+    assert "median_income" not in output["aggregates"]
+    assert "['median_income'] that the spec does not release" in caplog.text and "45000" not in caplog.text

@@ -13,6 +13,7 @@ only overstate spend.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -24,7 +25,7 @@ def exact_number(value: object, *, name: str = "value") -> Fraction:
     """Read ``value`` as an exact rational number.
 
     Accepts ``int``, ``Fraction``, ``Decimal``, a finite ``float`` (read as the decimal its shortest repr shows:
-    ``0.1`` -> ``1/10``), or a string holding a decimal (``"0.1"``, ``"1e-6"``) or a ratio (``"1/3"``).
+    ``0.1`` -> ``1/10``), numpy integer and float scalars, or a string holding a decimal (``"0.1"``, ``"1e-6"``) or a ratio (``"1/3"``).
 
     Raises:
         ValueError: for ``bool``, NaN, infinities, unparsable strings and other types; the message names ``name``.
@@ -33,12 +34,13 @@ def exact_number(value: object, *, name: str = "value") -> Fraction:
         raise ValueError(f"{name} must be a number, got the boolean {value!r}")
     if isinstance(value, Fraction):
         return value
-    if isinstance(value, int):
-        return Fraction(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
+    if isinstance(value, numbers.Integral):  # int, and numpy's integer scalars
+        return Fraction(int(value))
+    if isinstance(value, numbers.Real) and not isinstance(value, Decimal):  # float, and numpy's float scalars
+        number = float(value)
+        if not math.isfinite(number):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
-        return Fraction(Decimal(repr(value)))
+        return Fraction(Decimal(repr(number)))
     if isinstance(value, Decimal):
         if not value.is_finite():
             raise ValueError(f"{name} must be a finite number, got {value!r}")

@@ -87,12 +87,11 @@ class DPReleaseOperator(BaseOperator):
             map_index=-1 if ti.map_index is None else ti.map_index,
             release_name=self.release_spec.release,
         )
-        aggregates = self._pull_aggregates(ti)
         ledger = DPLedgerHook(ledger_conn_id=self.ledger_conn_id).get_ledger()
         try:
             result = run_release(
                 self.release_spec,
-                aggregates,
+                lambda: self._pull_aggregates(ti),  # pulled only if the release is not a replay
                 ledger,
                 key,
                 spec_hash=self.spec_sha256,
@@ -101,7 +100,6 @@ class DPReleaseOperator(BaseOperator):
             )
         except _PERMANENT as error:
             raise AirflowFailException(str(error)) from error
-        del aggregates
         output = result.output
         if result.replayed:
             self.log.info("release %s already committed for this task instance: replaying it, nothing charged", key)

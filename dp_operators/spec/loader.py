@@ -20,7 +20,8 @@ def _field_path(location: tuple, document: object) -> str:
     node = document
     for item in location:
         if isinstance(item, int):
-            name = node[item].get("name") if isinstance(node, list) and isinstance(node[item], dict) else None
+            entry = node[item] if isinstance(node, list) and 0 <= item < len(node) else None
+            name = entry.get("name") if isinstance(entry, dict) else None
             parts.append(f"[{item}]" + (f"({name})" if name else ""))
         else:
             if item.startswith(("function-", "tagged-union")) or item in ("float", "int", "str"):

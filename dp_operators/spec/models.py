@@ -7,6 +7,7 @@ numbers are read exactly (:func:`dp_operators.accounting.exact_number`): ``0.1``
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from fractions import Fraction
 from typing import Annotated, Literal
@@ -16,19 +17,32 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 from dp_operators.accounting import exact_number
 
 
+#: Budgets (epsilon, rho) and grids outside this range are refused: scales computed from them would overflow or
+#: underflow floating point in accuracy and reporting, and no meaningful release needs them.
+SUPPORTED_RANGE = (Fraction(1, 10**12), Fraction(10**12))
+#: Bounds and replacement values beyond this magnitude are refused for the same reason.
+MAX_MAGNITUDE = 10**15
+
+
 def _positive_exact(value: object) -> Fraction:
     number = exact_number(value, name="value")
     if number <= 0:
         raise ValueError(f"must be > 0, got {value!r}")
+    low, high = SUPPORTED_RANGE
+    if not low <= number <= high:
+        raise ValueError(f"must be between 1e-12 and 1e12, got {value!r}")
     return number
 
 
 def _finite(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"must be a number, got {value!r}")
-    if not math.isfinite(value):
+    number = float(value)
+    if not math.isfinite(number):
         raise ValueError(f"must be finite, got {value!r}")
-    return value
+    if abs(number) > MAX_MAGNITUDE:
+        raise ValueError(f"must be at most 1e15 in magnitude, got {value!r}")
+    return int(value) if isinstance(value, numbers.Integral) else number
 
 
 #: A strictly positive exact rational read from int, float, decimal string or "p/q" string.
@@ -47,6 +61,8 @@ def _delta(value: object) -> Fraction:
     number = exact_number(value, name="delta")
     if not 0 < number < 1:
         raise ValueError(f"delta must be in (0, 1), got {value!r}")
+    if number < Fraction(1, 10**300):
+        raise ValueError(f"delta must be at least 1e-300, got {value!r}")
     return number
 
 
@@ -235,7 +251,7 @@ class ReleaseSpec(_Strict):
     privacy_unit: str
     description: str | None = None
     contribution: ContributionBounds = ContributionBounds()
-    confidence: float = Field(default=0.95, gt=0, lt=1)
+    confidence: float = Field(default=0.95, gt=0, lt=1, allow_inf_nan=False)
     aggregates: list[Aggregate] = Field(min_length=1)
     postprocess: Postprocess = Postprocess()
 

@@ -135,3 +135,11 @@ def test_aggregates_can_be_passed_by_reference(tmp_path, ledger_conn, adult_aggr
     with pytest.raises(AirflowFailException, match="not a readable JSON file"):
         operator(tmp_path).execute(context_for(FakeTaskInstance(f"file://{tmp_path}/absent.json", run_id="x")))
     assert len(ledger_conn.charges()) == 1
+
+
+def test_retry_replays_even_when_the_upstream_value_is_gone(tmp_path, ledger_conn, adult_aggregates):
+    first = operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates)))
+    ti = FakeTaskInstance(None, try_number=2)
+    assert operator(tmp_path).execute(context_for(ti)) == first
+    assert ti.pulls == []  # a replay never reads the true aggregates
+    assert len(ledger_conn.charges()) == 1

@@ -75,6 +75,14 @@ def test_example_spec_is_valid():
         pytest.param("confidence", 1.0, "confidence", "less than 1", id="confidence one"),
         pytest.param("version", 2, "version", "1", id="unknown version"),
         pytest.param("aggregates", [], "aggregates", "at least 1", id="no aggregates"),
+        pytest.param("aggregates.2.bounds", [1], "aggregates[2](mean_hours_per_week).bounds[1]", "Field required",
+                     id="one bound only"),
+        pytest.param("aggregates.1.budget.epsilon", "1e-400", "budget.epsilon", "between 1e-12 and 1e12",
+                     id="epsilon underflows"),
+        pytest.param("aggregates.1.budget.epsilon", "1e400", "budget.epsilon", "between 1e-12 and 1e12",
+                     id="epsilon overflows"),
+        pytest.param("aggregates.2.bounds", [1, 1e300], "bounds", "at most 1e15", id="huge bound"),
+        pytest.param("confidence", float("nan"), "confidence", "finite number", id="confidence NaN"),
     ],
 )
 def test_bad_spec_names_file_field_and_reason(path, value, where, reason):
