@@ -4,7 +4,8 @@ Exit codes (every command; ``--help`` on each):
 
 * 0 — success;
 * 1 — an error or refusal: invalid spec or configuration, ledger not initialised or unreachable, unknown account or
-  connection, a change ``ledger apply`` refuses (lower a cap below spend, change an accountant);
+  connection, a change ``ledger apply`` refuses (lower a cap below spend, change an accountant, change the privacy
+  unit of an account that was charged);
 * 2 — usage error (unknown option, missing argument: typer/click's own);
 * 3 — ``ledger verify`` found the ledger inconsistent: a broken audit chain, an edited or deleted row, totals that
   disagree with the audit log, or missing append-only triggers (the first broken row is named).
@@ -24,14 +25,17 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from dp_operators.ledger import Ledger, LedgerConfigError, LedgerError, load_ledger_config
+from dp_operators.ledger.config import declared_accountants
 from dp_operators.spec import SpecError, load_spec
 
 app = typer.Typer(help="Differentially private releases: specs, budget ledger, releases.", no_args_is_help=True)
@@ -42,8 +46,21 @@ app.add_typer(ledger_app, name="ledger")
 app.add_typer(spec_app, name="spec")
 app.add_typer(release_app, name="release")
 
-console = Console(width=None if __import__("sys").stdout.isatty() else 120)
-errors = Console(stderr=True)
+
+
+def _output_width() -> int | None:
+    """Width of the output: the terminal's own on a terminal; else ``COLUMNS`` if set, else 160 (so piped
+    tables are not truncated at rich's default 80 columns)."""
+    if sys.stdout.isatty():
+        return None  # rich measures the terminal (and honours COLUMNS itself)
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else 160
+
+
+# markup=False: messages carry user text (spec fields, account names, paths) that may contain square brackets,
+# e.g. "bounds: [lower, upper]"; styling is applied with Text/style= instead of console markup.
+console = Console(width=_output_width(), markup=False)
+errors = Console(stderr=True, markup=False)
 
 UrlOption = Annotated[Optional[str], typer.Option("--url", help="SQLAlchemy URL of the ledger database.")]
 ConnOption = Annotated[
@@ -56,27 +73,46 @@ EXIT_INCONSISTENT = 3
 
 
 def _fail(message: str) -> None:
-    errors.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    errors.print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 
-def _ledger(url: str | None, conn_id: str | None) -> Ledger:
+def _ledger(url: str | None, conn_id: str | None, *, create: bool = False) -> Ledger:
+    """The ledger named by --url, --conn-id or DP_LEDGER_URL.
+
+    Unless ``create`` (``ledger init`` only), a SQLite ledger whose file does not exist is refused: opening it would
+    create an empty database file.
+    """
     if url:
-        return Ledger(url)
-    if conn_id:
+        ledger, how = Ledger(url), f"--url {url}"
+    elif conn_id:
         from dp_operators.hooks.ledger import DPLedgerHook
 
         try:
-            return DPLedgerHook(ledger_conn_id=conn_id).get_ledger()
+            ledger, how = DPLedgerHook(ledger_conn_id=conn_id).get_ledger(), f"--conn-id {conn_id}"
         except Exception as error:  # Airflow raises its own not-found type; the message says what is missing
             _fail(
                 f"cannot use Airflow connection {conn_id!r}: {error}. From a shell, define it as "
                 f"AIRFLOW_CONN_{conn_id.upper()}='{{\"conn_type\": \"dp_ledger\", \"extra\": {{\"url\": \"...\"}}}}'"
             )
-    if os.environ.get("DP_LEDGER_URL"):
-        return Ledger(os.environ["DP_LEDGER_URL"])
-    _fail("say which ledger: --url sqlite:///ledger.db, --conn-id <airflow connection>, or set DP_LEDGER_URL")
-    raise AssertionError("unreachable")
+            raise AssertionError("unreachable")
+    elif os.environ.get("DP_LEDGER_URL"):
+        ledger, how = Ledger(os.environ["DP_LEDGER_URL"]), ""
+    else:
+        _fail("say which ledger: --url sqlite:///ledger.db, --conn-id <airflow connection>, or set DP_LEDGER_URL")
+        raise AssertionError("unreachable")
+    if not create:
+        engine_url = ledger.engine.url
+        database = engine_url.database
+        if (
+            engine_url.get_backend_name() == "sqlite"
+            and database
+            and database != ":memory:"
+            and not database.startswith("file:")
+            and not Path(database).exists()
+        ):
+            _fail(f"no ledger at {database}; run 'dpctl ledger init{' ' + how if how else ''}' first")
+    return ledger
 
 
 @contextlib.contextmanager
@@ -99,7 +135,7 @@ def ledger_init(url: UrlOption = None, conn_id: ConnOption = None) -> None:
     Idempotent. Nothing else creates tables: the operators and the other commands refuse an uninitialised ledger.
     """
     with _ledger_errors():
-        ledger = _ledger(url, conn_id)
+        ledger = _ledger(url, conn_id, create=True)
         version = ledger.init_schema()
     console.print(f"ledger schema version {version} ready at {ledger.url}", highlight=False, soft_wrap=True)
 
@@ -113,11 +149,20 @@ def ledger_apply(
     """Create or update budget accounts from a ledger configuration file.
 
     The only way a cap changes. Every change is recorded in the audit log with the configuration as written, the
-    values stored, the previous values, the user and the host. A cap below the spend so far and a change of
-    accountant are refused (exit 1) and nothing is changed.
+    values stored, the previous values, the user and the host. A cap below the spend so far, a change of accountant
+    and a change of privacy unit once anything was charged are refused (exit 1) and nothing is changed.
     """
     with _ledger_errors():
-        changes = _ledger(url, conn_id).apply_config(load_ledger_config(config))
+        ledger = _ledger(url, conn_id)
+        try:
+            parsed = load_ledger_config(config)
+        except LedgerConfigError:
+            # A changed accountant often fails validation too (zcdp -> pure_dp with its delta still there); the
+            # accountant being fixed is the real problem, so say that first.
+            with contextlib.suppress(LedgerError):
+                ledger.refuse_accountant_changes(declared_accountants(config))
+            raise
+        changes = ledger.apply_config(parsed)
     for line in changes or ["no change"]:
         console.print(line, highlight=False, soft_wrap=True)
 
@@ -185,6 +230,15 @@ def ledger_show(
     console.print(table)
 
 
+class ChargeState(str, Enum):
+    """The states of a charge (``ledger history --state``)."""
+
+    reserved = "reserved"
+    committed = "committed"
+    released = "released"
+    abandoned = "abandoned"
+
+
 def _date(value: Optional[str], option: str) -> Optional[dt.datetime]:
     if value is None:
         return None
@@ -199,9 +253,7 @@ def _date(value: Optional[str], option: str) -> Optional[dt.datetime]:
 def ledger_history(
     account: Annotated[Optional[str], typer.Option(help="Only this budget account.")] = None,
     dag_id: Annotated[Optional[str], typer.Option("--dag-id", help="Only this DAG.")] = None,
-    state: Annotated[
-        Optional[str], typer.Option(help="Only charges in this state: reserved, committed, released, abandoned.")
-    ] = None,
+    state: Annotated[Optional[ChargeState], typer.Option(help="Only charges in this state.")] = None,
     since: Annotated[Optional[str], typer.Option(help="Charges created at or after this ISO date (UTC).")] = None,
     until: Annotated[Optional[str], typer.Option(help="Charges created before this ISO date (UTC).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines instead of a table.")] = False,
@@ -211,7 +263,11 @@ def ledger_history(
     """Charges, oldest first: release key, attempt, state and amount (filter by account, DAG, state, date)."""
     with _ledger_errors():
         charges = _ledger(url, conn_id).charges(
-            account=account, dag_id=dag_id, state=state, since=_date(since, "--since"), until=_date(until, "--until")
+            account=account,
+            dag_id=dag_id,
+            state=state.value if state else None,
+            since=_date(since, "--since"),
+            until=_date(until, "--until"),
         )
     if as_json:
         for charge in charges:
@@ -247,7 +303,11 @@ def ledger_verify(url: UrlOption = None, conn_id: ConnOption = None) -> None:
         for name, head in sorted(report.heads.items()):
             console.print(f"  {name}: chain head {head}", highlight=False, soft_wrap=True)
         return
-    errors.print(f"[red]ledger inconsistent:[/red] first broken: {report.problems[0]}", highlight=False, soft_wrap=True)
+    errors.print(
+        Text.assemble(("ledger inconsistent:", "red"), f" first broken: {report.problems[0]}"),
+        highlight=False,
+        soft_wrap=True,
+    )
     for problem in report.problems[1:50]:
         errors.print(f"  also: {problem}", highlight=False, soft_wrap=True)
     if len(report.problems) > 50:
@@ -297,7 +357,7 @@ def spec_validate(spec: Annotated[Path, typer.Argument(help="A release spec YAML
         loaded = load_spec(spec)
     except SpecError as error:
         _fail(str(error))
-    console.print(f"{spec}: valid (release {loaded.release!r}, {len(loaded.aggregates)} aggregate(s))")
+    console.print(f"{spec}: valid (release {loaded.release!r}, {len(loaded.aggregates)} aggregate(s))", highlight=False)
 
 
 @spec_app.command("plan")
@@ -320,10 +380,15 @@ def spec_plan(
     plan = plan_release(loaded)
     account = None
     if url or conn_id or os.environ.get("DP_LEDGER_URL"):
-        try:
+        with _ledger_errors():
             account = _ledger(url, conn_id).account(loaded.budget_account)
-        except LedgerError as error:
-            _fail(str(error))
+        if account.privacy_unit != loaded.privacy_unit:
+            _fail(
+                f"budget account {account.name!r} is for privacy unit {account.privacy_unit!r} but the spec protects "
+                f"{loaded.privacy_unit!r}: a release would be refused (ReleaseConfigError), since a budget only "
+                "composes over one privacy unit. Point budget_account at an account for "
+                f"{loaded.privacy_unit!r}, or fix the spec's privacy_unit"
+            )
     alpha = 1 - loaded.confidence
     try:
         rows = [_plan_row(step, account, alpha) for step in plan.steps]
@@ -414,8 +479,37 @@ def release_show(
         if not found:
             _fail(f"no release JSON under {path}")
         path = found[-1]
-    release = json.loads(path.read_text(encoding="utf-8"))
-    console.print(f"release [bold]{release['release']}[/bold] published to {path}", soft_wrap=True)
+    release = _load_release(path)
+    try:
+        _print_release(release, path)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        _fail(f"{path}: not a release published by dp-operators ({type(error).__name__}: {error})")
+
+
+def _load_release(path: Path) -> dict:
+    """The release JSON at ``path``; a one-line error (exit 1) if it is missing, not JSON or not a release."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        _fail(f"no such file: {path}")
+    except (OSError, UnicodeDecodeError) as error:
+        _fail(f"cannot read {path}: {getattr(error, 'strerror', None) or error}")
+    try:
+        release = json.loads(text)
+    except json.JSONDecodeError as error:
+        _fail(f"{path}: not valid JSON ({error})")
+    required = ("release", "release_key", "charge", "confidence", "aggregates")
+    missing = [name for name in required if name not in release] if isinstance(release, dict) else list(required)
+    if missing or not isinstance(release["aggregates"], dict) or not isinstance(release["charge"], dict):
+        what = f"no {', '.join(repr(m) for m in missing)}" if missing else "unexpected field types"
+        _fail(f"{path}: not a release published by dp-operators ({what})")
+    return release
+
+
+def _print_release(release: dict, path: Path) -> None:
+    console.print(
+        Text.assemble("release ", (str(release["release"]), "bold"), f" published to {path}"), soft_wrap=True
+    )
     charge = release["charge"]
     spent = ", ".join(f"{unit} {charge[unit]:g}" for unit in ("epsilon", "rho") if unit in charge)
     if charge.get("epsilon_at_delta") is not None and "rho" in charge:
@@ -423,7 +517,10 @@ def release_show(
     console.print(f"run {release['release_key']['run_id']}; this release spent {spent}", highlight=False)
     level = f"{release['confidence']:.0%}"
     for name, aggregate in release["aggregates"].items():
-        console.print(f"\n[bold]{name}[/bold] ({aggregate['kind']}, {aggregate['mechanism']})", highlight=False)
+        console.print(
+            Text.assemble("\n", (str(name), "bold"), f" ({aggregate['kind']}, {aggregate['mechanism']})"),
+            highlight=False,
+        )
         table = Table()
         for column in aggregate["group_by"] + ["value", f"± ({level})"]:
             table.add_column(column, justify="right" if column in ("value",) else "left")

@@ -164,3 +164,65 @@ def test_conn_id_from_an_airflow_environment_connection_in_a_real_shell(applied)
     missing = subprocess.run([str(DPCTL), "ledger", "show", "--conn-id", "nope"], env=env,
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and "AIRFLOW_CONN_NOPE" in missing.stderr
+
+
+def test_changing_the_privacy_unit_of_a_charged_account_is_refused(applied, config):
+    config.write_text(CONFIG.replace("privacy_unit: person", "privacy_unit: household"))
+    result = dpctl("ledger", "apply", str(config), "--url", applied)
+    assert result.exit_code == 1
+    assert "account 'census': the privacy unit is fixed" in result.stderr
+    assert "Create a new account instead" in result.stderr
+    assert Ledger(applied).account("census").privacy_unit == "person"
+
+
+def test_a_changed_accountant_is_reported_before_the_delta_it_no_longer_takes(applied, config):
+    # gaussian_dp -> pure_dp with the delta left in: the accountant change is the problem to fix.
+    config.write_text(CONFIG.replace("accountant: gaussian_dp\n    epsilon: 1", "accountant: pure_dp\n    epsilon: 1"))
+    result = dpctl("ledger", "apply", str(config), "--url", applied)
+    assert result.exit_code == 1
+    assert "account 'census': the accountant is fixed at creation (gaussian_dp)" in result.stderr
+    assert "has no delta" not in result.stderr
+
+
+def test_an_unknown_key_in_ledgers_yaml_is_named_as_such(ledger_url, config):
+    dpctl("ledger", "init", "--url", ledger_url)
+    config.write_text(CONFIG.replace("allowed_dags: [d]\n  survey", "alowed_dags: [d]\n  survey"))
+    result = dpctl("ledger", "apply", str(config), "--url", ledger_url)
+    assert result.exit_code == 1
+    assert "accounts.census.alowed_dags: unknown field (check the spelling; see docs/ledger.md)" in result.stderr
+    assert "Extra inputs" not in result.stderr
+
+
+def test_history_state_must_be_a_known_state(applied):
+    result = dpctl("ledger", "history", "--url", applied, "--state", "bogus")
+    assert result.exit_code == 2
+    for state in ("reserved", "committed", "released", "abandoned"):
+        assert state in result.output
+    result = dpctl("ledger", "history", "--url", applied, "--state", "committed", "--json")
+    assert result.exit_code == 0 and len(result.output.splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["ledger", "show"], ["ledger", "history"], ["ledger", "verify"], ["ledger", "export"], ["ledger", "apply", "X"],
+     ["spec", "plan", "SPEC"]],
+)
+def test_commands_other_than_init_do_not_create_a_missing_sqlite_ledger(command, config, tmp_path):
+    from support import EXAMPLE_SPEC
+
+    path = tmp_path / "typo.db"
+    args = [str(config) if a == "X" else str(EXAMPLE_SPEC) if a == "SPEC" else a for a in command]
+    result = dpctl(*args, "--url", f"sqlite:///{path}")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"error: no ledger at {path}; run 'dpctl ledger init --url sqlite:///{path}' first"
+    )
+    assert not path.exists()
+    assert dpctl("ledger", "init", "--url", f"sqlite:///{path}").exit_code == 0 and path.exists()
+
+
+def test_error_messages_are_printed_verbatim_not_as_rich_markup(tmp_path):
+    missing = tmp_path / "bounds: [lower, upper] [red]x[/red].json"
+    result = dpctl("release", "show", str(missing))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: no such file: {missing}"

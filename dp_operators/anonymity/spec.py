@@ -27,15 +27,47 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dp_operators.anonymity.errors import AnonymitySpecError
 from dp_operators.anonymity.hierarchy import ValueHierarchy
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+def _not_bool(value: object) -> object:
+    # YAML 'true' would otherwise be read as the number 1.
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not a boolean ({str(value).lower()})")
+    return value
+
+
+def _unit_interval(value: object) -> object:
+    """A fraction in [0, 1]: refuses booleans, NaN and infinities with a message saying so (range checked by the
+    field's own ge/le)."""
+    _not_bool(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"must be a finite number in [0, 1], got {value}")
+    return value
+
+
+#: An integer that is not a YAML boolean (``k: true`` is not k = 1).
+_Integer = Annotated[int, BeforeValidator(_not_bool)]
+#: A real number that is not a YAML boolean.
+_Number = Annotated[float, BeforeValidator(_not_bool)]
+#: A fraction in [0, 1], finite, not a boolean.
+_Fraction01 = Annotated[float, BeforeValidator(_unit_interval)]
 
 
 class SensitiveAttribute(BaseModel):
@@ -82,8 +114,8 @@ class LDiversityTarget(BaseModel):
     model_config = _STRICT
 
     kind: Literal["distinct", "entropy", "recursive"]
-    l: float = Field(ge=1)
-    c: float | None = Field(default=None, gt=0)
+    l: _Number = Field(ge=1)
+    c: _Number | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _check_kind(self) -> LDiversityTarget:
@@ -104,9 +136,9 @@ class Targets(BaseModel):
 
     model_config = _STRICT
 
-    k: int | None = Field(default=None, ge=1)
+    k: _Integer | None = Field(default=None, ge=1)
     l: LDiversityTarget | None = None
-    t: float | None = Field(default=None, ge=0, le=1)
+    t: _Fraction01 | None = Field(default=None, ge=0, le=1)
 
     @model_validator(mode="after")
     def _at_least_one(self) -> Targets:
@@ -121,7 +153,7 @@ class Suppression(BaseModel):
 
     model_config = _STRICT
 
-    max_fraction: float = Field(default=0.0, ge=0, le=1)
+    max_fraction: _Fraction01 = Field(default=0.0, ge=0, le=1)
 
 
 class AnonymitySpec(BaseModel):
@@ -164,6 +196,8 @@ def _format_errors(source: str, error: ValidationError) -> str:
     for item in error.errors():
         path = ".".join(str(p) for p in item["loc"]) or "<document>"
         message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown field (check the spelling; see docs/anonymity.md)"
         lines.append(f"{source}: {path}: {message}")
     return "\n".join(lines)
 

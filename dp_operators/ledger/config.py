@@ -143,5 +143,26 @@ def load_ledger_config(path: str | Path) -> LedgerConfig:
         lines = [f"{path}: invalid ledger configuration:"]
         for problem in error.errors():
             where = ".".join(str(part) for part in problem["loc"] if not str(part).startswith("function-"))
-            lines.append(f"  {where or '(document)'}: {problem['msg'].removeprefix('Value error, ')}")
+            message = problem["msg"].removeprefix("Value error, ")
+            if problem["type"] == "extra_forbidden":
+                message = "unknown field (check the spelling; see docs/ledger.md)"
+            lines.append(f"  {where or '(document)'}: {message}")
         raise LedgerConfigError("\n".join(lines)) from None
+
+
+def declared_accountants(path: str | Path) -> dict[str, str]:
+    """``{account: accountant}`` as written in a ledger configuration file, without validating anything else
+    (empty if the file cannot be read or is not shaped like one). Lets ``dpctl ledger apply`` report a changed
+    accountant even when the rest of the changed account fails validation."""
+    try:
+        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    accounts = document.get("accounts") if isinstance(document, dict) else None
+    if not isinstance(accounts, dict):
+        return {}
+    return {
+        str(name): account["accountant"]
+        for name, account in accounts.items()
+        if isinstance(account, dict) and isinstance(account.get("accountant"), str)
+    }

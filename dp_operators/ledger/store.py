@@ -452,11 +452,13 @@ class Ledger:
         (``account_created``/``account_updated`` with the configuration as written and the values stored).
         This is the only way a cap changes. Returns a line per change made.
 
-        An account's accountant is fixed at creation; a cap may not go below what is already spent. Accounts in
-        the ledger but not in ``config`` are left as they are (their history stays).
+        An account's accountant is fixed at creation, and its privacy unit once anything was charged to it; a cap
+        may not go below what is already spent. Accounts in the ledger but not in ``config`` are left as they are
+        (their history stays).
 
         Raises:
-            ValueError: changing an accountant, or a cap below the spent amount (nothing is changed).
+            ValueError: changing an accountant, changing the privacy unit of an account that was charged, or a cap
+                below the spent amount (nothing is changed).
             LedgerNotInitialisedError: no schema.
         """
         self.check_schema()
@@ -489,9 +491,18 @@ class Ledger:
                     continue
                 row = chain.row
                 if row.accountant != account.accountant:
+                    raise ValueError(_accountant_fixed(name, row.accountant, account.accountant))
+                if row.privacy_unit != account.privacy_unit and (
+                    chain.spent > 0
+                    or conn.execute(
+                        sa.select(schema.charges.c.id).where(schema.charges.c.account == name).limit(1)
+                    ).first()
+                ):
                     raise ValueError(
-                        f"account {name!r}: the accountant is fixed at creation ({row.accountant}); "
-                        f"cannot change it to {account.accountant}. Create a new account instead."
+                        f"account {name!r}: the privacy unit is fixed once budget has been spent "
+                        f"({row.privacy_unit!r}); cannot change it to {account.privacy_unit!r}, since spend "
+                        f"protecting one unit does not compose with releases protecting another. "
+                        "Create a new account instead."
                     )
                 cap = Fraction(values["cap"])
                 if cap < chain.spent:
@@ -523,6 +534,27 @@ class Ledger:
 
         return self._write(work)
 
+    def refuse_accountant_changes(self, accountants: Mapping[str, str]) -> None:
+        """Raise the "accountant is fixed" :class:`ValueError` if any existing account in ``accountants``
+        (``{name: accountant}`` as written in a configuration) has another accountant; read-only.
+
+        Raises:
+            ValueError: an accountant would change.
+            LedgerNotInitialisedError: no schema.
+        """
+        self.check_schema()
+        if not accountants:
+            return
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(schema.accounts.c.name, schema.accounts.c.accountant)
+                .where(schema.accounts.c.name.in_(sorted(accountants)))
+                .order_by(schema.accounts.c.name)
+            ).all()
+        for name, stored in rows:
+            if stored != accountants[name]:
+                raise ValueError(_accountant_fixed(name, stored, accountants[name]))
+
     def account(self, name: str) -> AccountStatus:
         """The status of account ``name``. Raises :class:`AccountNotFoundError`."""
         self.check_schema()
@@ -541,7 +573,10 @@ class Ledger:
 
     # -- the release path ----------------------------------------------------------------------------------------
     def stored_output(self, key: ReleaseKey) -> dict | None:
-        """The committed output of ``key`` (parsed JSON), or ``None`` if it has none."""
+        """The committed output of ``key`` (parsed JSON), or ``None`` if it has none.
+
+        Raises :class:`LedgerNotInitialisedError` if the ledger has no schema."""
+        self.check_schema()
         with self._read() as conn:
             text = conn.execute(
                 sa.select(schema.charges.c.output).where(*_key_filter(key), schema.charges.c.state == "committed")
@@ -580,6 +615,7 @@ class Ledger:
                 ``refused`` audit event is recorded for the last two).
             ValueError: a non-positive amount, a delta on an account that is not ``approx_dp``, or a bad ``audit``.
         """
+        self.check_schema()
         amount = round_up(exact_number(amount, name="amount"))
         delta = round_up(exact_number(delta, name="delta"))
         if amount <= 0:
@@ -755,6 +791,7 @@ class Ledger:
     ) -> list[dict]:
         """Charges (without outputs), oldest first, optionally filtered by account, DAG, state and creation time
         (``since`` inclusive, ``until`` exclusive)."""
+        self.check_schema()
         c = schema.charges.c
         query = sa.select(*[column for column in c if column.name != "output"]).order_by(c.id)
         if account is not None:
@@ -772,6 +809,7 @@ class Ledger:
 
     def events(self, account: str | None = None) -> Iterator[dict]:
         """Audit events, in insertion order (``id``), optionally of one account; every column."""
+        self.check_schema()
         query = sa.select(schema.audit_events).order_by(schema.audit_events.c.id)
         if account is not None:
             query = query.where(schema.audit_events.c.account == account)
@@ -920,6 +958,13 @@ def _user() -> str | None:
 def _show(value: Fraction) -> str:
     decimal = f"{float(value):.6g}"
     return decimal if Fraction(decimal) == value else f"{value} (~{decimal})"
+
+
+def _accountant_fixed(name: str, stored: str, wanted: str) -> str:
+    return (
+        f"account {name!r}: the accountant is fixed at creation ({stored}); cannot change it to {wanted}. "
+        "Create a new account instead."
+    )
 
 
 def _not_found(name: str) -> str:

@@ -36,7 +36,18 @@ def test_example_spec_loads():
 @pytest.mark.parametrize(
     ("replace", "by", "path", "reason"),
     [
-        pytest.param("targets: {k: 3}", "targets: {k: 3, kk: 4}", "targets.kk", "Extra inputs", id="unknown field"),
+        pytest.param("targets: {k: 3}", "targets: {k: 3, kk: 4}", "targets.kk",
+                     "unknown field (check the spelling; see docs/anonymity.md)", id="unknown field"),
+        pytest.param("targets: {k: 3}", "targets: {k: true}", "targets.k", "not a boolean", id="k is a boolean"),
+        pytest.param("targets: {k: 3}", "targets: {l: {kind: distinct, l: true}}", "targets.l.l", "not a boolean",
+                     id="l is a boolean"),
+        pytest.param("targets: {k: 3}", "targets: {t: .nan}", "targets.t", "must be a finite number in [0, 1]",
+                     id="t is NaN"),
+        pytest.param("targets: {k: 3}", "targets: {t: true}", "targets.t", "not a boolean", id="t is a boolean"),
+        pytest.param(
+            "targets: {k: 3}", "targets: {k: 3}\nsuppression: {max_fraction: .nan}", "suppression.max_fraction",
+            "must be a finite number in [0, 1]", id="NaN suppression",
+        ),
         pytest.param("targets: {k: 3}", "targets: {k: 0}", "targets.k", "greater than or equal to 1", id="k below 1"),
         pytest.param("targets: {k: 3}", "targets: {}", "targets", "at least one target", id="no target"),
         pytest.param("targets: {k: 3}", "targets: {t: 1.5}", "targets.t", "less than or equal to 1", id="t above 1"),

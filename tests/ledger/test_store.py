@@ -192,3 +192,55 @@ def test_history_filters_by_account_dag_state_and_date(ledger_url):
     assert [c["run_id"] for c in ledger.charges(state="reserved")] == ["run-3"]
     tomorrow = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)
     assert ledger.charges(since=tomorrow) == [] and len(ledger.charges(until=tomorrow)) == 3
+
+
+def test_the_privacy_unit_is_fixed_once_anything_was_charged(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1), b=account_config("pure_dp", cap=1))
+    household = lambda name: account_config("pure_dp", cap=1).model_copy(  # noqa: E731
+        update={"privacy_unit": "household"}
+    )
+    # Nothing charged yet: the unit may still be corrected.
+    assert ledger.apply_config(LedgerConfig(version=1, accounts={"b": household("b")})) == [
+        "updated account 'b': privacy_unit"
+    ]
+    spend(ledger, "run-1", "0.25")
+    with pytest.raises(ValueError, match=r"account 'a': the privacy unit is fixed .*'person'.*'household'.*"
+                                         r"Create a new account instead"):
+        ledger.apply_config(LedgerConfig(version=1, accounts={"a": household("a")}))
+    assert ledger.account("a").privacy_unit == "person"
+    # A charge given back (released) still fixes the unit: budget was once spent under it.
+    reservation = ledger.reserve(key("run-x", "d"), account="b", amount=Fraction(1, 10), mechanisms=NO_MECHANISMS,
+                                 spec_hash="0" * 64)
+    ledger.release(reservation)
+    assert ledger.account("b").spent == 0
+    with pytest.raises(ValueError, match="privacy unit is fixed"):
+        ledger.apply_config(LedgerConfig(version=1, accounts={"b": account_config("pure_dp", cap=1)}))
+    assert ledger.verify().ok
+
+
+def test_release_entry_points_refuse_a_ledger_without_schema(ledger_url):
+    ledger = Ledger(ledger_url)
+    with pytest.raises(LedgerNotInitialisedError, match="dpctl ledger init"):
+        ledger.stored_output(key())
+    with pytest.raises(LedgerNotInitialisedError, match="dpctl ledger init"):
+        ledger.account("a")
+    with pytest.raises(LedgerNotInitialisedError, match="dpctl ledger init"):
+        ledger.reserve(key(), account="a", amount=Fraction(1), mechanisms=NO_MECHANISMS, spec_hash="0" * 64)
+    with pytest.raises(LedgerNotInitialisedError, match="dpctl ledger init"):
+        ledger.charges()
+    with pytest.raises(LedgerNotInitialisedError, match="dpctl ledger init"):
+        list(ledger.events())
+
+
+def test_the_schema_is_checked_once_per_ledger(ledger_url, monkeypatch):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    fresh = Ledger(ledger_url)
+    calls = []
+    original = fresh._schema_version
+    monkeypatch.setattr(fresh, "_schema_version", lambda: calls.append(1) or original())
+    assert fresh.stored_output(key()) is None
+    spend(fresh, "run-1", "0.25")
+    assert fresh.stored_output(key()) == {"run": "run-1"}
+    assert fresh.account("a").spent == Fraction(1, 4)
+    assert len(calls) == 1
+    assert ledger.account("a").spent == Fraction(1, 4)

@@ -1,0 +1,68 @@
+"""``dpctl release show``: a published release as tables; a one-line error for anything that is not one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dp_operators.cli import app
+
+runner = CliRunner()
+
+RELEASE = {
+    "release": "adult [census] statistics",
+    "release_key": {"dag_id": "d", "run_id": "manual__1", "task_id": "t", "map_index": -1, "release_name": "r"},
+    "charge": {"rho": 0.1, "rho_exact": "1/10", "epsilon_at_delta": 2.3, "delta": 1e-6},
+    "confidence": 0.95,
+    "aggregates": {
+        "people_by_sex": {
+            "kind": "count",
+            "mechanism": "discrete_gaussian",
+            "group_by": ["sex"],
+            "rows": [
+                {"sex": "[Female]", "value": 12, "half_width": 7.0},
+                {"sex": "Male", "value": 15, "half_width": 7.0},
+            ],
+        },
+        "mean_hours": {"kind": "mean", "mechanism": "discrete_laplace", "group_by": [], "value": 40.25,
+                       "half_width": 0.5},
+    },
+}
+
+
+def test_show_prints_values_half_widths_and_the_charge_verbatim(tmp_path: Path):
+    path = tmp_path / "release.json"
+    path.write_text(json.dumps(RELEASE))
+    result = runner.invoke(app, ["release", "show", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "release adult [census] statistics published to" in result.output
+    assert "run manual__1; this release spent rho 0.1 (epsilon 2.3 at delta 1e-06)" in result.output
+    assert "[Female]" in result.output and "40.250" in result.output
+    assert runner.invoke(app, ["release", "show", str(tmp_path)]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        pytest.param(None, "no such file: ", id="missing"),
+        pytest.param("{not json", "not valid JSON", id="malformed JSON"),
+        pytest.param("[1, 2]", "not a release published by dp-operators", id="a JSON list"),
+        pytest.param('{"name": "x"}', "not a release published by dp-operators (no 'release'", id="another JSON"),
+        pytest.param(json.dumps({**RELEASE, "aggregates": []}), "not a release published by dp-operators",
+                     id="aggregates not a mapping"),
+        pytest.param(json.dumps({**RELEASE, "aggregates": {"a": {"kind": "count"}}}),
+                     "not a release published by dp-operators", id="aggregate without fields"),
+    ],
+)
+def test_anything_else_is_a_one_line_error(tmp_path: Path, content, message):
+    path = tmp_path / "release.json"
+    if content is not None:
+        path.write_text(content)
+    result = runner.invoke(app, ["release", "show", str(path)])
+    assert result.exit_code == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
