@@ -119,7 +119,9 @@ def _spec(
     aggregate: dict[str, Any] = {
         "name": _NAME,
         "kind": "sum",
-        "bounds": [-float(sensitivity), float(sensitivity)] if Fraction(float(sensitivity)) == sensitivity else None,
+        "bounds": [-float(sensitivity), float(sensitivity)]
+        if exact_number(float(sensitivity)) == sensitivity  # the spec reads bounds back as typed decimals
+        else None,
         "grid": str(grid),
         "mechanism": mechanism,
         "budget": {k: str(v) if isinstance(v, Fraction) else v for k, v in budget.items()},

@@ -395,18 +395,22 @@ class _Drop(Exception):
 
 
 def _read_value(value: Any, aggregate: Aggregate, where: str, counter: list[int]) -> Fraction:
-    """One data value as an exact number, NaN and infinities handled by the aggregate's ``non_finite`` policy.
+    """One data value as an exact number; NaN, infinities and ``None`` (SQL's NULL, e.g. ``SUM`` over no rows) are
+    handled by the aggregate's ``non_finite`` policy (``None`` as NaN).
 
-    numpy integers become Python ints first, so nothing wraps. Raises ReleaseInputError for a non-number (a shape
-    error, caught before any budget is reserved) and _Drop for a value the policy drops.
+    numpy integers become Python ints first, so nothing wraps. Raises ReleaseInputError for a value that is not a
+    number at all (a shape error, caught before any budget is reserved) and _Drop for a value the policy drops.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if value is None:
+        number = math.nan
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ReleaseInputError(f"{where}: expected a number, got {type(value).__name__}")
-    if isinstance(value, numbers.Integral):
+    elif isinstance(value, numbers.Integral):
         return Fraction(int(value))
-    number = float(value)
-    if math.isfinite(number):
-        return Fraction(number)
+    else:
+        number = float(value)
+        if math.isfinite(number):
+            return Fraction(number)
     counter[0] += 1
     policy = aggregate.non_finite
     action = policy.nan if math.isnan(number) else policy.infinity
@@ -421,43 +425,50 @@ def _largest_grid(aggregate: Aggregate) -> Fraction:
     return max(aggregate.grid, aggregate.grid**2) if aggregate.kind != "count" else Fraction(1)
 
 
-def _on_grid(value: Fraction, grid: Fraction, low: Fraction | None, high: Fraction | None, policy: str) -> int:
-    """``value`` rounded to the grid, ``floor(value / grid + 1/2)``, kept in [low, high] (and +-SATURATION) by the
-    ``out_of_range`` policy (``clamp`` or ``drop``); beyond +-SATURATION it always saturates."""
-    if low is not None and value < low or high is not None and value > high:
-        if policy == "drop":
-            raise _Drop
-        value = max(value, low) if low is not None else value
-        value = min(value, high) if high is not None else value
+def _on_grid(value: Fraction, grid: Fraction, low: Fraction | None, high: Fraction | None) -> int:
+    """``value`` clamped to [low, high], then rounded to the grid once, ``floor(value / grid + 1/2)``, and
+    saturated at +-SATURATION grid units. Clamping into a range whose ends move by at most the per-contribution
+    bound between neighbours is 1-Lipschitz, so it keeps the sensitivity (docs/mechanisms.md)."""
+    if low is not None and value < low:
+        value = low
+    if high is not None and value > high:
+        value = high
     return max(-SATURATION, min(SATURATION, math.floor(value / grid + Fraction(1, 2))))
 
 
-def _row_units(aggregate: Aggregate, row: Mapping, where: str, counter: list[int], units_field: str | None) -> dict:
-    """The grid integers of one row's components (and its unit count under partition selection).
-
-    Counts are kept >= 0. Means and variances are centred at m = (lower + upper)/2: the centred sum
-    S - m N is kept in [-h N, h N] and the centred sum of squares Q - 2 m S + m^2 N in [0, h^2 N], h the half
-    range — the ranges clipped data always satisfy; clamping into them keeps the sensitivity (docs/mechanisms.md).
-    """
-    raw = {c: _read_value(row[c], aggregate, f"{where}, field {c!r}", counter) for c in aggregate.components}
-    policy = aggregate.out_of_range
-    out: dict[str, int] = {}
-    if "count" in raw:
-        out["count"] = _on_grid(raw["count"], Fraction(1), Fraction(0), None, policy)
+def _row_values(aggregate: Aggregate, row: Mapping, where: str, counter: list[int], units_field: str | None) -> dict:
+    """The exact values of one row's components (and its unit count under partition selection), not yet rounded:
+    rows of one key are added up exactly first, so each partition is rounded once (rounding every row would let
+    one privacy unit's rows each carry a rounding step, beyond the planned sensitivity)."""
+    values = {c: _read_value(row[c], aggregate, f"{where}, field {c!r}", counter) for c in aggregate.components}
     if units_field is not None:
-        units = _read_value(row[units_field], aggregate, f"{where}, field {units_field!r}", counter)
-        out["selection"] = _on_grid(units, Fraction(1), Fraction(0), None, policy)
+        values["selection"] = _read_value(row[units_field], aggregate, f"{where}, field {units_field!r}", counter)
+    return values
+
+
+def _partition_units(aggregate: Aggregate, total: Mapping[str, Fraction]) -> dict[str, int]:
+    """The grid integers of one partition's exact totals.
+
+    Counts (and unit counts) are kept >= 0. Means and variances are centred at m = (lower + upper)/2: the centred
+    sum S - m N is kept in [-h N, h N] and the centred sum of squares Q - 2 m S + m^2 N in [0, h^2 N], h the half
+    range — the ranges clipped data always satisfy. Out-of-range values are always clamped, never dropped:
+    dropping would move a whole partition when float sums of correctly clipped data land a hair outside.
+    """
+    out: dict[str, int] = {}
+    if "count" in total:
+        out["count"] = _on_grid(total["count"], Fraction(1), Fraction(0), None)
+    if "selection" in total:
+        out["selection"] = _on_grid(total["selection"], Fraction(1), Fraction(0), None)
     if aggregate.kind == "sum":
-        out["sum"] = _on_grid(raw["sum"], aggregate.grid, None, None, policy)
+        out["sum"] = _on_grid(total["sum"], aggregate.grid, None, None)
     elif aggregate.kind in ("mean", "variance"):
         lower, upper = (exact_number(b, name="bounds") for b in aggregate.bounds)  # type: ignore[union-attr]
         middle, half = (lower + upper) / 2, (upper - lower) / 2
         count = Fraction(out["count"])
-        centred_sum = raw["sum"] - middle * count
-        out["sum"] = _on_grid(centred_sum, aggregate.grid, -half * count, half * count, policy)
+        out["sum"] = _on_grid(total["sum"] - middle * count, aggregate.grid, -half * count, half * count)
         if aggregate.kind == "variance":
-            centred_squares = raw["sum_squares"] - 2 * middle * raw["sum"] + middle * middle * count
-            out["sum_squares"] = _on_grid(centred_squares, aggregate.grid**2, Fraction(0), half * half * count, policy)
+            centred_squares = total["sum_squares"] - 2 * middle * total["sum"] + middle * middle * count
+            out["sum_squares"] = _on_grid(centred_squares, aggregate.grid**2, Fraction(0), half * half * count)
     return out
 
 
@@ -472,9 +483,10 @@ def _selection_units_field(spec: ReleaseSpec, aggregate: Aggregate) -> str | Non
 
 
 def _private_key(row: Mapping, aggregate: Aggregate, where: str) -> tuple:
+    """A non-public key: str, int or ``None`` (SQL's NULL group is a group like any other, never an error)."""
     key = tuple(row[c] for c in aggregate.group_by)
     for column, value in zip(aggregate.group_by, key):
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int))):
             raise ReleaseInputError(f"{where}: key column {column!r} must be a str or int, got {type(value).__name__}")
     return tuple(int(v) if isinstance(v, int) else v for v in key)
 
@@ -492,8 +504,10 @@ def prepare_inputs(spec: ReleaseSpec, aggregates: Mapping[str, Any]) -> Prepared
       each row also carries ``units``, its number of distinct privacy units (not needed for a count with one
       contribution per partition: the count is that number).
 
-    Data values never raise: NaN/inf follow ``non_finite``, out-of-range values ``out_of_range``, and everything
-    saturates at +-SATURATION grid units.
+    Data values never raise: NaN, inf and ``None`` follow ``non_finite``; rows of one key are added up exactly and
+    each partition total is rounded to the grid once, clamped into the range clipped data satisfy, and saturated
+    at +-SATURATION grid units. ``non_finite`` replacement and dropping avoid crashes; they are not part of the DP
+    guarantee, which assumes the upstream values are the clipped aggregates the spec declares.
 
     Raises:
         ReleaseInputError: a missing aggregate, a wrong shape or a non-number; the message names the aggregate,
@@ -531,10 +545,11 @@ def prepare_inputs(spec: ReleaseSpec, aggregates: Mapping[str, Any]) -> Prepared
             rows = [raw]
         else:
             rows = [{components[0]: raw}]
-        totals: dict[tuple, dict[str, int]] = {}
+        fields = components + (["selection"] if units_field is not None else [])
+        totals: dict[tuple, dict[str, Fraction]] = {}
         if aggregate.public_keys:
             for key in key_domain(aggregate):
-                totals[tuple(str(v) for v in key)] = dict.fromkeys(components, 0)
+                totals[tuple(str(v) for v in key)] = dict.fromkeys(fields, Fraction(0))
         needed = aggregate.group_by + components + ([units_field] if units_field not in (None, "count") else [])
         dropped = 0
         for row_number, row in enumerate(rows):
@@ -552,19 +567,19 @@ def prepare_inputs(spec: ReleaseSpec, aggregates: Mapping[str, Any]) -> Prepared
             else:
                 key = _private_key(row, aggregate, where)
             try:
-                units = _row_units(aggregate, row, where, counter, units_field)
+                values = _row_values(aggregate, row, where, counter, units_field)
             except _Drop:
                 continue
-            slot = totals.setdefault(key, dict.fromkeys(units, 0))
-            for component, value in units.items():
-                slot[component] = max(-SATURATION, min(SATURATION, slot[component] + value))
+            slot = totals.setdefault(key, dict.fromkeys(fields, Fraction(0)))
+            for field_name, value in values.items():
+                slot[field_name] += value
         if aggregate.public_keys:
             prepared.keys[aggregate.name] = key_domain(aggregate)
-            ordered = list(totals.values())
+            ordered = [_partition_units(aggregate, total) for total in totals.values()]
         else:
             order = sorted(totals, key=lambda k: tuple((type(v).__name__, v) for v in k))
             prepared.keys[aggregate.name] = order
-            ordered = [totals[k] for k in order]
+            ordered = [_partition_units(aggregate, totals[k]) for k in order]
             prepared.values[(aggregate.name, "selection")] = [slot["selection"] for slot in ordered]
         for component in components:
             prepared.values[(aggregate.name, component)] = [slot[component] for slot in ordered]

@@ -120,3 +120,10 @@ def test_max_partitions_contributed_must_fit_the_vector(bound):
 
     with pytest.raises(ValueError, match="max_partitions_contributed must be a whole number from 1 to"):
         vector_release([1, 2, 3], sensitivity=1, epsilon=1, max_partitions_contributed=bound)
+
+
+def test_a_decimal_sensitivity_is_accepted():
+    from dp_operators import laplace_mechanism
+
+    result = laplace_mechanism(1.0, sensitivity=0.1, epsilon=1)
+    assert result.mechanism["l1_sensitivity"] == pytest.approx(0.1, rel=0.01)

@@ -107,8 +107,8 @@ def test_exhaustion_refuses_the_third_run_before_anything_is_reserved(example_sp
                      id="row without key column"),
         pytest.param(lambda a: a["people_by_age_band"].append({"age_band": "75+", "count": "12"}),
                      "expected a number, got str", id="count is a string"),
-        pytest.param(lambda a: a["people_by_age_band"].append({"age_band": "75+", "count": None}),
-                     "expected a number, got NoneType", id="count is None"),
+        pytest.param(lambda a: a["people_by_age_band"].append({"age_band": "75+", "count": [3]}),
+                     "expected a number, got list", id="count is a list"),
     ],
 )
 def test_malformed_upstream_is_refused_before_any_budget_is_spent(
@@ -310,13 +310,13 @@ def test_numpy_integers_neither_wrap_nor_overflow_and_drop_policies_apply(tmp_pa
 
     spec = simple_spec({"name": "c", "kind": "count", "group_by": ["k"], "keys": {"k": ["a", "b", "c"]},
                         "mechanism": "discrete_laplace", "budget": {"epsilon": 1},
-                        "non_finite": {"nan": "drop"}, "out_of_range": "drop"})
+                        "non_finite": {"nan": "drop"}})
     ledger = make_ledger(tmp_path / "np.db", accountant="pure_dp", cap="5")
     rows = [{"k": "a", "count": np.int32(2**31 - 1)}, {"k": "a", "count": np.int32(6)},
             {"k": "b", "count": float("nan")}, {"k": "b", "count": 3}, {"k": "c", "count": -4}]
     values = {r["k"]: r["value"] for r in release(spec, {"c": rows}, ledger).output["aggregates"]["c"]["rows"]}
     assert abs(values["a"] - (2**31 + 5)) < 100  # added as Python ints: 2**31 + 5, not wrapped
-    assert abs(values["b"] - 3) < 100 and abs(values["c"]) < 100  # NaN row and negative row dropped
+    assert abs(values["b"] - 3) < 100 and abs(values["c"]) < 100  # NaN row dropped, negative count clamped to 0
     huge = {"c": [{"k": "a", "count": np.int64(2**63 - 1)}, {"k": "a", "count": np.int64(2**63 - 1)}]}
     assert release(spec, huge, ledger, run="huge").output["aggregates"]["c"]["rows"][0]["value"] > 2**61
 
@@ -351,3 +351,43 @@ def test_upstream_aggregates_the_spec_does_not_release_are_ignored_with_a_warnin
         output = release(example_spec, {**adult_aggregates, "median_income": 45_000}, ledger).output
     assert "median_income" not in output["aggregates"]
     assert "['median_income'] that the spec does not release" in caplog.text and "45000" not in caplog.text
+
+
+def test_rows_of_one_key_are_added_exactly_and_rounded_once():
+    """Rounding each row would let one unit's two rows of 0.5 move the partition by 2 grid steps, twice the plan."""
+    from dp_operators.release import prepare_inputs
+
+    spec = simple_spec({"name": "s", "kind": "sum", "group_by": ["k"], "keys": {"k": ["a"]}, "bounds": [0, 0.5],
+                        "grid": 1, "contribution": {"max_contributions_per_partition": 2},
+                        "mechanism": "discrete_laplace", "budget": {"epsilon": 1}})
+    assert plan_release(spec).step("s", "sum").l1_sensitivity == 1
+    before = prepare_inputs(spec, {"s": []}).values[("s", "sum")]
+    after = prepare_inputs(spec, {"s": [{"k": "a", "sum": 0.5}, {"k": "a", "sum": 0.5}]}).values[("s", "sum")]
+    assert after[0] - before[0] <= 1
+
+
+@pytest.mark.parametrize("n", [pytest.param(n, id=f"{n} values of 0.1") for n in (1, 5, 12, 13, 40)])
+def test_float_sums_of_clipped_values_are_clamped_never_dropped(n):
+    """Summing 0.1 in binary floating point lands a hair outside [lower*N, upper*N]; the count must survive."""
+    from dp_operators.release import prepare_inputs
+
+    spec = simple_spec({"name": "m", "kind": "mean", "bounds": [0, 0.1], "grid": 0.01,
+                        "mechanism": "discrete_laplace", "budget": {"epsilon": 1}})
+    total = 0.0
+    for _ in range(n):
+        total += 0.1
+    prepared = prepare_inputs(spec, {"m": {"sum": total, "count": n}})
+    assert prepared.values[("m", "count")] == [n]
+    assert prepared.values[("m", "sum")] == [5 * n]  # centred at 0.05: 0.05 per value, 5 grid steps
+
+
+def test_null_values_follow_the_nan_policy_and_null_keys_are_keys():
+    from dp_operators.release import prepare_inputs
+
+    spec = simple_spec({"name": "total", "kind": "sum", "bounds": [0, 10], "mechanism": "discrete_laplace",
+                        "budget": {"epsilon": 1}})
+    prepared = prepare_inputs(spec, {"total": None})  # SQL SUM over no rows
+    assert prepared.values[("total", "sum")] == [0] and prepared.special_values == {"total": 1}
+    selection = simple_spec(SELECTION)
+    rows = [{"city": None, "count": 5}, {"city": "Big", "count": 7}]
+    assert prepare_inputs(selection, {"people_by_city": rows}).keys["people_by_city"] == [(None,), ("Big",)]

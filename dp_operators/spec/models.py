@@ -168,7 +168,7 @@ class Aggregate(_Strict):
     budget: Budget
     contribution: ContributionBounds | None = None
     non_finite: NonFinitePolicy = NonFinitePolicy()
-    out_of_range: Literal["clamp", "drop"] = "clamp"
+    out_of_range: Literal["clamp"] = "clamp"
 
     @field_validator("name")
     @classmethod

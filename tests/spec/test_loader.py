@@ -165,7 +165,7 @@ def test_auto_variance_and_partition_selection_specs_load():
         "name": "hours", "kind": "variance", "group_by": ["city"], "bounds": [0, 99], "grid": 0.5,
         "partition_selection": {"mechanism": "discrete_gaussian", "budget": {"epsilon": 0.5, "delta": 1e-6}},
         "mechanism": "auto", "budget": {"epsilon": 1, "delta": 1e-6},
-        "non_finite": {"nan": "drop", "infinity": "clamp"}, "out_of_range": "drop",
+        "non_finite": {"nan": "drop", "infinity": "clamp"}, "out_of_range": "clamp",
     }))
     aggregate = spec.aggregates[0]
     assert aggregate.components == ("sum", "count", "sum_squares")
