@@ -711,7 +711,7 @@ def run_release(
         _warn_if_spec_changed(reservation, spec_hash, key)
         return ReleaseResult(output=reservation, replayed=True)
 
-    # From here on a failure keeps the charge spent unless no noise was drawn at all (DESIGN.md 2.1).
+    # From here on a failure keeps the charge spent unless no sampler was entered (DESIGN.md 2.1, ADR 1).
     drawn: list[str] = []
     try:
         noised, selected = _draw_noise(plan, prepared, drawn)

@@ -227,6 +227,16 @@ class _Refusal(Exception):
         self.error = error
 
 
+def _lock_reserved_charge(conn: Connection, reservation: Reservation) -> tuple[Any, Any]:
+    """Lock the reservation's account (its chain) and return ``(chain, charge)``; ``charge`` is ``None`` unless the
+    charge still exists in state ``reserved`` (commit and release both need exactly that)."""
+    chain = _AccountChain.lock(conn, reservation.account)
+    charge = conn.execute(sa.select(schema.charges).where(schema.charges.c.id == reservation.charge_id)).first()
+    if chain is None or charge is None or charge.state != "reserved":
+        return chain, None
+    return chain, charge
+
+
 @dataclass
 class _AccountChain:
     """An account row locked for this transaction: running totals and the head of its audit chain."""
@@ -724,11 +734,8 @@ class Ledger:
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
 
         def work(conn: Connection) -> str | _Refusal:
-            chain = _AccountChain.lock(conn, reservation.account)
-            charge = conn.execute(
-                sa.select(schema.charges).where(schema.charges.c.id == reservation.charge_id)
-            ).first()
-            if chain is None or charge is None or charge.state != "reserved":
+            chain, charge = _lock_reserved_charge(conn, reservation)
+            if charge is None:
                 return _Refusal(
                     ChargeStateError(
                         f"charge {reservation.charge_id} for {reservation.key} is no longer reserved (another "
@@ -757,11 +764,8 @@ class Ledger:
         """
 
         def work(conn: Connection) -> None | _Refusal:
-            chain = _AccountChain.lock(conn, reservation.account)
-            charge = conn.execute(
-                sa.select(schema.charges).where(schema.charges.c.id == reservation.charge_id)
-            ).first()
-            if chain is None or charge is None or charge.state != "reserved":
+            chain, charge = _lock_reserved_charge(conn, reservation)
+            if charge is None:
                 return _Refusal(ChargeStateError(f"charge {reservation.charge_id} is not reserved; nothing released"))
             conn.execute(
                 schema.charges.update()

@@ -2,34 +2,25 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 from decimal import Decimal
 from fractions import Fraction
 
+from dp_operators.accounting.budget import exact_number
+
 
 def as_rational(value: object, name: str) -> Fraction:
-    """Return ``value`` as an exact ``Fraction``.
+    """Return ``value`` as an exact ``Fraction``, read as the project reads every public number
+    (:func:`dp_operators.accounting.exact_number`: a float is the decimal it was typed as, ``0.1`` is 1/10).
 
-    Accepts ints, ``Fraction``/other rationals, ``Decimal`` and finite floats (converted exactly, so ``0.1`` becomes
-    the binary fraction it really is, not 1/10). Raises ValueError for bool, NaN and infinities, TypeError for
-    non-numbers. ``name`` is the parameter name used in the message.
+    Raises ValueError for bool, NaN and infinities, TypeError for values that are not numbers (text included:
+    mechanism parameters are numbers). ``name`` is the parameter name used in the message.
     """
-    # bool is an int subclass; True as a scale is almost certainly a bug in the caller, not a request for scale 1
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got the bool {value!r}")
-    if isinstance(value, numbers.Rational):
-        return Fraction(value.numerator, value.denominator)
-    if isinstance(value, Decimal):
-        if not value.is_finite():
-            raise ValueError(f"{name} must be finite, got {value!r}")
-        return Fraction(value)
-    if isinstance(value, numbers.Real):
-        as_float = float(value)
-        if not math.isfinite(as_float):
-            raise ValueError(f"{name} must be finite, got {value!r}")
-        return Fraction(as_float)
-    raise TypeError(f"{name} must be an int, Fraction, Decimal or finite float, got {type(value).__name__} {value!r}")
+    if value is None or isinstance(value, (str, bytes)) or not isinstance(value, (numbers.Number, Decimal)):
+        raise TypeError(
+            f"{name} must be an int, Fraction, Decimal or finite float, got {type(value).__name__} {value!r}"
+        )
+    return exact_number(value, name=name)
 
 
 def as_positive_rational(value: object, name: str) -> Fraction:

@@ -1,7 +1,7 @@
 """Calibration between privacy budgets and noise scales, exact wherever the math is rational.
 
-Inputs may be ints, ``Fraction``/``Decimal`` or finite floats; floats are converted exactly with ``Fraction(x)``,
-so a float budget of 0.1 is the binary number 0.1000000000000000055..., not 1/10. Pass ``Fraction(1, 10)`` for 1/10.
+Inputs may be ints, ``Fraction``/``Decimal`` or finite floats; a float is read as the decimal it was typed as
+(``0.1`` is 1/10), as everywhere in the project (:func:`dp_operators.accounting.exact_number`).
 """
 
 from __future__ import annotations

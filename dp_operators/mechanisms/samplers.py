@@ -83,7 +83,7 @@ def sample_discrete_laplace(scale: Fraction | int) -> int:
     sensitivity Delta gives (Delta/scale)-DP.
 
     Args:
-        scale: positive finite rational (int, Fraction, Decimal, or float converted exactly).
+        scale: positive finite rational (int, Fraction, Decimal, or float read as its decimal).
 
     Raises:
         ValueError: scale is NaN, infinite, <= 0 or a bool. TypeError: scale is not a number.
@@ -114,7 +114,7 @@ def sample_discrete_gaussian(sigma2: Fraction | int) -> int:
     sensitivity Delta gives (Delta^2 / (2 sigma2))-zCDP (CKS 2020 Theorem 14).
 
     Args:
-        sigma2: positive finite rational (int, Fraction, Decimal, or float converted exactly).
+        sigma2: positive finite rational (int, Fraction, Decimal, or float read as its decimal).
 
     Raises:
         ValueError: sigma2 is NaN, infinite, <= 0 or a bool. TypeError: sigma2 is not a number.

@@ -20,7 +20,7 @@ from dp_operators.accounting import IncompatibleAccountantError
 from dp_operators.hooks.ledger import DPLedgerHook
 from dp_operators.ledger import LedgerError, ReleaseKey
 from dp_operators.release import ReleaseConfigError, ReleaseInputError, run_release
-from dp_operators.spec import load_spec, spec_hash
+from dp_operators.spec import load_spec_with_hash
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -66,8 +66,7 @@ class DPReleaseOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         self.spec_path = str(spec_path)
-        self.release_spec = load_spec(self.spec_path)
-        self.spec_sha256 = spec_hash(Path(self.spec_path).read_text(encoding="utf-8"))
+        self.release_spec, self.spec_sha256 = load_spec_with_hash(self.spec_path)
         self.release_asset = asset or Asset(
             name=self.release_spec.release,
             uri=f"dp-release://{self.release_spec.budget_account}/{self.release_spec.release}",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dp_operators.spec.loader import SpecError, load_spec, parse_spec, spec_hash
+from dp_operators.spec.loader import SpecError, load_spec, load_spec_with_hash, parse_spec, spec_hash
 from dp_operators.spec.models import (
     Aggregate,
     Budget,
@@ -21,6 +21,7 @@ __all__ = [
     "ReleaseSpec",
     "SpecError",
     "load_spec",
+    "load_spec_with_hash",
     "parse_spec",
     "spec_hash",
 ]

@@ -69,12 +69,22 @@ def load_spec(path: str | Path) -> ReleaseSpec:
     Raises:
         SpecError: the file is missing or unreadable, or the spec is invalid.
     """
+    return load_spec_with_hash(path)[0]
+
+
+def load_spec_with_hash(path: str | Path) -> tuple[ReleaseSpec, str]:
+    """Load and validate the release spec at ``path`` and return it with the SHA-256 of the very text validated
+    (one read: the hash recorded with a charge always belongs to the spec that was applied).
+
+    Raises:
+        SpecError: the file is missing or unreadable, or the spec is invalid.
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise SpecError(f"{path}: cannot read release spec: {error.strerror}") from None
-    return parse_spec(text, source=str(path))
+    return parse_spec(text, source=str(path)), spec_hash(text)
 
 
 def spec_hash(text: str) -> str:

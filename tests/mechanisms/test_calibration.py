@@ -35,9 +35,8 @@ def test_discrete_laplace_scale_is_exact():
     assert discrete_laplace_scale(1, Fraction(1, 2)) == 2
     assert isinstance(discrete_laplace_scale(1, Fraction(1, 2)), Fraction)
     assert discrete_laplace_scale(3, Fraction(1, 10)) == 30
-    # a float is taken at its exact binary value, not the decimal it was typed as
-    assert discrete_laplace_scale(1, 0.1) == 1 / Fraction(0.1)
-    assert discrete_laplace_scale(1, 0.1) != 10
+    # a float is read as the decimal it was typed as, like every public number in the project
+    assert discrete_laplace_scale(1, 0.1) == 10
 
 
 def test_discrete_gaussian_sigma2_is_exact():
@@ -49,7 +48,7 @@ def test_discrete_gaussian_sigma2_is_exact():
 def test_pure_epsilon_to_rho_is_exact():
     assert pure_epsilon_to_rho(Fraction(1, 2)) == Fraction(1, 8)
     assert pure_epsilon_to_rho(2) == 2
-    assert pure_epsilon_to_rho(0.1) == Fraction(0.1) ** 2 / 2
+    assert pure_epsilon_to_rho(0.1) == Fraction(1, 200)
 
 
 def test_rho_to_epsilon_reference_case_between_rho_and_bun_steinke():
