@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from dp_operators.accounting import exact_number
 from dp_operators.ledger import Ledger, ReleaseKey
 from dp_operators.release import (
-    _draw_noise,
+    draw_noise,
     plan_release,
     prepare_inputs,
     publish_aggregate,
@@ -193,7 +193,7 @@ def _release(
         return output["aggregates"][_NAME], output["mechanisms"][0], output["charge"], result.replayed
     plan = plan_release(spec)
     prepared = prepare_inputs(spec, upstream)
-    noised, _ = _draw_noise(plan, prepared, [])
+    noised, _ = draw_noise(plan, prepared, [])
     published = publish_aggregate(spec, spec.aggregates[0], plan, noised, prepared.keys[_NAME])
     return published, plan.steps[0].describe(), None, False
 

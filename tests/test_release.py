@@ -202,7 +202,7 @@ def test_mean_is_within_its_half_width_in_at_least_90_of_100_releases(example_sp
 
 
 def test_mean_half_width_is_a_box_bound_from_public_values():
-    from dp_operators.release import _mean_with_half_width
+    from dp_operators.release.publish import _mean_with_half_width
 
     mean, half_width = _mean_with_half_width(4000.0, 100, 100.0, 10, lower=1, upper=99)
     assert mean == 40.0

@@ -10,6 +10,7 @@ from dp_operators.spec.models import (
     NonFinitePolicy,
     PartitionSelection,
     ReleaseSpec,
+    UpstreamSums,
 )
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "NonFinitePolicy",
     "PartitionSelection",
     "ReleaseSpec",
+    "UpstreamSums",
     "SpecError",
     "load_spec",
     "load_spec_with_hash",

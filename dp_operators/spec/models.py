@@ -139,6 +139,34 @@ class PartitionSelection(_Strict):
         return self
 
 
+class UpstreamSums(_Strict):
+    """How the upstream task computed the sums it hands over, and how many rows went into one partition's total.
+
+    * ``arithmetic: exact`` (default): sums are exact numbers: Python/numpy integers, ``Decimal`` (SQL ``SUM`` over
+      ``NUMERIC``/``DECIMAL``) or ``Fraction``. A binary float for a sum, mean or variance is refused before any
+      budget is reserved (its rounding error is not inside the planned sensitivity).
+    * ``arithmetic: binary64``: sums are IEEE 754 double-precision floats (pandas, numpy, SQL ``DOUBLE``), computed in
+      any order over at most ``max_rows`` values per partition. The sensitivity then carries a sound allowance for
+      the summation error (Casacuberta et al., CCS 2022; Higham 2002, section 4.2), and a grid the float cannot
+      carry is refused at plan time.
+    * ``max_rows``: the most upstream rows (values) summed into one partition's total: a public bound, declared by the
+      author (required with ``binary64``). It also lets the plan refuse a spec whose totals could reach the engine's
+      saturation limit.
+    """
+
+    arithmetic: Literal["exact", "binary64"] = "exact"
+    max_rows: int | None = Field(default=None, ge=1, le=10**15)
+
+    @model_validator(mode="after")
+    def _row_bound_for_floats(self) -> UpstreamSums:
+        if self.arithmetic == "binary64" and self.max_rows is None:
+            raise ValueError(
+                "binary64 sums need 'max_rows', the most rows summed into one partition: the float summation "
+                "error, and so the sensitivity allowance, grows with it"
+            )
+        return self
+
+
 MECHANISM_BUDGETS = {
     "discrete_laplace": ("epsilon",),
     "discrete_gaussian": ("rho", "epsilon_delta"),
@@ -169,6 +197,7 @@ class Aggregate(_Strict):
     contribution: ContributionBounds | None = None
     non_finite: NonFinitePolicy = NonFinitePolicy()
     out_of_range: Literal["clamp"] = "clamp"
+    upstream: UpstreamSums = UpstreamSums()
 
     @field_validator("name")
     @classmethod
@@ -208,6 +237,11 @@ class Aggregate(_Strict):
                 )
         elif self.bounds is not None:
             raise ValueError("a count takes no 'bounds' (its per-contribution sensitivity is 1)")
+        if self.kind == "count" and self.upstream.arithmetic != "exact":
+            raise ValueError(
+                "upstream.arithmetic binary64 applies to sums, means and variances; a count is an integer "
+                "(a float count is read as the number it holds)"
+            )
         allowed = MECHANISM_BUDGETS[self.mechanism]
         if self.budget.form not in allowed:
             raise ValueError(

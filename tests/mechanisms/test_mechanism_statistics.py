@@ -23,7 +23,7 @@ from dp_operators.mechanisms import (
     sample_discrete_gaussian_vector,
     sample_discrete_laplace_vector,
 )
-from dp_operators.release import _draw_noise, plan_release, prepare_inputs
+from dp_operators.release import draw_noise, plan_release, prepare_inputs
 from dp_operators.spec import parse_spec
 from mechanisms.test_samplers import ACCEPT_P, REJECT_P, chi_square_p_value
 
@@ -87,7 +87,7 @@ aggregates:
 """)
     plan = plan_release(spec)
     prepared = prepare_inputs(spec, {"by_city": [{"city": f"c{i}", "count": count} for i in range(keys)]})
-    _, selected = _draw_noise(plan, prepared, [])
+    _, selected = draw_noise(plan, prepared, [])
     return len(selected["by_city"]) / keys, plan.step("by_city", "selection")
 
 
@@ -210,7 +210,7 @@ aggregates:
     plan = plan_release(spec)
     rows = [{"k": k, "sum": 700, "count": 100} for k in keys]  # true clipped mean 7
     prepared = prepare_inputs(spec, {"mean_hours": rows})
-    noised, _ = _draw_noise(plan, prepared, [])
+    noised, _ = draw_noise(plan, prepared, [])
     published = publish_aggregate(spec, spec.aggregates[0], plan, noised, prepared.keys["mean_hours"])
     covered = sum(abs(r["value"] - 7) <= r["half_width"] for r in published["rows"]) / REPETITIONS
     assert covered >= 0.95  # a union-bound box: conservative by construction (docs/mechanisms.md)

@@ -1,0 +1,31 @@
+"""The release engine: spec + upstream aggregates + ledger -> noised release. No Airflow import.
+
+Modules, in the order of one release: :mod:`.plan` (public plan: mechanisms, scales, charge), :mod:`.inputs`
+(upstream shapes and values onto the grid), :mod:`.run` (replay, reserve, draw, commit), :mod:`.publish` (the
+published form). See :mod:`dp_operators.release.run` for the order of steps and the neighbouring relation.
+"""
+
+from dp_operators.release.errors import ReleaseConfigError, ReleaseInputError
+from dp_operators.release.inputs import SATURATION, PreparedInputs, key_domain, prepare_inputs
+from dp_operators.release.plan import NoiseStep, ReleasePlan, calibrate, component_sensitivity, plan_release
+from dp_operators.release.publish import check_plain_json, publish_aggregate
+from dp_operators.release.run import ReleaseResult, draw_noise, run_release
+
+__all__ = [
+    "SATURATION",
+    "NoiseStep",
+    "PreparedInputs",
+    "ReleaseConfigError",
+    "ReleaseInputError",
+    "ReleasePlan",
+    "ReleaseResult",
+    "calibrate",
+    "check_plain_json",
+    "component_sensitivity",
+    "draw_noise",
+    "key_domain",
+    "plan_release",
+    "prepare_inputs",
+    "publish_aggregate",
+    "run_release",
+]

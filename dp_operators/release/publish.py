@@ -1,0 +1,154 @@
+"""The published form of a release: noised values with half-widths, checked to be plain JSON. Post-processing of
+noised values and public parameters only."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any
+
+from dp_operators.accounting import exact_number
+from dp_operators.release.plan import ReleasePlan
+from dp_operators.spec import Aggregate, ReleaseSpec
+
+
+def _number(value: Fraction) -> int | float:
+    return int(value) if value.denominator == 1 else float(value)
+
+
+def publish_aggregate(
+    spec: ReleaseSpec,
+    aggregate: Aggregate,
+    plan: ReleasePlan,
+    noised: dict[tuple[str, str], list[int]],
+    keys: list[tuple],
+) -> dict[str, Any]:
+    """The published form of one aggregate: values with half-widths (post-processing of noised values only)."""
+    alpha = 1 - spec.confidence
+    clamp = spec.postprocess.clamp_nonnegative
+    steps = {component: plan.step(aggregate.name, component) for component in aggregate.components}
+    vectors = [noised[(aggregate.name, component)] for component in aggregate.components]
+    values: list[tuple[int | float, float]] = []
+    if aggregate.kind in ("mean", "variance"):
+        lower, upper = (exact_number(b, name="bounds") for b in aggregate.bounds)  # type: ignore[union-attr]
+        middle, half = float((lower + upper) / 2), float((upper - lower) / 2)
+        # Union bound: each component's interval at alpha/k holds jointly with probability >= 1 - alpha.
+        widths = [steps[c].half_width(alpha / len(steps)) for c in aggregate.components]
+        for units in zip(*vectors):
+            centred = {c: float(u * steps[c].grid) for c, u in zip(aggregate.components, units)}
+            count = units[aggregate.components.index("count")]
+            hw = dict(zip(aggregate.components, widths))
+            if aggregate.kind == "mean":
+                mean, width = _mean_with_half_width(centred["sum"], count, hw["sum"], hw["count"], -half, half)
+                values.append((middle + mean, width))
+            else:
+                values.append(
+                    _variance_with_half_width(
+                        centred["sum"], count, centred["sum_squares"], hw["sum"], hw["count"], hw["sum_squares"], half
+                    )
+                )
+    else:
+        step = steps[aggregate.kind]
+        half_width = step.half_width(alpha)
+        for units in vectors[0]:
+            value = _number(units * step.grid)
+            if clamp and value < 0 and (aggregate.kind == "count" or aggregate.bounds[0] >= 0):  # type: ignore[index]
+                value = 0
+            values.append((value, half_width))
+    rows: list[dict[str, Any]] = []
+    for key, (value, half_width) in zip(keys, values):
+        row = dict(zip(aggregate.group_by, key))
+        row.update(value=value, half_width=half_width)
+        rows.append(row)
+    chosen = list(dict.fromkeys(step.mechanism for step in steps.values()))
+    published: dict[str, Any] = {
+        "kind": aggregate.kind,
+        "mechanism": "+".join(chosen),
+        "budget": {
+            name: float(getattr(aggregate.budget, name))
+            for name in ("epsilon", "rho", "delta")
+            if getattr(aggregate.budget, name) is not None
+        },
+        "group_by": list(aggregate.group_by),
+    }
+    if aggregate.bounds is not None:
+        published["bounds"] = [float(b) for b in aggregate.bounds]
+    if not aggregate.public_keys:
+        selection = plan.step(aggregate.name, "selection")
+        published["partition_selection"] = {
+            "mechanism": selection.mechanism,
+            "threshold": selection.threshold,
+            "epsilon": float(selection.budget.epsilon),
+            "delta": float(selection.budget.delta),
+        }
+    if aggregate.group_by:
+        published["rows"] = rows
+    else:
+        published["value"], published["half_width"] = rows[0]["value"], rows[0]["half_width"]
+    return published
+
+
+def _mean_with_half_width(
+    noised_sum: float, noised_count: int, sum_hw: float, count_hw: float, lower: float, upper: float
+) -> tuple[float, float]:
+    """Released mean ``noised_sum / max(noised_count, 1)`` clamped to the bounds, and the half-width of an interval
+    holding the true mean whenever both components are within their half-widths: the extremes of ``S / N`` over
+    the box ``[S' +- sum_hw] x [N' +- count_hw]`` (``S / N`` is monotone in each for ``N > 0``), clipped to the
+    bounds. Post-processing of released values only."""
+    mean = min(max(noised_sum / max(noised_count, 1), lower), upper)
+    counts = (max(noised_count - count_hw, 1.0), max(noised_count + count_hw, 1.0))
+    sums = (noised_sum - sum_hw, noised_sum + sum_hw)
+    corners = [s / n for s in sums for n in counts]
+    low, high = max(min(corners), lower), min(max(corners), upper)
+    return mean, max(mean - low, high - mean, 0.0)
+
+
+def _variance_with_half_width(
+    centred_sum: float,
+    noised_count: int,
+    centred_squares: float,
+    sum_hw: float,
+    count_hw: float,
+    squares_hw: float,
+    half_range: float,
+) -> tuple[float, float]:
+    """Released (population) variance Q/N - (S/N)^2 of values centred at the middle of the bounds, clamped to
+    [0, half_range^2], and a half-width valid whenever the three components are within their half-widths: the
+    variance's extremes over the box of (S, N, Q), bounded term by term. Post-processing only."""
+    count = max(noised_count, 1)
+    cap = half_range * half_range
+    variance = min(max(centred_squares / count - (centred_sum / count) ** 2, 0.0), cap)
+    counts = (max(noised_count - count_hw, 1.0), max(noised_count + count_hw, 1.0))
+    ratios = [s / n for s in (centred_sum - sum_hw, centred_sum + sum_hw) for n in counts]
+    low_ratio, high_ratio = min(ratios), max(ratios)
+    smallest_square = 0.0 if low_ratio <= 0 <= high_ratio else min(low_ratio**2, high_ratio**2)
+    largest_square = max(low_ratio**2, high_ratio**2)
+    square_means = [q / n for q in (centred_squares - squares_hw, centred_squares + squares_hw) for n in counts]
+    high = min(max(square_means) - smallest_square, cap)
+    low = max(min(square_means) - largest_square, 0.0)
+    return variance, max(variance - low, high - variance, 0.0)
+
+
+def check_plain_json(value: Any, path: str = "release") -> None:
+    """Check ``value`` is built-in JSON: dict with str keys, list, str, bool, None, int, finite float.
+
+    Raises:
+        TypeError: with the path of the first offending element (DESIGN.md 2.9; Airflow would fail later).
+    """
+    if value is None or isinstance(value, (str, bool, int)) and type(value) in (str, bool, int):
+        return
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise TypeError(f"{path}: non-finite float cannot be published")
+        return
+    if type(value) is dict:
+        for k, v in value.items():
+            if type(k) is not str:
+                raise TypeError(f"{path}: key of type {type(k).__name__} is not JSON")
+            check_plain_json(v, f"{path}.{k}")
+        return
+    if type(value) is list:
+        for i, v in enumerate(value):
+            check_plain_json(v, f"{path}[{i}]")
+        return
+    raise TypeError(f"{path}: {type(value).__name__} is not plain JSON")

@@ -1,0 +1,201 @@
+"""The release engine: spec + upstream aggregates + ledger -> noised release. No Airflow import.
+
+Order of one release (DESIGN.md section 2, invariant 1):
+
+1. replay: if the release key already has a committed output, return it (nothing charged, nothing drawn);
+2. plan from public parameters only (spec, account): mechanisms, scales, charge;
+3. validate the *structure* of the upstream aggregates (missing aggregate, wrong shape, wrong type) — errors here
+   spend nothing. Data *values* never raise: NaN/inf follow the spec's ``non_finite`` policy, negative counts
+   are clamped to 0, keys outside the public domain are dropped (counted in a warning, never published);
+4. reserve the charge in the ledger (atomic check-and-charge);
+5. draw noise from the exact samplers (OS CSPRNG);
+6. check the output is plain, finite JSON and commit it to the ledger under the release key;
+7. return it for publication.
+
+Neighbouring relation: add or remove one privacy unit, which contributes to at most ``max_partitions_contributed``
+partitions of each aggregate, at most ``max_contributions_per_partition`` times each, every value clipped to the
+declared ``bounds`` upstream.
+
+Mechanisms, calibration, grids and special values are documented for users in ``docs/mechanisms.md``; the
+decisions behind them in ``docs/adr/0010`` to ``0014``.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dp_operators import __version__
+from dp_operators.ledger import Ledger, ReleaseKey
+from dp_operators.release.errors import ReleaseConfigError
+from dp_operators.release.inputs import PreparedInputs, prepare_inputs
+from dp_operators.release.plan import ReleasePlan, plan_release
+from dp_operators.release.publish import check_plain_json, publish_aggregate
+from dp_operators.spec import ReleaseSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    """What :func:`run_release` returns: the published release (plain JSON) and whether it was a replay."""
+
+    output: dict[str, Any]
+    replayed: bool
+
+
+def _warn_if_spec_changed(stored: Mapping[str, Any], spec_hash: str, key: ReleaseKey) -> None:
+    """A replay returns what was released under ``key``, whatever the spec says now; say so if the spec changed."""
+    if stored.get("spec_hash") != spec_hash:
+        log.warning(
+            "release %s was already committed with another version of the spec (sha256 %s); replaying the stored "
+            "release unchanged. To release under the new spec, give it a new release name.",
+            key, stored.get("spec_hash"),
+        )
+
+
+def draw_noise(
+    plan: ReleasePlan, prepared: PreparedInputs, drawn: list[str]
+) -> tuple[dict[tuple[str, str], list[int]], dict]:
+    """Noised integer vectors per (aggregate, component), and the selected key lists under partition selection.
+    ``drawn`` records every draw *before* it starts, so a caller knows whether any noise may exist.
+
+    A key is selected iff its noised unit count is >= the threshold: the same comparison the threshold's delta
+    was computed with (:func:`~dp_operators.mechanisms.calibration.discrete_laplace_threshold`).
+    """
+    noised: dict[tuple[str, str], list[int]] = {}
+    selected: dict[str, list[int]] = {}
+    for aggregate in plan.spec.aggregates:
+        positions = list(range(len(prepared.keys[aggregate.name])))
+        if not aggregate.public_keys:
+            step = plan.step(aggregate.name, "selection")
+            counts = prepared.values[(aggregate.name, "selection")]
+            drawn.append(step.component)
+            noise = step.draw(len(counts))
+            positions = [i for i, (c, n) in enumerate(zip(counts, noise)) if c + n >= step.threshold]
+            selected[aggregate.name] = positions
+        for component in aggregate.components:
+            step = plan.step(aggregate.name, component)
+            values = prepared.values[(aggregate.name, component)]
+            drawn.append(step.component)
+            noise = step.draw(len(positions))
+            noised[(aggregate.name, component)] = [values[i] + n for i, n in zip(positions, noise)]
+    return noised, selected
+
+
+def run_release(
+    spec: ReleaseSpec,
+    aggregates: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+    ledger: Ledger,
+    key: ReleaseKey,
+    *,
+    spec_hash: str,
+    try_number: int | None = None,
+    audit: Mapping[str, Any] | None = None,
+) -> ReleaseResult:
+    """Run one release end to end (see the module docstring for the order of steps).
+
+    Args:
+        spec: the validated release spec.
+        aggregates: true aggregates from upstream, shaped as :func:`prepare_inputs` documents, or a function
+            returning them, called only when the release is not a replay (a retry then needs no upstream value).
+        ledger: the budget ledger.
+        key: the release key; ``key.release_name`` must equal ``spec.release``.
+        spec_hash: SHA-256 of the spec's text, recorded with the charge.
+        try_number: the Airflow try, recorded for the audit trail only (never part of the key).
+        audit: who/where context for the ledger's audit events (``run_type``, ``triggering_user``, ...; see
+            :meth:`dp_operators.ledger.Ledger.reserve`). Never data values.
+
+    Returns:
+        :class:`ReleaseResult`. On a replay the stored output is returned unchanged and nothing is charged.
+
+    Raises:
+        ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError: before anything is reserved.
+        AccountNotFoundError, DagNotAllowedError, BudgetExhaustedError: refusals from the ledger; nothing reserved.
+        ChargeStateError: another attempt took over this release key; the charge stays spent.
+    """
+    if key.release_name != spec.release:
+        raise ReleaseConfigError(f"release key names {key.release_name!r} but the spec releases {spec.release!r}")
+    stored = ledger.stored_output(key)
+    if stored is not None:
+        _warn_if_spec_changed(stored, spec_hash, key)
+        return ReleaseResult(output=stored, replayed=True)
+
+    plan = plan_release(spec)
+    account = ledger.account(spec.budget_account)
+    if account.privacy_unit != spec.privacy_unit:
+        raise ReleaseConfigError(
+            f"the spec protects privacy unit {spec.privacy_unit!r} but budget account {account.name!r} is for "
+            f"{account.privacy_unit!r}; a budget only composes over one privacy unit"
+        )
+    charge = plan.charge(account.accountant)
+    delta_spent = plan.delta(account.accountant)
+    if callable(aggregates):
+        aggregates = aggregates()
+    prepared = prepare_inputs(spec, aggregates)
+    unused = sorted(str(name) for name in aggregates if name not in {a.name for a in spec.aggregates})
+    if unused:
+        log.warning("upstream provided aggregate(s) %s that the spec does not release; they were ignored", unused)
+    for name, count in prepared.dropped_keys.items():
+        log.warning("aggregate %r: %d upstream row(s) outside the public key domain were dropped", name, count)
+    for name, count in prepared.special_values.items():
+        log.warning("aggregate %r: %d non-finite value(s) handled per the spec's non_finite policy", name, count)
+
+    mechanisms = [step.describe() for step in plan.steps]
+    reservation = ledger.reserve(
+        key,
+        account=account.name,
+        amount=charge,
+        delta=delta_spent,
+        mechanisms=mechanisms,
+        spec_hash=spec_hash,
+        try_number=try_number,
+        audit=audit,
+    )
+    if isinstance(reservation, dict):
+        _warn_if_spec_changed(reservation, spec_hash, key)
+        return ReleaseResult(output=reservation, replayed=True)
+
+    # From here on a failure keeps the charge spent unless no sampler was entered (DESIGN.md 2.1, ADR 1).
+    drawn: list[str] = []
+    try:
+        noised, selected = draw_noise(plan, prepared, drawn)
+    except BaseException:
+        if not drawn:
+            ledger.release(reservation)
+        raise
+    for name, positions in selected.items():
+        prepared.keys[name] = [prepared.keys[name][i] for i in positions]
+    keys = prepared.keys
+    del prepared
+
+    output = {
+        "release": spec.release,
+        "release_key": key.as_dict(),
+        "budget_account": account.name,
+        "accountant": account.accountant,
+        "privacy_unit": spec.privacy_unit,
+        "charge": {
+            account.unit: float(charge),
+            f"{account.unit}_exact": str(charge),
+            "epsilon_at_delta": account.as_epsilon(charge),
+            "delta": None if account.delta is None else float(account.delta),
+        },
+        "confidence": spec.confidence,
+        "aggregates": {
+            aggregate.name: publish_aggregate(spec, aggregate, plan, noised, keys[aggregate.name])
+            for aggregate in spec.aggregates
+        },
+        "mechanisms": mechanisms,
+        "spec_hash": spec_hash,
+        "package_version": __version__,
+        "released_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if delta_spent:
+        output["charge"]["delta_spent"] = float(delta_spent)
+        output["charge"]["delta_spent_exact"] = str(delta_spent)
+    check_plain_json(output)
+    ledger.commit(reservation, output)
+    return ReleaseResult(output=output, replayed=False)
