@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
+from numbers import Integral, Real
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,6 +27,7 @@ from pydantic import ValidationError
 from dp_operators.accounting import exact_number
 from dp_operators.ledger import Ledger, ReleaseKey
 from dp_operators.release import (
+    check_aggregates,
     draw_noise,
     plan_release,
     prepare_inputs,
@@ -36,6 +39,7 @@ from dp_operators.spec import ReleaseSpec
 __all__ = [
     "NoisyValue",
     "NoisyVector",
+    "check_aggregates",
     "gaussian_mechanism",
     "laplace_mechanism",
     "plan_release",
@@ -86,6 +90,16 @@ def _default_grid(sensitivity: Fraction, grid: object) -> Fraction:
 
 def _budget(epsilon: object, delta: object, rho: object) -> dict[str, object]:
     return {name: value for name, value in (("epsilon", epsilon), ("delta", delta), ("rho", rho)) if value is not None}
+
+
+def _exact_value(value: object) -> object:
+    """A float argument as the exact Decimal of its binary value (NaN and infinities kept): the caller declares
+    the sensitivity of the value it passes, so the float is the query's answer, not a float sum of clipped rows
+    whose rounding the engine would have to bound (``upstream.arithmetic``). Other types pass unchanged."""
+    numpy_float = type(value).__module__ == "numpy" and isinstance(value, Real) and not isinstance(value, Integral)
+    if isinstance(value, float) or numpy_float:
+        return Decimal(float(value))  # float32/float16 widen to float64 exactly
+    return value
 
 
 def _checked_sensitivity(sensitivity: object) -> Fraction:
@@ -186,7 +200,8 @@ def _release(
         max_partitions_contributed=max_partitions_contributed or size or 1,
         confidence=confidence,
     )
-    upstream = {_NAME: [{"index": i, "sum": v} for i, v in enumerate(values)] if vector else values}
+    exact = [_exact_value(v) for v in values] if vector else _exact_value(values)
+    upstream = {_NAME: [{"index": i, "sum": v} for i, v in enumerate(exact)] if vector else exact}
     if ledger is not None:
         result = run_release(spec, upstream, ledger, key, spec_hash=_call_hash(spec))  # type: ignore[arg-type]
         output = result.output

@@ -360,25 +360,50 @@ def spec_validate(spec: Annotated[Path, typer.Argument(help="A release spec YAML
     console.print(f"{spec}: valid (release {loaded.release!r}, {len(loaded.aggregates)} aggregate(s))", highlight=False)
 
 
+class Accountant(str, Enum):
+    """The accountants of budget accounts (``spec plan --accountant``)."""
+
+    pure_dp = "pure_dp"
+    approx_dp = "approx_dp"
+    zcdp = "zcdp"
+    gaussian_dp = "gaussian_dp"
+
+
 @spec_app.command("plan")
 def spec_plan(
     spec: Annotated[Path, typer.Argument(help="A release spec YAML file.")],
     url: UrlOption = None,
     conn_id: ConnOption = None,
+    accountant: Annotated[
+        Optional[Accountant],
+        typer.Option(help="Plan for an account with this accountant (default: the account's, from a ledger or "
+                     "--ledger-config; else the written budgets)."),
+    ] = None,
+    ledger_config: Annotated[
+        Optional[Path],
+        typer.Option("--ledger-config", help="Read the spec's budget account from this ledger configuration "
+                     "(config/ledgers.yaml) instead of a ledger database."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Show what a spec will do, before any data is read or budget spent: per noised step the mechanism, scale,
     charge (in the account's unit and as epsilon) and the half-width of each value's interval; with a ledger
-    (--url, --conn-id or DP_LEDGER_URL) also how many more runs the budget account can fund."""
-    from dp_operators.accounting import IncompatibleAccountantError
-    from dp_operators.release import plan_release
+    (--url, --conn-id or DP_LEDGER_URL) also how many more runs the budget account can fund.
+
+    `mechanism: auto` chooses by the cost on the account the release is charged to, so the plan needs its
+    accountant: the ledger's account, else the account in --ledger-config, else --accountant. Without any of
+    them, auto compares mechanisms at the written budgets (which on a zcdp account can cost more than needed).
+    """
+    from dp_operators.accounting import IncompatibleAccountantError, epsilon_at_delta, unit_of
+    from dp_operators.release import ReleaseConfigError, plan_release
 
     try:
         loaded = load_spec(spec)
     except SpecError as error:
         _fail(str(error))
-    plan = plan_release(loaded)
     account = None
+    chosen = accountant.value if accountant is not None else None
+    delta = None
     if url or conn_id or os.environ.get("DP_LEDGER_URL"):
         with _ledger_errors():
             account = _ledger(url, conn_id).account(loaded.budget_account)
@@ -389,58 +414,93 @@ def spec_plan(
                 "composes over one privacy unit. Point budget_account at an account for "
                 f"{loaded.privacy_unit!r}, or fix the spec's privacy_unit"
             )
-    alpha = 1 - loaded.confidence
+        source, found, delta = "the ledger's account", account.accountant, account.delta
+    elif ledger_config is not None:
+        try:
+            config = load_ledger_config(ledger_config)
+        except LedgerConfigError as error:
+            _fail(str(error))
+        if loaded.budget_account not in config.accounts:
+            _fail(
+                f"{ledger_config} has no account {loaded.budget_account!r} (the spec's budget_account); it defines "
+                f"{sorted(config.accounts)}"
+            )
+        configured = config.accounts[loaded.budget_account]
+        source = f"account {loaded.budget_account!r} in {ledger_config}"
+        found, delta = configured.accountant, configured.delta
+    else:
+        source, found = None, None
+    if found is not None:
+        if chosen is not None and chosen != found:
+            _fail(f"--accountant {chosen} disagrees with {source}, whose accountant is {found}; drop --accountant")
+        chosen = found
     try:
-        rows = [_plan_row(step, account, alpha) for step in plan.steps]
-        total = plan.charge(account.accountant) if account else None
+        plan = plan_release(loaded, accountant=chosen)
+    except ReleaseConfigError as error:
+        _fail(f"{spec}: {error}")
+    alpha = 1 - loaded.confidence
+
+    def as_epsilon(amount):
+        return account.as_epsilon(amount) if account is not None else epsilon_at_delta(amount, chosen, delta)
+
+    try:
+        rows = [_plan_row(step, chosen, as_epsilon, alpha) for step in plan.steps]
+        total = plan.charge() if chosen else None
     except IncompatibleAccountantError as error:
-        _fail(f"budget account {account.name!r} ({account.accountant}): {error}")
-    summary: dict = {"release": loaded.release, "budget_account": loaded.budget_account, "steps": rows}
-    if account is not None:
+        _fail(f"budget account {loaded.budget_account!r} ({chosen}): {error}")
+    summary: dict = {
+        "release": loaded.release, "budget_account": loaded.budget_account, "accountant": chosen, "steps": rows,
+    }
+    if chosen is not None:
         summary.update(
-            accountant=account.accountant,
-            unit=account.unit,
+            unit=unit_of(chosen),
             charge_per_run=str(total),
-            charge_per_run_as_epsilon=account.as_epsilon(total),
-            delta=None if account.delta is None else float(account.delta),
-            remaining=str(account.remaining),
-            runs_remaining=int(account.remaining // total),
+            charge_per_run_as_epsilon=as_epsilon(total),
+            delta=None if delta is None else float(delta),
         )
+    if account is not None:
+        summary.update(remaining=str(account.remaining), runs_remaining=int(account.remaining // total))
     if as_json:
         console.print_json(json.dumps(summary))
         return
     level = f"{loaded.confidence:.0%}"
     table = Table(title=f"Plan of release {loaded.release!r} (no data read, nothing spent)", title_justify="left")
-    columns = ["aggregate", "component", "mechanism", "scale", "sensitivity (L1 / L2)", "calibrated to"]
-    columns += [f"charge ({account.unit})", "charge as epsilon"] if account else []
+    columns = ["aggregate", "component", "mechanism", "scale", "sensitivity (L1 / L2)", "L0", "calibrated to"]
+    columns += [f"charge ({unit_of(chosen)})", "charge as epsilon"] if chosen else []
     columns += [f"± ({level})", "partitions"]
     for column in columns:
         table.add_column(column)
     for row in rows:
         cells = [
             row["aggregate"], row["component"], row["mechanism"], row["scale"],
-            f"{row['l1_sensitivity']:.6g} / {row['l2_sensitivity']:.6g}", row["calibrated_to"],
+            f"{row['l1_sensitivity']:.6g} / {row['l2_sensitivity']:.6g}", row["l0"], row["calibrated_to"],
         ]
-        if account:
+        if chosen:
             eps = row["charge_as_epsilon"]
             cells += [_decimal(row["charge"]), "-" if eps is None else f"{eps:.4g}"]
         cells += [f"{row['half_width']:.4g}", str(row["partitions"] if row["partitions"] is not None else "selected")]
         table.add_row(*cells)
     console.print(table)
-    if account is None:
-        console.print("no ledger given (--url, --conn-id or DP_LEDGER_URL): charges and runs left not shown")
+    if chosen is None:
+        console.print(
+            "no accountant given (a ledger, --ledger-config or --accountant): charges not shown, and mechanism auto "
+            "compared mechanisms at the written budgets"
+        )
         return
+    unit = unit_of(chosen)
     as_eps = summary["charge_per_run_as_epsilon"]
-    console.print(
-        f"charge per run: {account.unit} {_decimal(str(total))}"
-        + ("" if as_eps is None else f" (epsilon {as_eps:.4g}" + (f" at delta {float(account.delta):g})" if account.delta else ")"))
-        + f"; account {account.name!r} has {account.unit} {_decimal(str(account.remaining))} left: "
-        f"{summary['runs_remaining']} more run(s)",
-        highlight=False,
-    )
+    line = f"charge per run ({chosen}): {unit} {_decimal(str(total))}"
+    if as_eps is not None and unit != "epsilon":
+        line += f" (epsilon {as_eps:.4g}" + (f" at delta {float(delta):g})" if delta else ")")
+    if account is not None:
+        line += (
+            f"; account {account.name!r} has {unit} {_decimal(str(account.remaining))} left: "
+            f"{summary['runs_remaining']} more run(s)"
+        )
+    console.print(line, highlight=False)
 
 
-def _plan_row(step, account, alpha: float) -> dict:
+def _plan_row(step, accountant: str | None, as_epsilon, alpha: float) -> dict:
     """One noised step of a plan as plain JSON (public parameters only)."""
     described = step.describe()
     scale = (
@@ -449,6 +509,9 @@ def _plan_row(step, account, alpha: float) -> dict:
     if step.threshold is not None:
         scale += f", threshold {step.threshold}"
     budget = ", ".join(f"{name} {value:g}" for name, value in described["calibrated_to"].items())
+    l0 = str(step.l0)
+    if "max_partitions_contributed_declared" in described:
+        l0 += f" (declared {described['max_partitions_contributed_declared']}, capped by the partitions)"
     row = {
         "aggregate": step.aggregate,
         "component": step.component,
@@ -456,16 +519,17 @@ def _plan_row(step, account, alpha: float) -> dict:
         "scale": scale,
         "l1_sensitivity": described["l1_sensitivity"],
         "l2_sensitivity": described["l2_sensitivity"],
+        "l0": l0,
         "calibrated_to": budget,
         "half_width": step.half_width(alpha),
         "partitions": step.partitions,
         "noise": described,
     }
-    if account is not None:
+    if accountant is not None:
         from dp_operators.accounting import charge_in_account_unit
 
-        charge = charge_in_account_unit(step.privacy_loss(account.accountant), account.accountant)
-        row.update(charge=str(charge), charge_as_epsilon=account.as_epsilon(charge))
+        charge = charge_in_account_unit(step.privacy_loss(accountant), accountant)
+        row.update(charge=str(charge), charge_as_epsilon=as_epsilon(charge))
     return row
 
 
@@ -528,8 +592,17 @@ def _print_release(release: dict, path: Path) -> None:
         for row in rows:
             value = row["value"]
             shown = f"{value:.3f}" if isinstance(value, float) else str(value)
-            table.add_row(*[str(row[c]) for c in aggregate["group_by"]], shown, f"{row['half_width']:.3g}")
+            table.add_row(*[str(row[c]) for c in aggregate["group_by"]], shown, _shown_half_width(row))
         console.print(table)
+
+
+def _shown_half_width(row: dict) -> str:
+    """A row's half-width, or the interval of a saturated value (an unbounded side shown as ...)."""
+    if row.get("saturated") and row["half_width"] is None:
+        lower, upper = row["interval"]
+        ends = ["..." if end is None else f"{end:.6g}" for end in (lower, upper)]
+        return f"saturated: [{ends[0]}, {ends[1]}]"
+    return f"{row['half_width']:.3g}" + (" (saturated)" if row.get("saturated") else "")
 
 
 def _decimal(text: str) -> str:

@@ -15,6 +15,15 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 EXAMPLE_SPEC = REPO / "config" / "releases" / "adult_census.yaml"
 
 
+def example_charge() -> Fraction:
+    """The rho the example spec is charged on a zCDP account: the Gaussian's 9/200, plus the Laplace counts at
+    epsilon 0.3 and the mean's two Laplace halves at epsilon 0.1 each, converted by epsilon * tanh(epsilon / 2)
+    (docs/adr/0015). ``test_example_charge_is_the_composed_rho`` checks it against mpmath."""
+    from dp_operators.accounting import pure_epsilon_to_rho
+
+    return Fraction(9, 200) + pure_epsilon_to_rho(Fraction(3, 10)) + 2 * pure_epsilon_to_rho(Fraction(1, 10))
+
+
 def make_ledger(path: Path, *, cap="1/2", accountant="zcdp", dags=("adult_census_release",), account="census_adult"):
     """A fresh SQLite ledger at ``path`` with one account."""
     ledger = Ledger(f"sqlite:///{path}")
@@ -26,7 +35,7 @@ def make_ledger(path: Path, *, cap="1/2", accountant="zcdp", dags=("adult_census
                 account: AccountConfig(
                     accountant=accountant,
                     cap=Fraction(cap),
-                    delta=Fraction(1, 10**6) if accountant == "zcdp" else None,
+                    delta=Fraction(1, 10**6) if accountant in ("zcdp", "approx_dp") else None,
                     privacy_unit="person",
                     allowed_dags=list(dags),
                 )

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from fractions import Fraction
+
+import pytest
 
 from typer.testing import CliRunner
 
@@ -40,7 +43,10 @@ def test_plan_with_a_ledger_reports_charges_and_runs_left_without_spending(tmp_p
     result = runner.invoke(app, ["spec", "plan", str(EXAMPLE_SPEC), "--url", url, "--json"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)
-    assert plan["charge_per_run"] == "1/10" and plan["runs_remaining"] == 5
+    # rho 0.045 (Gaussian) + Laplace epsilons 0.3, 0.1, 0.1 charged eps * tanh(eps / 2) (docs/adr/0015)
+    expected = 0.045 + sum(eps * math.tanh(eps / 2) for eps in (0.3, 0.1, 0.1))
+    assert float(Fraction(plan["charge_per_run"])) == pytest.approx(expected, rel=1e-9)
+    assert plan["runs_remaining"] == 5  # floor(0.5 / 0.0997)
     assert plan["charge_per_run_as_epsilon"] > 0
     assert all("charge_as_epsilon" in step for step in plan["steps"])
     table = runner.invoke(app, ["spec", "plan", str(EXAMPLE_SPEC), "--url", url])
@@ -95,3 +101,83 @@ def test_piped_tables_use_columns_and_default_wider_than_120(tmp_path):
     assert max(len(line) for line in wide.stdout.splitlines()) > 160
     default = subprocess.run([dpctl, "spec", "plan", str(spec)], env=env, capture_output=True, text=True, check=True)
     assert max(len(line) for line in default.stdout.splitlines()) == 160
+
+
+def _auto_spec(tmp_path, budget: str = "{epsilon: 1, delta: 1e-6}", extra: str = "") -> str:
+    path = tmp_path / "auto.yaml"
+    path.write_text(f"""
+version: 1
+release: auto_choice
+budget_account: census_adult
+privacy_unit: person
+aggregates:
+  - name: visits
+    kind: count
+    mechanism: auto
+    budget: {budget}
+{extra}""")
+    return str(path)
+
+
+def test_plan_chooses_auto_by_the_accountant_given_and_says_when_none_is(tmp_path, monkeypatch):
+    """(epsilon 1, delta 1e-6) on one count: on a zCDP account the Gaussian costs rho ~0.028 where the Laplace
+    costs ~0.46, so auto picks it; without an accountant auto compares at the written budget (the Laplace)."""
+    monkeypatch.delenv("DP_LEDGER_URL", raising=False)
+    spec = _auto_spec(tmp_path)
+    planned = json.loads(runner.invoke(app, ["spec", "plan", spec, "--accountant", "zcdp", "--json"]).output)
+    assert planned["accountant"] == "zcdp" and planned["steps"][0]["mechanism"] == "discrete_gaussian"
+    assert Fraction(planned["charge_per_run"]) < Fraction(3, 100) and "runs_remaining" not in planned
+    unplanned = runner.invoke(app, ["spec", "plan", spec])
+    assert unplanned.exit_code == 0 and "discrete_laplace" in unplanned.output
+    assert "no accountant given" in unplanned.output and "written budgets" in unplanned.output
+
+
+def test_plan_reads_the_accountant_from_the_ledger_configuration_or_the_ledger(tmp_path, monkeypatch):
+    from support import REPO
+
+    monkeypatch.delenv("DP_LEDGER_URL", raising=False)
+    spec = _auto_spec(tmp_path)
+    config = str(REPO / "config" / "ledgers.yaml")  # census_adult: zcdp, delta 1e-6
+    result = runner.invoke(app, ["spec", "plan", spec, "--ledger-config", config, "--json"])
+    assert result.exit_code == 0, result.output
+    planned = json.loads(result.output)
+    assert planned["accountant"] == "zcdp" and planned["steps"][0]["mechanism"] == "discrete_gaussian"
+    assert planned["delta"] == 1e-6 and planned["charge_per_run_as_epsilon"] is not None
+    clash = runner.invoke(app, ["spec", "plan", spec, "--ledger-config", config, "--accountant", "approx_dp"])
+    assert clash.exit_code == 1 and "--accountant approx_dp disagrees" in clash.output
+    make_ledger(tmp_path / "z.db", cap="1")
+    table = runner.invoke(app, ["spec", "plan", spec, "--url", f"sqlite:///{tmp_path / 'z.db'}"])
+    assert table.exit_code == 0 and "charge per run (zcdp): rho 0.0279" in table.output
+    assert "35 more run(s)" in table.output  # floor(1 / 0.0279)
+
+
+def test_plan_refuses_a_float_spec_that_cannot_be_released_as_planned(tmp_path, monkeypatch):
+    monkeypatch.delenv("DP_LEDGER_URL", raising=False)
+    spec = tmp_path / "float.yaml"
+    spec.write_text("""
+version: 1
+release: float_sum
+budget_account: census_adult
+privacy_unit: person
+aggregates:
+  - name: revenue
+    kind: sum
+    bounds: [0, 1]
+    mechanism: discrete_laplace
+    budget: {epsilon: 1}
+    upstream: {arithmetic: binary64, max_rows: 1000000000000000}
+""")
+    result = runner.invoke(app, ["spec", "plan", str(spec)])
+    assert result.exit_code == 1
+    assert str(spec) in result.output and "aggregate 'revenue' (sum)" in result.output
+    assert "Lower upstream.max_rows" in result.output
+
+
+def test_plan_shows_l0_capped_by_the_partitions(tmp_path, monkeypatch):
+    monkeypatch.delenv("DP_LEDGER_URL", raising=False)
+    spec = _auto_spec(tmp_path, "{epsilon: 1}", "    group_by: [k]\n    keys: {k: [a, b]}\n"
+                                               "    contribution: {max_partitions_contributed: 5}\n")
+    planned = json.loads(runner.invoke(app, ["spec", "plan", spec, "--json"]).output)
+    step = planned["steps"][0]
+    assert step["noise"]["max_partitions_contributed"] == 2 and step["scale"] == "b = 2"
+    assert step["l0"].startswith("2 (declared 5")

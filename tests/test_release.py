@@ -15,6 +15,7 @@ from dp_operators.accounting import IncompatibleAccountantError
 from dp_operators.ledger import BudgetExhaustedError, ReleaseKey
 from dp_operators.release import (
     NoiseStep,
+    ReleaseAbortedError,
     ReleaseConfigError,
     ReleaseInputError,
     check_plain_json,
@@ -23,7 +24,7 @@ from dp_operators.release import (
 )
 from dp_operators.spec import parse_spec
 
-from support import EXAMPLE_SPEC, make_ledger
+from support import EXAMPLE_SPEC, example_charge, make_ledger
 
 DAG = "adult_census_release"
 
@@ -54,10 +55,25 @@ def test_release_publishes_every_public_key_and_charges_the_plan(example_spec, a
     assert all(c["half_width"] > 0 for c in cells)
     charges = committed(ledger)
     assert len(charges) == 1
-    assert Fraction(charges[0]["amount"]) == plan_release(example_spec).charge("zcdp") == Fraction(1, 10)
-    assert output["charge"]["rho_exact"] == "1/10"
+    assert Fraction(charges[0]["amount"]) == plan_release(example_spec, accountant="zcdp").charge("zcdp")
+    assert Fraction(charges[0]["amount"]) == example_charge()
+    assert output["charge"]["rho_exact"] == str(example_charge())
     json.dumps(output, allow_nan=False)
     check_plain_json(output)
+
+
+def test_example_charge_is_the_composed_rho():
+    """Reference: rho = 0.045 + 0.3 tanh(0.15) + 2 * 0.1 tanh(0.05) at 50 digits; the ledger's value is rounded up to
+    12 significant digits, so it lies above the exact value by less than 1e-12 per converted epsilon."""
+    import mpmath
+
+    mpmath.mp.dps = 50
+    exact = mpmath.mpf("0.045") + mpmath.mpf("0.3") * mpmath.tanh(mpmath.mpf("0.15")) + 2 * mpmath.mpf(
+        "0.1"
+    ) * mpmath.tanh(mpmath.mpf("0.05"))
+    charged = mpmath.mpf(example_charge().numerator) / example_charge().denominator
+    assert exact <= charged < exact + mpmath.mpf("1e-11")
+    assert example_charge() < Fraction(1, 10)  # below the old epsilon^2 / 2 conversion
 
 
 def test_missing_key_is_a_noised_zero_and_unknown_key_is_dropped(example_spec, adult_aggregates, ledger, caplog):
@@ -65,14 +81,19 @@ def test_missing_key_is_a_noised_zero_and_unknown_key_is_dropped(example_spec, a
     rows = [r for r in aggregates["people_by_education_sex"] if r["education"] != "Preschool"]
     rows.append({"education": "Kindergarten", "sex": "Female", "count": 777_777})
     aggregates["people_by_education_sex"] = rows
-    with caplog.at_level(logging.WARNING):
-        output = release(example_spec, aggregates, ledger).output
+    reports = []
+    with caplog.at_level(logging.DEBUG):
+        output = run_release(example_spec, aggregates, ledger, key(), spec_hash="0" * 64,
+                             diagnostics=reports.append).output
     cells = output["aggregates"]["people_by_education_sex"]["rows"]
     preschool = [c for c in cells if c["education"] == "Preschool"]
     assert len(preschool) == 2 and all(abs(c["value"]) <= 40 for c in preschool)
     assert "Kindergarten" not in json.dumps(output)
-    assert "1 upstream row(s) outside the public key domain were dropped" in caplog.text
-    assert "777777" not in caplog.text and "Kindergarten" not in caplog.text
+    # the dropped row is counted in the opt-in report only: no log record at all, at any level (issue 8, item 1)
+    assert caplog.records == []
+    (report,) = reports
+    seen = report.aggregates["people_by_education_sex"]
+    assert seen.rows_outside_domain == 1 and seen.outside_domain_examples == [["Kindergarten", "Female"]]
 
 
 def test_retry_of_the_same_key_replays_without_charging(example_spec, adult_aggregates, ledger):
@@ -81,16 +102,16 @@ def test_retry_of_the_same_key_replays_without_charging(example_spec, adult_aggr
     assert not first.replayed and second.replayed
     assert json.dumps(first.output, sort_keys=True) == json.dumps(second.output, sort_keys=True)
     assert len(ledger.charges()) == 1
-    assert ledger.account("census_adult").spent == Fraction(1, 10)
+    assert ledger.account("census_adult").spent == example_charge()
 
 
 def test_exhaustion_refuses_the_third_run_before_anything_is_reserved(example_spec, adult_aggregates, tmp_path):
-    ledger = make_ledger(tmp_path / "two-runs.db", cap="0.2")
+    ledger = make_ledger(tmp_path / "two-runs.db", cap=str(2 * example_charge()))
     release(example_spec, adult_aggregates, ledger, run="a")
     release(example_spec, adult_aggregates, ledger, run="b")
     with pytest.raises(BudgetExhaustedError) as refused:
         release(example_spec, adult_aggregates, ledger, run="c")
-    assert "requested rho 0.1, remaining 0, short by 0.1" in str(refused.value)
+    assert "remaining 0, short by" in str(refused.value)
     assert len(ledger.charges()) == 2 and len(committed(ledger)) == 2
 
 
@@ -106,9 +127,9 @@ def test_exhaustion_refuses_the_third_run_before_anything_is_reserved(example_sp
         pytest.param(lambda a: a["people_by_age_band"].append({"count": 3}), "missing field(s) ['age_band']",
                      id="row without key column"),
         pytest.param(lambda a: a["people_by_age_band"].append({"age_band": "75+", "count": "12"}),
-                     "expected a number, got str", id="count is a string"),
+                     "a row's field 'count' holds a str, not a number", id="count is a string"),
         pytest.param(lambda a: a["people_by_age_band"].append({"age_band": "75+", "count": [3]}),
-                     "expected a number, got list", id="count is a list"),
+                     "a row's field 'count' holds a list, not a number", id="count is a list"),
     ],
 )
 def test_malformed_upstream_is_refused_before_any_budget_is_spent(
@@ -119,22 +140,30 @@ def test_malformed_upstream_is_refused_before_any_budget_is_spent(
     with pytest.raises(ReleaseInputError) as refused:
         release(example_spec, aggregates, ledger)
     assert message in str(refused.value)
+    assert "row 7" not in str(refused.value)  # a row index counts the rows before it: data-derived
     assert ledger.charges() == []
     assert ledger.account("census_adult").spent == 0
 
 
 def test_non_finite_and_huge_values_never_raise(example_spec, adult_aggregates, ledger, caplog):
+    from decimal import Decimal
+
     aggregates = json.loads(json.dumps(adult_aggregates))
     aggregates["people_by_age_band"][0]["count"] = float("nan")
     aggregates["people_by_age_band"][1]["count"] = float("inf")
     aggregates["people_by_age_band"][2]["count"] = 2**31 + 5
-    aggregates["mean_hours_per_week"]["sum"] = float("-inf")
-    with caplog.at_level(logging.WARNING):
-        output = release(example_spec, aggregates, ledger).output
+    aggregates["mean_hours_per_week"]["sum"] = Decimal("-Infinity")  # an exact type: a float sum is refused
+    reports = []
+    with caplog.at_level(logging.DEBUG):
+        output = run_release(example_spec, aggregates, ledger, key(), spec_hash="0" * 64,
+                             diagnostics=reports.append).output
     check_plain_json(output)
     rows = {r["age_band"]: r["value"] for r in output["aggregates"]["people_by_age_band"]["rows"]}
     assert rows[aggregates["people_by_age_band"][2]["age_band"]] > 2**31 - 1000  # saturates nothing, wraps nothing
-    assert "non-finite value(s) handled" in caplog.text
+    assert caplog.records == []  # counted in the report only
+    (report,) = reports
+    assert report.aggregates["people_by_age_band"].special_values == {"count": {"nan": 1, "infinity": 1}}
+    assert report.aggregates["mean_hours_per_week"].special_values == {"sum": {"infinity": 1}}
 
 
 def test_privacy_unit_and_accountant_mismatches_are_refused_before_reserving(example_spec, adult_aggregates, tmp_path):
@@ -148,14 +177,15 @@ def test_privacy_unit_and_accountant_mismatches_are_refused_before_reserving(exa
 
 
 def test_budget_comes_back_only_when_no_sampler_was_entered(example_spec, adult_aggregates, ledger, monkeypatch):
-    import dp_operators.release as engine
+    import dp_operators.release.run as engine
 
     def fails_before_drawing(plan, prepared, drawn):
         raise MemoryError("could not allocate the noise vectors")
 
-    monkeypatch.setattr(engine, "_draw_noise", fails_before_drawing)
-    with pytest.raises(MemoryError):
+    monkeypatch.setattr(engine, "draw_noise", fails_before_drawing)
+    with pytest.raises(ReleaseAbortedError, match=r"\(MemoryError\); no noise had been drawn") as aborted:
         release(example_spec, adult_aggregates, ledger)
+    assert aborted.value.budget_returned and isinstance(aborted.value.__cause__, MemoryError)
     (charge,) = ledger.charges()
     assert charge["state"] == "released"
     assert ledger.account("census_adult").spent == 0
@@ -166,16 +196,17 @@ def test_a_failure_inside_a_sampler_keeps_the_budget_spent(example_spec, adult_a
         raise MemoryError("sampler failed part-way")
 
     monkeypatch.setattr(NoiseStep, "draw", broken)
-    with pytest.raises(MemoryError):
+    with pytest.raises(ReleaseAbortedError, match="noise may have been drawn, so the charge stays spent") as aborted:
         release(example_spec, adult_aggregates, ledger)
+    assert not aborted.value.budget_returned and isinstance(aborted.value.__cause__, MemoryError)
     (charge,) = ledger.charges()
     assert charge["state"] == "reserved"  # fate unknown: counted as spent, abandoned by the next attempt
-    assert ledger.account("census_adult").spent == Fraction(1, 10)
+    assert ledger.account("census_adult").spent == Fraction(charge["amount"]) > 0
     monkeypatch.undo()
-    output = release(example_spec, adult_aggregates, ledger)  # the retry charges again, never for free
+    output = release(example_spec, adult_aggregates, ledger)  # a rerun charges again, never for free
     assert not output.replayed
     assert [c["state"] for c in ledger.charges()] == ["abandoned", "committed"]
-    assert ledger.account("census_adult").spent == Fraction(2, 10)
+    assert ledger.account("census_adult").spent == 2 * Fraction(charge["amount"])
 
 
 def test_raw_aggregates_never_reach_the_ledger(example_spec, adult_aggregates, tmp_path):
@@ -246,7 +277,7 @@ def test_every_component_of_a_variance_is_noised_and_charged(tmp_path):
     # centred at 5: a unit moves the sum by 5 and the sum of squares by 25
     assert [s.linf for s in plan.steps] == [5, 1, 25]
     ledger = make_ledger(tmp_path / "v.db", accountant="pure_dp", cap="1")
-    values = [3.0] * 500 + [7.0] * 500  # variance 4
+    values = [3] * 500 + [7] * 500  # variance 4; integer values: exact sums
     upstream = {"hours": {"sum": sum(values), "count": len(values), "sum_squares": sum(v * v for v in values)}}
     published = release(spec, upstream, ledger).output["aggregates"]["hours"]
     assert 0 <= published["value"] <= 25 and published["half_width"] > 0
@@ -345,24 +376,31 @@ def test_replay_under_a_changed_spec_warns_and_returns_the_stored_release(exampl
     assert "another version of the spec" in caplog.text
 
 
-def test_upstream_aggregates_the_spec_does_not_release_are_ignored_with_a_warning(example_spec, adult_aggregates,
-                                                                                  ledger, caplog):
-    with caplog.at_level(logging.WARNING):
-        output = release(example_spec, {**adult_aggregates, "median_income": 45_000}, ledger).output
+def test_upstream_aggregates_the_spec_does_not_release_are_ignored_and_reported(example_spec, adult_aggregates,
+                                                                               ledger, caplog):
+    """An upstream may key its mapping by data (one entry per city): its names go to the opt-in report only."""
+    reports = []
+    with caplog.at_level(logging.DEBUG):
+        output = run_release(example_spec, {**adult_aggregates, "median_income": 45_000}, ledger, key(),
+                             spec_hash="0" * 64, diagnostics=reports.append).output
     assert "median_income" not in output["aggregates"]
-    assert "['median_income'] that the spec does not release" in caplog.text and "45000" not in caplog.text
+    assert "median_income" not in caplog.text and "45000" not in caplog.text
+    assert reports[0].unused_aggregates == ["median_income"]
 
 
 def test_rows_of_one_key_are_added_exactly_and_rounded_once():
     """Rounding each row would let one unit's two rows of 0.5 move the partition by 2 grid steps, twice the plan."""
+    from decimal import Decimal
+
     from dp_operators.release import prepare_inputs
 
     spec = simple_spec({"name": "s", "kind": "sum", "group_by": ["k"], "keys": {"k": ["a"]}, "bounds": [0, 0.5],
                         "grid": 1, "contribution": {"max_contributions_per_partition": 2},
                         "mechanism": "discrete_laplace", "budget": {"epsilon": 1}})
     assert plan_release(spec).step("s", "sum").l1_sensitivity == 1
+    half = Decimal("0.5")
     before = prepare_inputs(spec, {"s": []}).values[("s", "sum")]
-    after = prepare_inputs(spec, {"s": [{"k": "a", "sum": 0.5}, {"k": "a", "sum": 0.5}]}).values[("s", "sum")]
+    after = prepare_inputs(spec, {"s": [{"k": "a", "sum": half}, {"k": "a", "sum": half}]}).values[("s", "sum")]
     assert after[0] - before[0] <= 1
 
 
@@ -372,6 +410,7 @@ def test_float_sums_of_clipped_values_are_clamped_never_dropped(n):
     from dp_operators.release import prepare_inputs
 
     spec = simple_spec({"name": "m", "kind": "mean", "bounds": [0, 0.1], "grid": 0.01,
+                        "upstream": {"arithmetic": "binary64", "max_rows": 40},
                         "mechanism": "discrete_laplace", "budget": {"epsilon": 1}})
     total = 0.0
     for _ in range(n):
@@ -382,12 +421,14 @@ def test_float_sums_of_clipped_values_are_clamped_never_dropped(n):
 
 
 def test_null_values_follow_the_nan_policy_and_null_keys_are_keys():
-    from dp_operators.release import prepare_inputs
+    from dp_operators.release import DiagnosticsReport, prepare_inputs
 
     spec = simple_spec({"name": "total", "kind": "sum", "bounds": [0, 10], "mechanism": "discrete_laplace",
                         "budget": {"epsilon": 1}})
-    prepared = prepare_inputs(spec, {"total": None})  # SQL SUM over no rows
-    assert prepared.values[("total", "sum")] == [0] and prepared.special_values == {"total": 1}
+    report = DiagnosticsReport(spec.release)
+    prepared = prepare_inputs(spec, {"total": None}, diagnostics=report)  # SQL SUM over no rows
+    assert prepared.values[("total", "sum")] == [0]
+    assert report.aggregates["total"].special_values == {"sum": {"null": 1}}
     selection = simple_spec(SELECTION)
     rows = [{"city": None, "count": 5}, {"city": "Big", "count": 7}]
     assert prepare_inputs(selection, {"people_by_city": rows}).keys["people_by_city"] == [(None,), ("Big",)]

@@ -5,8 +5,9 @@ An account has one accountant, fixed at creation:
 * ``pure_dp`` — pure epsilon-DP, basic composition (epsilons add; Dwork & Roth 2014, Thm 3.16);
 * ``approx_dp`` — (epsilon, delta)-DP, basic composition (epsilons add, deltas add);
 * ``zcdp`` — rho-zero-concentrated DP, composition by adding rho (Bun & Steinke 2016, Lemma 2.3). A pure
-  epsilon-DP mechanism is charged ``epsilon**2 / 2`` (Bun & Steinke 2016, Prop. 1.4), and spend is reported as
-  epsilon at the account's delta with the Canonne-Kamath-Steinke 2020 conversion;
+  epsilon-DP mechanism is charged ``epsilon * tanh(epsilon / 2)`` rounded up, the tight conversion through
+  randomized response (:mod:`dp_operators.accounting.conversions`; below Bun & Steinke's ``epsilon**2 / 2``), and
+  spend is reported as epsilon at the account's delta with the Canonne-Kamath-Steinke 2020 conversion;
 * ``gaussian_dp`` — mu-Gaussian DP for Gaussian-only accounts, composition by adding mu^2 (Dong, Roth & Su 2019),
   reported as epsilon at the account's delta with their exact conversion.
 
@@ -33,6 +34,7 @@ from dp_operators.accounting.accountants import (
     epsilon_at_delta,
     unit_of,
 )
+from dp_operators.accounting.conversions import largest_epsilon_within_rho, pure_epsilon_to_rho
 from dp_operators.accounting.gaussian_dp import gdp_delta, gdp_epsilon, gdp_mu_squared_for_approx_dp
 
 __all__ = [
@@ -49,6 +51,8 @@ __all__ = [
     "gdp_delta",
     "gdp_epsilon",
     "gdp_mu_squared_for_approx_dp",
+    "largest_epsilon_within_rho",
+    "pure_epsilon_to_rho",
     "exact_number",
     "round_down",
     "round_up",

@@ -12,13 +12,15 @@ What each accountant accepts (anything else raises :class:`IncompatibleAccountan
 * ``pure_dp``: pure epsilon losses.
 * ``approx_dp``: epsilon losses as (epsilon, delta) with their own delta (pure ones as (epsilon, 0)); rho losses that
   name a conversion delta, as (epsilon_CKS(rho, delta), delta) with epsilon rounded up.
-* ``zcdp``: rho losses; pure epsilon losses as epsilon^2 / 2 (Bun & Steinke 2016, Prop. 1.4). Approximate
-  (epsilon, delta > 0) losses are refused: they do not imply zCDP.
+* ``zcdp``: rho losses; pure epsilon losses as epsilon * tanh(epsilon / 2), the tight conversion (sup over alpha of
+  the Rényi divergence of randomized response over alpha; :mod:`dp_operators.accounting.conversions`, never above
+  Bun & Steinke's epsilon^2 / 2). Approximate (epsilon, delta > 0) losses are refused: they do not imply zCDP.
 * ``gaussian_dp``: Gaussian mechanisms only (a loss carrying :class:`GaussianNoise`), charged mu^2 =
   Delta_2^2 / sigma^2 exactly. Laplace and other non-Gaussian mechanisms are refused: a pure epsilon-DP mechanism
   is only (epsilon-dependent) f-DP, and mixing it in would make the account's mu^2 total meaningless.
 
-Sources: Bun & Steinke, "Concentrated Differential Privacy" (TCC 2016), Prop. 1.4, Lemma 2.3; Canonne, Kamath &
+Sources: Bun & Steinke, "Concentrated Differential Privacy" (TCC 2016), Def. 1.1, Lemma 2.3; the pure-DP conversion
+and its sources in :mod:`dp_operators.accounting.conversions` (docs/adr/0015); Canonne, Kamath &
 Steinke, "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020), Cor. 13 and Thm 14; Dong, Roth & Su,
 "Gaussian Differential Privacy" (2019), Thm 2.7, Cor. 2.13, Cor. 3.3; Dwork & Roth 2014, Thm 3.16 (basic
 composition).
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from dp_operators.accounting.budget import PrivacyLoss, round_up
+from dp_operators.accounting.conversions import pure_epsilon_to_rho
 
 #: accountant name -> the unit its caps, charges and running totals are kept in
 ACCOUNTANTS: dict[str, str] = {
@@ -111,7 +114,7 @@ def charge_in_account_unit(loss: PrivacyLoss, accountant: str) -> Fraction:
     if loss.unit == unit:
         return round_up(loss.amount)
     if loss.unit == "epsilon" and unit == "rho":
-        return round_up(loss.amount**2 / 2)
+        return pure_epsilon_to_rho(loss.amount)  # already rounded up to the ledger's resolution
     raise IncompatibleAccountantError(
         f"a mechanism with a {loss.unit} guarantee cannot be charged to a {accountant!r} account "
         f"(its unit is {unit}); use a discrete_laplace mechanism with an epsilon budget, "

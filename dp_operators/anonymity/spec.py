@@ -29,7 +29,6 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -42,6 +41,7 @@ from pydantic import (
 
 from dp_operators.anonymity.errors import AnonymitySpecError
 from dp_operators.anonymity.hierarchy import ValueHierarchy
+from dp_operators.spec.yaml12 import YAMLDocumentError, dotted_location, load_yaml
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -210,9 +210,9 @@ def parse_anonymity_spec(text: str, source: str = "<string>") -> AnonymitySpec:
             (one line per problem: ``<source>: <field.path>: <reason>``).
     """
     try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise AnonymitySpecError(f"{source}: <document>: not valid YAML: {exc}") from exc
+        document = load_yaml(text)  # YAML 1.2: [yes, no] are text; an ambiguous 010 is refused
+    except YAMLDocumentError as exc:
+        raise AnonymitySpecError(exc.describe(source, lambda loc: dotted_location(loc) or "<document>")) from exc
     if not isinstance(document, dict):
         kind = type(document).__name__
         raise AnonymitySpecError(f"{source}: <document>: expected a mapping of spec fields, got {kind}")

@@ -10,10 +10,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from dp_operators.accounting import exact_number
+from dp_operators.spec.yaml12 import YAMLDocumentError, load_yaml
 
 
 def _positive(value: object) -> Fraction:
@@ -132,11 +132,11 @@ def load_ledger_config(path: str | Path) -> LedgerConfig:
     """
     path = Path(path)
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = load_yaml(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise LedgerConfigError(f"{path}: cannot read: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise LedgerConfigError(f"{path}: not valid YAML: {error}") from None
+    except YAMLDocumentError as error:  # YAML 1.2: 'allowed_dags: [on]' is the DAG id "on"
+        raise LedgerConfigError(error.describe(str(path))) from None
     try:
         return LedgerConfig.model_validate(document)
     except ValidationError as error:
@@ -155,8 +155,8 @@ def declared_accountants(path: str | Path) -> dict[str, str]:
     (empty if the file cannot be read or is not shaped like one). Lets ``dpctl ledger apply`` report a changed
     accountant even when the rest of the changed account fails validation."""
     try:
-        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        document = load_yaml(Path(path).read_text(encoding="utf-8"))
+    except (OSError, YAMLDocumentError):
         return {}
     accounts = document.get("accounts") if isinstance(document, dict) else None
     if not isinstance(accounts, dict):

@@ -17,15 +17,52 @@ coordinates (DESIGN.md 2.6 contribution bounds). For i.i.d. discrete Gaussian no
 
 With every shift equal, L depends only on S = sum of ``l0`` i.i.d. N_Z(0, s2) draws:
 L = (l0 linf^2 - 2 linf S) / (2 s2). For ``l0 = 1`` this is Canonne, Kamath, Steinke 2020, Theorem 7:
-delta = P[Y > eps s2/D - D/2] - e^eps P[Y > eps s2/D + D/2]. For ``l0 > 1`` the law of S is computed by FFT and
-every numerical error (truncation, aliasing, FFT rounding) is added to the returned delta, so the result is a
-valid upper bound.
+delta = P[Y > eps s2/D - D/2] - e^eps P[Y > eps s2/D + D/2]. For ``l0 > 1``, with F the CDF of S and
+k the largest integer below c = l0 D / 2 - eps s2 / D (L > eps iff S < c), and since S under the shifted
+neighbour is S + l0 D,
+
+    delta = F(k) - e^eps F(k - l0 D).
+
+F in the far tail is needed to a *relative* accuracy (delta may be 1e-12), which an FFT does not give directly:
+its rounding error is absolute, about 1e-16 to 1e-12 per point, uniform over the support. So the tail is moved to
+the centre by an exact identity, then the law of S near the centre is computed by FFT. For an integer mu,
+p(x) e^{mu x / s2} = e^{mu^2 / (2 s2)} p(x - mu) (complete the square; the normaliser of N_Z(mu, s2) equals that of
+N_Z(0, s2) for integer mu), so for the sum
+
+    P[S = r + l0 mu] = exp(-(l0 mu^2 + 2 mu r) / (2 s2)) P[S = r],
+    F(k) = sum over r <= k - l0 mu of exp(-(l0 mu^2 + 2 mu r) / (2 s2)) P[S = r].
+
+With mu = round(k / l0) <= 0, r stays near 0, where P[S = r] is large, and the weights decay geometrically for
+r -> -inf: each absolute FFT error is multiplied by a weight of the size of the tail itself. Every error term is
+bounded and added (upper bound of F(k)) or subtracted (lower bound of F(k - l0 D)):
+
+* input: each computed pmf value exp(-x^2 / (2 s2)) / normaliser is within a relative (4 a + 16) u of the exact
+  one (u = 2^-53; a = x^2 / (2 s2), at most 73, or 700 for tiny sigma: rounding of s2, of the exponent, of exp
+  within 4 ulp, and of the normaliser); nonnegative inputs carry relative errors through convolution, so the
+  l0-fold law is within a factor (1 +- that)^l0;
+* truncation of each coordinate at 12 sigma (or where the exponent reaches 700): mass at most
+  2 l0 exp(-(cutoff + 1)^2 / (2 s2)), never counted (the discrete Gaussian is s2-subgaussian, CKS 2020, so S is
+  l0 s2-subgaussian); the part of S below the FFT window: at most exp(-half^2 / (2 l0 s2)); wrap-around
+  (aliasing) of the cyclic convolution: at most 2 exp(-(n - half)^2 / (2 l0 s2));
+* FFT rounding: each output of a length-n FFT is within log2(n) eta ||input||_1 of the exact transform, eta = 8u
+  (the componentwise form of Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., 2002, Thm 24.2:
+  every butterfly level adds at most eta times the 1-norm of the inputs it combines, and the levels add up;
+  numpy's pocketfft measured at below 0.25 u log2(n) ||input||_1, tests/mechanisms/test_calibration.py);
+  the power X^l0 by repeated squaring, with a relative error of at most (1 + sqrt(2) gamma_2)^(l0 - 1) - 1
+  (Higham, Lemma 3.5, per complex product), and |X^l0 - X~^l0| <= l0 A^(l0 - 1) |X - X~| for |X|, |X~| <= A;
+  the inverse transform adds log2(n) eta max |Y|. The sum is a bound eps_abs on every point of the law;
+* the weights exp(.) and the final sums (math.fsum): relative 3 u |exponent| + 6 u.
+
+The result is an upper bound of the true delta; it is within a relative ~1e-9 of it where it matters
+(docs/adr/0011).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 
@@ -44,6 +81,13 @@ _TRUNCATION_SIGMAS = 12.0
 # Above this FFT length the profile is not computed (delta reported as 1): callers fall back to the zCDP route.
 _MAX_FFT_LENGTH = 2**22
 _UNIT_ROUNDOFF = 2.0**-53
+# Componentwise rounding error of one FFT butterfly level, in units of the 1-norm of its inputs (module docstring).
+_FFT_LEVEL_ERROR = 8 * _UNIT_ROUNDOFF
+# exp(x) underflows to 0.0 below this: a weight that small is bounded by _UNDERFLOW_SLACK instead.
+_EXP_UNDERFLOW = -745.0
+# Input pmf values are computed only where the exponent x^2 / (2 s2) is at most this (normal floats, relative error).
+_MAX_INPUT_EXPONENT = 700.0
+_UNDERFLOW_SLACK = 1e-290
 
 
 def _check_shift(linf: int, l0: int) -> None:
@@ -90,31 +134,115 @@ def _one_coordinate_delta(sigma2: Fraction, epsilon: Fraction, shift: int) -> fl
     return min(1.0, max(0.0, delta) + 1e-12 * (upper + lower) + 1e-300)
 
 
-def _vector_delta(sigma2: Fraction, epsilon: Fraction, shift: int, l0: int) -> float:
-    sigma2_f = float(sigma2)
-    sigma = math.sqrt(sigma2_f)
-    cutoff = math.ceil(_TRUNCATION_SIGMAS * sigma) + 1
-    half = math.ceil(_TRUNCATION_SIGMAS * math.sqrt(l0) * sigma) + l0 * shift + 1
+@dataclass(frozen=True)
+class _SumLaw:
+    """The law of S = sum of l0 i.i.d. N_Z(0, s2) on the cyclic window r in [-half, n - half), from an FFT, with
+    the bounds that turn it into rigorous upper and lower bounds of P[S = r] (module docstring)."""
+
+    law: np.ndarray  # law[i] approximates P[S = i - half]
+    half: int
+    point_error: float  # eps_abs: |law[i] - exact cyclic law of the computed inputs| <= point_error
+    input_factor: float  # (1 + eps_in)^l0 - 1: relative error of the inputs, carried through the convolution
+    truncated: float  # mass of S never counted (coordinates beyond 12 sigma, S below the window)
+    aliased: float  # mass wrapped around the cyclic window
+
+
+def _integer_power(values: np.ndarray, exponent: int) -> np.ndarray:
+    """values ** exponent by repeated squaring (exponent - 1 rounding factors at most, Higham Lemma 3.5 each)."""
+    result, base = None, values
+    while exponent:
+        if exponent & 1:
+            result = base if result is None else result * base
+        exponent >>= 1
+        if exponent:
+            base = base * base
+    return result
+
+
+@lru_cache(maxsize=16)
+def _sum_law(sigma2: float, l0: int) -> _SumLaw | None:
+    """The law of S with its error bounds, or None when the FFT would exceed 2^22 points."""
+    u = _UNIT_ROUNDOFF
+    sigma = math.sqrt(sigma2)
+    # 12 sigma, but never where exp(-x^2 / (2 s2)) would leave the normal float range (tiny sigma)
+    cutoff = min(math.ceil(_TRUNCATION_SIGMAS * sigma) + 1, math.isqrt(math.floor(2 * sigma2 * _MAX_INPUT_EXPONENT)))
+    half = math.ceil(_TRUNCATION_SIGMAS * math.sqrt(l0) * sigma) + l0 + 1
     length = 1 << (2 * half + 1).bit_length()
     if length > _MAX_FFT_LENGTH or cutoff >= length // 2:
-        return 1.0
+        return None
     x = np.arange(-cutoff, cutoff + 1, dtype=np.float64)
     single = np.zeros(length)
-    single[np.arange(-cutoff, cutoff + 1) % length] = np.exp(-(x * x) / (2 * sigma2_f)) / _discrete_gaussian_normaliser(
-        sigma2_f
+    single[np.arange(-cutoff, cutoff + 1) % length] = np.exp(-(x * x) / (2 * sigma2)) / _discrete_gaussian_normaliser(
+        sigma2
     )
-    law = np.fft.irfft(np.fft.rfft(single) ** l0, n=length)
-    s = np.arange(length, dtype=np.float64)
-    s[s > length // 2] -= length
-    loss = (l0 * shift * shift - 2.0 * shift * s) / (2 * sigma2_f)
-    eps = float(epsilon)
-    above = loss > eps
-    delta = float(np.sum(np.maximum(law[above], 0.0) * -np.expm1(eps - loss[above])))
-    truncated = l0 * 2 * discrete_gaussian_upper_tail(cutoff + 1, sigma2_f)
-    # the discrete Gaussian is sigma^2-subgaussian (CKS 2020, Sec. 2), S is (l0 sigma^2)-subgaussian: mass beyond half
-    aliased = 2 * math.exp(-((half - l0 * shift) ** 2) / (2 * l0 * sigma2_f))
-    rounding = length * (l0 + length.bit_length()) * 4 * _UNIT_ROUNDOFF
-    return min(1.0, delta * (1 + 1e-12) + truncated + aliased + rounding)
+    exponent_max = cutoff * cutoff / (2 * sigma2)
+    input_error = (4 * exponent_max + 16) * u
+    levels = length.bit_length() - 1
+    norm = math.fsum(single) * (1 + 2 * u)
+    transform_error = levels * _FFT_LEVEL_ERROR * norm
+    bound = norm + transform_error  # |X_k| and |X~_k| are at most this
+    product_error = math.expm1((l0 - 1) * math.log1p(math.sqrt(2) * 2 * u / (1 - 2 * u))) * 1.01
+    power_max = bound**l0 * (1 + product_error)
+    point_error = (
+        l0 * bound ** (l0 - 1) * transform_error + product_error * bound**l0 + levels * _FFT_LEVEL_ERROR * power_max
+    ) * (1 + 1e-6)
+    law = np.fft.irfft(_integer_power(np.fft.rfft(single), l0), n=length)
+    law = np.roll(law, half)  # index i <-> r = i - half
+    # subgaussian tails (CKS 2020): P[|Y| >= t] <= 2 exp(-t^2 / (2 s2)), P[S <= -t] <= exp(-t^2 / (2 l0 s2)); an
+    # exponent clamped at the underflow limit only makes a bound larger
+    variance_proxy = l0 * sigma2
+    return _SumLaw(
+        law=law,
+        half=half,
+        point_error=point_error,
+        input_factor=math.expm1(l0 * math.log1p(input_error)),
+        truncated=2 * l0 * math.exp(max(-((cutoff + 1) ** 2) / (2 * sigma2), _EXP_UNDERFLOW))
+        + math.exp(max(-(half * half) / (2 * variance_proxy), _EXP_UNDERFLOW)),
+        aliased=2 * math.exp(max(-((length - half) ** 2) / (2 * variance_proxy), _EXP_UNDERFLOW)),
+    )
+
+
+def _tail_cdf_bound(law: _SumLaw, sigma2: float, l0: int, k: int, log_factor: float, upper: bool) -> float:
+    """An upper (``upper``) or lower bound of e^log_factor * P[S <= k] for k < 0, by the shift identity of the
+    module docstring with mu = round(k / l0)."""
+    u = _UNIT_ROUNDOFF
+    mu = -((-k + l0 // 2) // l0)  # round(k / l0) for k < 0, ties away from zero
+    r_top = k - l0 * mu
+    r = np.arange(-law.half, r_top + 1, dtype=np.float64)
+    exponents = log_factor - (l0 * mu * mu + 2.0 * mu * r) / (2 * sigma2)
+    weights = np.exp(exponents)
+    values = law.law[: law.half + r_top + 1]
+    top_weight = weights[-1]
+    largest_exponent = float(np.max(np.abs(np.maximum(exponents, _EXP_UNDERFLOW))))
+    # exponent and exp rounding, the product, and a sum of N nonnegative terms in any order (relative (N - 1) u)
+    weight_error = 3 * u * largest_exponent + 7 * u + 1.01 * len(r) * u
+    if upper:
+        total = float(np.sum(weights * np.maximum(values + law.point_error, 0.0)))
+        total = total * (1 + weight_error) / (1 - law.input_factor)  # (1 - eps_in)^-l0 <= 1 / (1 - input_factor)
+        return total + top_weight * (1 + weight_error) * law.truncated + _UNDERFLOW_SLACK
+    total = float(np.sum(weights * np.maximum(values - law.point_error, 0.0)))
+    total = total * (1 - weight_error) / (1 + law.input_factor) - top_weight * (1 + weight_error) * law.aliased
+    return max(total - _UNDERFLOW_SLACK, 0.0)  # subnormal weights carry no relative accuracy
+
+
+def _vector_delta(sigma2: Fraction, epsilon: Fraction, shift: int, l0: int) -> float:
+    sigma2_f = float(sigma2)
+    law = _sum_law(sigma2_f, l0)
+    if law is None:
+        return 1.0
+    # L > eps iff S < c; k1 the largest integer below c, exactly (Fractions)
+    c = Fraction(l0 * shift, 2) - epsilon * sigma2 / shift
+    k1 = math.ceil(c) - 1
+    k2 = k1 - l0 * shift  # always < 0
+    eps_low = float(epsilon)
+    if Fraction(eps_low) > epsilon:
+        eps_low = math.nextafter(eps_low, -math.inf)
+    if k1 < 0:
+        first = _tail_cdf_bound(law, sigma2_f, l0, k1, 0.0, upper=True)
+    else:  # P[S <= k1] = 1 - P[S <= -k1 - 1] by symmetry
+        first = 1.0 - _tail_cdf_bound(law, sigma2_f, l0, -k1 - 1, 0.0, upper=False) + 4 * _UNIT_ROUNDOFF
+    second = _tail_cdf_bound(law, sigma2_f, l0, k2, eps_low, upper=False)
+    return min(1.0, max(0.0, first - second) + 4 * _UNIT_ROUNDOFF * first + 1e-300)
 
 
 def _normal_cdf(x: float) -> float:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +21,13 @@ from airflow.sdk.exceptions import AirflowFailException
 from dp_operators.accounting import IncompatibleAccountantError
 from dp_operators.hooks.ledger import DPLedgerHook
 from dp_operators.ledger import LedgerError, ReleaseKey
-from dp_operators.release import ReleaseConfigError, ReleaseInputError, run_release
+from dp_operators.release import (
+    DiagnosticsReport,
+    ReleaseAbortedError,
+    ReleaseConfigError,
+    ReleaseInputError,
+    run_release,
+)
 from dp_operators.spec import load_spec_with_hash
 
 if TYPE_CHECKING:
@@ -44,15 +52,23 @@ class DPReleaseOperator(BaseOperator):
             where ``<release>/<run_id>/<task_id>.json`` and ``.csv`` are written. (templated)
         ledger_conn_id: Airflow connection of the budget ledger (see :class:`DPLedgerHook`).
         asset: the asset whose event announces the release; default ``dp-release://<account>/<release>``.
+        diagnostics_uri: opt-in data-quality report: a folder (``ObjectStoragePath`` URI) where
+            ``<release>/<run_id>/<task_id>.diagnostics.json`` is written before any budget is reserved, whether or
+            not the release is then refused (:class:`~dp_operators.release.DiagnosticsReport`: rows outside the
+            public key domain with examples, NaN/None handled, values clamped, row index of a malformed row...).
+            It holds exact, data-derived numbers: point it next to the true aggregates, readable only by the people
+            who may see them. Default None: no report (the task log never holds such numbers). (templated)
 
     Returns (XCom ``return_value``): the published release, plain JSON; identical, byte for byte, on every retry.
 
     Raises:
         AirflowFailException: budget exhausted, DAG not allowed, unknown account, ledger not initialised,
-            malformed upstream aggregates: refusals that retrying cannot fix.
+            malformed upstream aggregates: refusals that retrying cannot fix; and any failure after the budget was
+            reserved (:class:`~dp_operators.release.ReleaseAbortedError`), which a retry would repeat while
+            charging again.
     """
 
-    template_fields: Sequence[str] = ("output_uri",)
+    template_fields: Sequence[str] = ("output_uri", "diagnostics_uri")
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -63,6 +79,7 @@ class DPReleaseOperator(BaseOperator):
         output_uri: str,
         ledger_conn_id: str = DPLedgerHook.default_conn_name,
         asset: Asset | None = None,
+        diagnostics_uri: str | None = None,
         **kwargs: Any,
     ) -> None:
         self.spec_path = str(spec_path)
@@ -76,6 +93,7 @@ class DPReleaseOperator(BaseOperator):
         self.aggregates_task_id = aggregates_task_id
         self.output_uri = output_uri
         self.ledger_conn_id = ledger_conn_id
+        self.diagnostics_uri = diagnostics_uri
 
     def execute(self, context: Context) -> dict[str, Any]:
         ti = context["ti"]
@@ -96,7 +114,11 @@ class DPReleaseOperator(BaseOperator):
                 spec_hash=self.spec_sha256,
                 try_number=getattr(ti, "try_number", None),
                 audit=_audit_context(context),
+                diagnostics=self._diagnostics_writer(key) if self.diagnostics_uri else None,
             )
+        except ReleaseAbortedError as error:
+            # the original exception's text is not audited for data: it stays out of the task log
+            raise AirflowFailException(str(error)) from None
         except _PERMANENT as error:
             raise AirflowFailException(str(error)) from error
         output = result.output
@@ -133,13 +155,29 @@ class DPReleaseOperator(BaseOperator):
 
     def _write_files(self, output: dict[str, Any], key: ReleaseKey) -> ObjectStoragePath:
         """Write ``<release>/<run_id>/<task_id>[_<map_index>].json`` and ``.csv``; returns the JSON's path."""
-        folder = ObjectStoragePath(self.output_uri) / output["release"] / _safe(key.run_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        stem = key.task_id if key.map_index < 0 else f"{key.task_id}_{key.map_index}"
-        json_path = folder / f"{stem}.json"
+        json_path = _release_path(self.output_uri, key, ".json")
         json_path.write_text(json.dumps(output, indent=2, sort_keys=True) + "\n")
-        (folder / f"{stem}.csv").write_text(release_csv(output))
+        _release_path(self.output_uri, key, ".csv").write_text(release_csv(output))
         return json_path
+
+    def _diagnostics_writer(self, key: ReleaseKey) -> Callable[[DiagnosticsReport], None]:
+        """The callback writing the report to ``<diagnostics_uri>/<release>/<run_id>/<stem>.diagnostics.json``
+        (the release files' relative path); only its location is logged, never a number from it."""
+
+        def write(report: DiagnosticsReport) -> None:
+            path = _release_path(self.diagnostics_uri, key, ".diagnostics.json")  # type: ignore[arg-type]
+            path.write_text(json.dumps(report.as_dict(), indent=2, sort_keys=True) + "\n")
+            self.log.info("wrote the diagnostics report (exact, data-derived; not for publication) to %s", path)
+
+        return write
+
+
+def _release_path(base_uri: str, key: ReleaseKey, suffix: str) -> ObjectStoragePath:
+    """``<base_uri>/<release>/<run_id>/<task_id>[_<map_index>]<suffix>``, its folder created."""
+    folder = ObjectStoragePath(base_uri) / key.release_name / _safe(key.run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = key.task_id if key.map_index < 0 else f"{key.task_id}_{key.map_index}"
+    return folder / f"{stem}{suffix}"
 
 
 def _audit_context(context: Context) -> dict[str, Any]:
@@ -154,22 +192,43 @@ def _audit_context(context: Context) -> dict[str, Any]:
 
 
 def release_csv(output: dict[str, Any]) -> str:
-    """The released values as CSV: ``aggregate, kind, key, value, half_width, confidence, mechanism``.
+    """The released values as CSV: ``aggregate, kind, key, value, half_width, confidence, mechanism, saturated,
+    lower, upper``.
 
-    ``key`` is ``column=value`` pairs joined by ``;`` (empty for ungrouped aggregates).
+    ``key`` is ``column=value`` pairs joined by ``;`` (empty for ungrouped aggregates). ``lower`` and ``upper`` are
+    the interval's ends (``value -+ half_width``, rounded outwards); a saturated value (``saturated`` true) has an
+    empty ``half_width`` and an empty end on its unbounded side (docs/mechanisms.md, "Saturation").
     """
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["aggregate", "kind", "key", "value", "half_width", "confidence", "mechanism"])
+    writer.writerow(
+        ["aggregate", "kind", "key", "value", "half_width", "confidence", "mechanism", "saturated", "lower", "upper"]
+    )
     for name, aggregate in output["aggregates"].items():
-        rows = aggregate.get("rows") or [{"value": aggregate["value"], "half_width": aggregate["half_width"]}]
+        rows = aggregate.get("rows") or [aggregate]
         for row in rows:
             key = ";".join(f"{column}={row[column]}" for column in aggregate["group_by"])
+            lower, upper = _interval(row)
             writer.writerow(
-                [name, aggregate["kind"], key, row["value"], row["half_width"], output["confidence"],
-                 aggregate["mechanism"]]
+                [name, aggregate["kind"], key, row["value"], "" if row["half_width"] is None else row["half_width"],
+                 output["confidence"], aggregate["mechanism"], str(bool(row.get("saturated"))).lower(),
+                 "" if lower is None else lower, "" if upper is None else upper]
             )
     return buffer.getvalue()
+
+
+def _interval(row: dict[str, Any]) -> tuple[float | None, float | None]:
+    """A published row's interval: its ``interval`` if saturated, else ``value -+ half_width`` rounded outwards."""
+    if "interval" in row:
+        lower, upper = row["interval"]
+        return lower, upper
+    value, width = Fraction(row["value"]), Fraction(row["half_width"])
+    lower, upper = float(value - width), float(value + width)
+    if lower > value - width:
+        lower = math.nextafter(lower, -math.inf)
+    if upper < value + width:
+        upper = math.nextafter(upper, math.inf)
+    return lower, upper
 
 
 def _safe(text: str) -> str:

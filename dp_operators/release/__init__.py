@@ -1,25 +1,33 @@
 """The release engine: spec + upstream aggregates + ledger -> noised release. No Airflow import.
 
 Modules, in the order of one release: :mod:`.plan` (public plan: mechanisms, scales, charge), :mod:`.inputs`
-(upstream shapes and values onto the grid), :mod:`.run` (replay, reserve, draw, commit), :mod:`.publish` (the
-published form). See :mod:`dp_operators.release.run` for the order of steps and the neighbouring relation.
+(upstream shapes and values onto the grid; :mod:`.upstream_types` says what each upstream type becomes),
+:mod:`.run` (replay, reserve, draw, commit), :mod:`.publish` (the published form). :mod:`.diagnostics` holds the
+opt-in data-quality report (exact, data-derived numbers, never logged). See :mod:`dp_operators.release.run` for
+the order of steps and the neighbouring relation.
 """
 
-from dp_operators.release.errors import ReleaseConfigError, ReleaseInputError
-from dp_operators.release.inputs import SATURATION, PreparedInputs, key_domain, prepare_inputs
+from dp_operators.release.diagnostics import AggregateDiagnostics, DiagnosticsReport, InputProblem
+from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
+from dp_operators.release.inputs import SATURATION, PreparedInputs, check_aggregates, key_domain, prepare_inputs
 from dp_operators.release.plan import NoiseStep, ReleasePlan, calibrate, component_sensitivity, plan_release
 from dp_operators.release.publish import check_plain_json, publish_aggregate
 from dp_operators.release.run import ReleaseResult, draw_noise, run_release
 
 __all__ = [
     "SATURATION",
+    "AggregateDiagnostics",
+    "DiagnosticsReport",
+    "InputProblem",
     "NoiseStep",
     "PreparedInputs",
+    "ReleaseAbortedError",
     "ReleaseConfigError",
     "ReleaseInputError",
     "ReleasePlan",
     "ReleaseResult",
     "calibrate",
+    "check_aggregates",
     "check_plain_json",
     "component_sensitivity",
     "draw_noise",

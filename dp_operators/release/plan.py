@@ -1,7 +1,8 @@
 """The release plan: mechanisms, sensitivities, scales and charges, from public parameters only (no data).
 
-Sensitivities follow DESIGN.md 2.6 (L1 = L0 * Linf, L2^2 = L0 * Linf^2); calibration follows docs/mechanisms.md and
-docs/adr/0010 to 0013.
+Sensitivities follow DESIGN.md 2.6 (L1 = L0 * Linf, L2^2 = L0 * Linf^2), with L0 capped by the number of partitions
+and Linf carrying the float-sum allowance of :mod:`dp_operators.release.float_sums`; calibration follows
+docs/mechanisms.md and docs/adr/0010 to 0013 and 0017; ``auto`` chooses by the cost on the account it is charged to.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Any
 
 from dp_operators.accounting import (
     GaussianNoise,
+    IncompatibleAccountantError,
     PrivacyLoss,
     charge_in_account_unit,
     delta_in_account,
-    exact_number,
+    unit_of,
 )
 from dp_operators.mechanisms import (
     discrete_gaussian_accuracy,
@@ -33,7 +35,10 @@ from dp_operators.mechanisms.calibration import (
     discrete_gaussian_threshold,
     discrete_laplace_threshold,
     epsilon_for_rho,
+    rho_to_epsilon,
 )
+from dp_operators.mechanisms.privacy_profile import discrete_gaussian_delta
+from dp_operators.release.float_sums import ComponentBound, check_component, component_bound
 from dp_operators.spec import Aggregate, Budget, ReleaseSpec
 
 
@@ -53,6 +58,8 @@ class NoiseStep:
         noise_delta: the delta of the noise's own (epsilon, delta) guarantee (0 for pure DP and zCDP).
         threshold, threshold_delta: partition selection only: release iff noised count >= threshold; the delta
             that comparison costs.
+        declared_l0: the spec's ``max_partitions_contributed``; ``l0`` is it capped by the number of partitions.
+        bound: the component's public bounds (sensitivity, float allowance, rounding; :mod:`.float_sums`).
     """
 
     aggregate: str
@@ -67,6 +74,8 @@ class NoiseStep:
     noise_delta: Fraction = Fraction(0)
     threshold: int | None = None
     threshold_delta: Fraction | None = None
+    declared_l0: int | None = None
+    bound: ComponentBound | None = None
 
     @property
     def l1_sensitivity(self) -> int:
@@ -113,13 +122,24 @@ class NoiseStep:
             return PrivacyLoss("epsilon", self.budget.epsilon, delta=self.delta)
         return PrivacyLoss("rho", self.rho, delta=self.delta, gaussian=noise)
 
-    def half_width(self, alpha: float) -> float:
-        """Half-width of the (1 - alpha) interval of one value, in value units (public parameters only)."""
+    def noise_half_width_units(self, alpha: float) -> float:
+        """Half-width a of the noise alone, in grid units: P(|Z| > a) <= alpha (public parameters only)."""
         if self.mechanism == "discrete_laplace":
-            units = discrete_laplace_accuracy(self.scale, alpha)
-        else:
-            units = discrete_gaussian_accuracy(self.scale, alpha)
-        return float(units * self.grid)
+            return discrete_laplace_accuracy(self.scale, alpha)
+        return float(discrete_gaussian_accuracy(self.scale, alpha))
+
+    def half_width(self, alpha: float) -> float:
+        """Half-width of a (1 - alpha) interval around the released value that holds the true, unrounded value, in
+        value units (public parameters only): the noise's half-width, plus half a grid step for a value rounded to
+        the grid (``floor(x / grid + 1/2)`` is within grid/2 of x), plus, for binary64 upstream sums, the bound on
+        their summation error (:attr:`ComponentBound.interval_error`). Rounded up to a float.
+        """
+        units = Fraction(self.noise_half_width_units(alpha))
+        if self.bound is not None:
+            units += (Fraction(1, 2) if self.bound.rounded else 0) + self.bound.interval_error / self.grid
+        exact = units * self.grid
+        width = float(exact)
+        return math.nextafter(width, math.inf) if width < exact else width
 
     @property
     def standard_deviation(self) -> float:
@@ -156,6 +176,20 @@ class NoiseStep:
             "grid": grid,
             "partitions": self.partitions,
         }
+        if self.declared_l0 is not None and self.declared_l0 != self.l0:
+            described["max_partitions_contributed_declared"] = self.declared_l0
+        if self.bound is not None and self.bound.rounded:
+            bound = self.bound
+            upstream: dict[str, Any] = {"arithmetic": bound.arithmetic, "max_rows": bound.max_rows}
+            if bound.arithmetic == "binary64":
+                upstream.update(
+                    summation_error=float(bound.summation_error),
+                    summation_error_exact=str(bound.summation_error),
+                    linf_allowance_grid_units=bound.float_allowance,
+                )
+            described["upstream"] = upstream
+            # what the published half-width adds to the noise's: half a grid step, and the float error bound
+            described["half_width_allowance"] = float(Fraction(1, 2) * bound.grid + bound.interval_error)
         if self.mechanism == "discrete_laplace":
             described.update(scale=float(self.scale) * grid, scale_grid_units_exact=str(self.scale))
             described["epsilon"], described["epsilon_exact"] = float(self.epsilon), str(self.epsilon)
@@ -177,25 +211,41 @@ class NoiseStep:
 
 @dataclass(frozen=True)
 class ReleasePlan:
-    """The public plan of a release: every noised sub-step. Computed without touching data."""
+    """The public plan of a release: every noised sub-step. Computed without touching data.
+
+    ``accountant`` is the accountant the plan was made for (``auto`` chose by the cost on it), or None when the
+    plan compares mechanisms at the written budget (:func:`plan_release`).
+    """
 
     spec: ReleaseSpec
     steps: tuple[NoiseStep, ...]
+    accountant: str | None = None
 
-    def losses(self, accountant: str) -> list[PrivacyLoss]:
-        """Every step's privacy loss, as charged to an ``accountant`` account."""
+    def _accountant(self, accountant: str | None) -> str:
+        accountant = accountant or self.accountant
+        if accountant is None:
+            raise ValueError("say which accountant to charge: this plan was made without one")
+        return accountant
+
+    def losses(self, accountant: str | None = None) -> list[PrivacyLoss]:
+        """Every step's privacy loss, as charged to an ``accountant`` account (default: the plan's)."""
+        accountant = self._accountant(accountant)
         return [step.privacy_loss(accountant) for step in self.steps]
 
-    def charge(self, accountant: str) -> Fraction:
-        """The exact total charge in ``accountant``'s unit: the sum of every step's converted loss (composition).
+    def charge(self, accountant: str | None = None) -> Fraction:
+        """The exact total charge in ``accountant``'s unit (default: the plan's accountant): the sum of every step's
+        converted loss (composition).
 
         Raises:
             IncompatibleAccountantError: a step cannot be charged to this accountant.
+            ValueError: no accountant given and the plan was made without one.
         """
+        accountant = self._accountant(accountant)
         return sum((charge_in_account_unit(loss, accountant) for loss in self.losses(accountant)), Fraction(0))
 
-    def delta(self, accountant: str) -> Fraction:
+    def delta(self, accountant: str | None = None) -> Fraction:
         """The total delta an ``approx_dp`` account is charged (basic composition); 0 for other accountants."""
+        accountant = self._accountant(accountant)
         return sum((delta_in_account(loss, accountant) for loss in self.losses(accountant)), Fraction(0))
 
     def step(self, aggregate: str, component: str) -> NoiseStep:
@@ -213,33 +263,142 @@ def _share(budget: Budget, parts: int) -> Budget:
     return Budget.model_construct(**values)
 
 
-def calibrate(mechanism: str, budget: Budget, *, linf: int, l0: int) -> tuple[str, Fraction]:
+@dataclass(frozen=True)
+class _Calibration:
+    """One candidate mechanism with its scale, the budget it is calibrated to, and its noise profile's delta."""
+
+    mechanism: str
+    scale: Fraction
+    budget: Budget
+    noise_delta: Fraction = Fraction(0)
+
+    @property
+    def variance(self) -> float:
+        if self.mechanism == "discrete_laplace":
+            return discrete_laplace_variance(self.scale)
+        return discrete_gaussian_variance(self.scale)
+
+    def cost(self, accountant: str, *, linf: int, l0: int) -> Fraction | None:
+        """The charge on an ``accountant`` account, as the plan would charge it; None if it cannot be charged."""
+        step = NoiseStep("", "", self.mechanism, self.budget, linf, l0, self.scale, Fraction(1), None, self.noise_delta)
+        try:
+            return charge_in_account_unit(step.privacy_loss(accountant), accountant)
+        except IncompatibleAccountantError:
+            return None
+
+
+def _laplace(budget: Budget, epsilon: Fraction, *, linf: int, l0: int) -> _Calibration:
+    return _Calibration("discrete_laplace", discrete_laplace_scale(l0 * linf, epsilon), budget)
+
+
+def _candidates(mechanism: str, budget: Budget, *, linf: int, l0: int) -> list[_Calibration]:
+    """Every mechanism ``mechanism`` allows for ``budget``, each at its smallest valid scale (the written budget)."""
+    candidates: list[_Calibration] = []
+    if mechanism in ("discrete_laplace", "auto"):
+        epsilon = budget.epsilon if budget.form != "rho" else epsilon_for_rho(budget.rho)
+        candidates.append(_laplace(budget, epsilon, linf=linf, l0=l0))
+    if mechanism in ("discrete_gaussian", "auto") and budget.form != "epsilon":
+        if budget.form == "rho":
+            candidates.append(
+                _Calibration("discrete_gaussian", discrete_gaussian_sigma2(l0 * linf * linf, budget.rho), budget)
+            )
+        else:
+            sigma2 = discrete_gaussian_sigma2_for_approx_dp(budget.epsilon, budget.delta, linf=linf, l0=l0)
+            candidates.append(_Calibration("discrete_gaussian", sigma2, budget, budget.delta))
+    return candidates
+
+
+#: (accountant, budget form) pairs where the budget is written in the account's own privacy notion, so every
+#: candidate calibrated to it costs at most the written amount
+_WRITTEN_IN_ACCOUNT_UNIT = {("pure_dp", "epsilon"), ("approx_dp", "epsilon"), ("approx_dp", "epsilon_delta"),
+                            ("zcdp", "rho")}
+_RECALIBRATION_STEPS = 100
+
+
+def _within_written(sigma2: Fraction, rho: Fraction, written: Budget, *, linf: int, l0: int) -> bool:
+    """True when discrete Gaussian noise of variance parameter ``sigma2`` (rho-zCDP) still meets the written
+    ``{epsilon, delta}`` budget: by the CKS 2020 Cor. 13 conversion of rho, else by the exact privacy profile
+    (CKS 2020 Thm 7; more noise is not always a smaller delta for sigma below about 1, so it is checked)."""
+    if written.form != "epsilon_delta":
+        return True
+    if rho_to_epsilon(rho, written.delta) <= written.epsilon:
+        return True
+    return discrete_gaussian_delta(sigma2, written.epsilon, linf=linf, l0=l0) <= written.delta
+
+
+def _at_cost(candidate: _Calibration, cap: Fraction, accountant: str, *, linf: int, l0: int) -> _Calibration | None:
+    """``candidate`` recalibrated to cost at most ``cap`` on a rho (zCDP) account and still within its written
+    budget; None where that is not possible.
+
+    A Gaussian gets sigma^2 = L2^2 / (2 cap) (CKS 2020, Thm 14), kept only if it still meets the written
+    ``{epsilon, delta}`` (:func:`_within_written`); a Laplace the largest epsilon whose charge fits
+    (:func:`~dp_operators.mechanisms.calibration.epsilon_for_rho`, checked against the charge the account
+    computes, :func:`~dp_operators.accounting.charge_in_account_unit`), below the written epsilon since its
+    written cost exceeded the cap.
+    """
+    if unit_of(accountant) != "rho":
+        return None
+    if candidate.mechanism == "discrete_gaussian":
+        sigma2 = discrete_gaussian_sigma2(l0 * linf * linf, cap)
+        if not _within_written(sigma2, cap, candidate.budget, linf=linf, l0=l0):
+            return None
+        return _Calibration("discrete_gaussian", sigma2, Budget.model_construct(rho=cap))
+    try:
+        epsilon = epsilon_for_rho(cap)
+    except ValueError:  # a cap below the ledger's resolution: no Laplace fits it
+        return None
+    for _ in range(_RECALIBRATION_STEPS):  # the charge rounds up; step below it if that crosses the cap
+        recalibrated = _laplace(Budget.model_construct(epsilon=epsilon), epsilon, linf=linf, l0=l0)
+        cost = recalibrated.cost(accountant, linf=linf, l0=l0)
+        if cost is not None and cost <= cap:
+            return recalibrated
+        epsilon *= 1 - Fraction(1, 10**12)
+    return None
+
+
+def _choose(
+    mechanism: str, budget: Budget, *, linf: int, l0: int, accountant: str | None
+) -> _Calibration:
+    """The mechanism, scale and budget of one noised component (see :func:`calibrate` for the rule)."""
+    candidates = _candidates(mechanism, budget, linf=linf, l0=l0)
+    if len(candidates) == 1 or accountant is None:
+        return min(candidates, key=lambda c: c.variance)
+    costs = [(candidate, candidate.cost(accountant, linf=linf, l0=l0)) for candidate in candidates]
+    chargeable = [(candidate, cost) for candidate, cost in costs if cost is not None]
+    if not chargeable:  # none fits the account: plan.charge refuses it with the accountant's own message
+        return min(candidates, key=lambda c: c.variance)
+    if (accountant, budget.form) in _WRITTEN_IN_ACCOUNT_UNIT:
+        return min((candidate for candidate, _ in chargeable), key=lambda c: c.variance)
+    cap = min(cost for _, cost in chargeable)
+    at_equal_cost = [
+        candidate if cost <= cap else _at_cost(candidate, cap, accountant, linf=linf, l0=l0)
+        for candidate, cost in chargeable
+    ]
+    return min((c for c in at_equal_cost if c is not None), key=lambda c: c.variance)
+
+
+def calibrate(
+    mechanism: str, budget: Budget, *, linf: int, l0: int, accountant: str | None = None
+) -> tuple[str, Fraction]:
     """Choose a mechanism and its smallest valid scale for ``budget`` on integers changed by at most ``linf`` in
     each of at most ``l0`` coordinates. Returns ``(mechanism, scale)``: t for ``discrete_laplace``, sigma^2 for
     ``discrete_gaussian``, in grid units.
 
-    * ``discrete_laplace``: t = L1 / epsilon (an ``{rho}`` budget under ``auto`` uses epsilon = sqrt(2 rho),
-      rounded down, since epsilon-DP implies (epsilon^2/2)-zCDP);
+    * ``discrete_laplace``: t = L1 / epsilon (an ``{rho}`` budget under ``auto`` uses the largest epsilon whose
+      zCDP charge fits rho, :func:`~dp_operators.mechanisms.calibration.epsilon_for_rho`);
     * ``discrete_gaussian``: sigma^2 = L2^2 / (2 rho), or the exact (epsilon, delta) calibration of
       :func:`~dp_operators.mechanisms.discrete_gaussian_sigma2_for_approx_dp`;
-    * ``auto``: both where the budget allows, keeping the one with the smaller noise variance.
+    * ``auto`` chooses by the cost on the account it will be charged to (``accountant``; docs/adr/0012):
+      each candidate is calibrated to the written budget and its charge computed in the account's unit; candidates
+      the account cannot be charged for are dropped. When the budget is written in the account's own notion
+      (``{rho}`` on ``zcdp``, ``{epsilon}`` on ``pure_dp``, ``{epsilon}`` or ``{epsilon, delta}`` on
+      ``approx_dp``) every candidate costs at most the written amount, and the smaller noise variance wins.
+      Otherwise (``{epsilon, delta}`` on ``zcdp``) let C be the smallest charge: the others are recalibrated to
+      cost at most C on that account while staying within the written budget, and the smallest noise variance
+      at that equal cost wins. Without an ``accountant`` the candidates are compared at the written budget.
     """
-    candidates: list[tuple[str, Fraction]] = []
-    if mechanism in ("discrete_laplace", "auto"):
-        epsilon = budget.epsilon if budget.form != "rho" else epsilon_for_rho(budget.rho)
-        candidates.append(("discrete_laplace", discrete_laplace_scale(l0 * linf, epsilon)))
-    if mechanism in ("discrete_gaussian", "auto") and budget.form != "epsilon":
-        if budget.form == "rho":
-            sigma2 = discrete_gaussian_sigma2(l0 * linf * linf, budget.rho)
-        else:
-            sigma2 = discrete_gaussian_sigma2_for_approx_dp(budget.epsilon, budget.delta, linf=linf, l0=l0)
-        candidates.append(("discrete_gaussian", sigma2))
-
-    def variance(candidate: tuple[str, Fraction]) -> float:
-        name, scale = candidate
-        return discrete_laplace_variance(scale) if name == "discrete_laplace" else discrete_gaussian_variance(scale)
-
-    return min(candidates, key=variance)
+    chosen = _choose(mechanism, budget, linf=linf, l0=l0, accountant=accountant)
+    return chosen.mechanism, chosen.scale
 
 
 def _selection_step(aggregate: Aggregate, l0: int) -> NoiseStep:
@@ -275,53 +434,74 @@ def component_sensitivity(aggregate: Aggregate, component: str, per_partition: i
 
     Rounding a partition's value to the grid with ``floor(x / grid + 1/2)`` maps values ``d`` apart to integers at
     most ``ceil(d / grid)`` apart, so the rounding is inside the sensitivity (DESIGN.md 2.5). Means and variances
-    are computed on values centred at the middle of the bounds, which halves their range: a unit moves a centred
-    sum by at most ``(upper - lower)/2`` and a centred sum of squares by at most ``((upper - lower)/2)^2``.
+    are computed on values centred at the middle of the bounds, which halves their range. Binary64 upstream sums
+    add their summation error allowance (:func:`~dp_operators.release.float_sums.component_bound`).
     """
-    if component in ("count", "selection"):
-        return per_partition, Fraction(1)
-    lower, upper = (exact_number(b, name="bounds") for b in aggregate.bounds)  # type: ignore[union-attr]
-    grid = aggregate.grid
-    if component == "sum" and aggregate.kind == "sum":
-        return math.ceil(per_partition * max(abs(lower), abs(upper)) / grid), grid
-    half_range = (upper - lower) / 2
-    if component == "sum":
-        return math.ceil(per_partition * half_range / grid), grid
-    return math.ceil(per_partition * half_range**2 / grid**2), grid**2
+    bound = component_bound(aggregate, component, per_partition)
+    return bound.linf, bound.grid
 
 
-def plan_release(spec: ReleaseSpec) -> ReleasePlan:
+def partitions_contributed(aggregate: Aggregate, declared: int) -> int:
+    """L0 for ``aggregate``: the declared ``max_partitions_contributed``, capped by the number of partitions when
+    they are public (1 when not grouped; the size of the key domain otherwise). Under partition selection the
+    partitions come from the data and the declared L0 stands."""
+    if not aggregate.public_keys:
+        return declared
+    return min(declared, aggregate.partition_count)  # type: ignore[type-var]
+
+
+def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePlan:
     """Compute the mechanisms, sensitivities, scales and losses of ``spec`` from public parameters only.
 
     Each aggregate's budget is split equally over its components (a mean: sum and count; a variance: sum, count
     and sum of squares), every one charged (DESIGN.md 2.7). Partition selection adds its own step and budget.
-    Sensitivities follow DESIGN.md 2.6 (L1 = L0 * Linf, L2^2 = L0 * Linf^2) with Linf from
-    :func:`component_sensitivity`.
+    Sensitivities follow DESIGN.md 2.6 (L1 = L0 * Linf, L2^2 = L0 * Linf^2), L0 capped by the number of public
+    partitions (:func:`partitions_contributed`) and Linf from
+    :func:`~dp_operators.release.float_sums.component_bound` (with the float allowance for binary64 sums).
+
+    Args:
+        spec: the validated release spec.
+        accountant: the accountant of the account the release will be charged to (``pure_dp``, ``approx_dp``,
+            ``zcdp``, ``gaussian_dp``): ``auto`` chooses by the cost on it (:func:`calibrate`). None compares
+            mechanisms at the written budget, which may cost more than needed on a zCDP account.
+
+    Raises:
+        ReleaseConfigError: a component the engine cannot release as planned: binary64 sums whose float cannot
+            carry the grid or whose error allowance exceeds the sensitivity, or values that can reach the
+            saturation limit (:func:`~dp_operators.release.float_sums.check_component`). Nothing is reserved.
+        ValueError: an unknown accountant name.
     """
+    if accountant is not None:
+        unit_of(accountant)
     steps: list[NoiseStep] = []
     for aggregate in spec.aggregates:
-        bounds = spec.contribution_for(aggregate)
-        l0 = bounds.max_partitions_contributed
-        per_partition = bounds.max_contributions_per_partition
+        contribution = spec.contribution_for(aggregate)
+        declared_l0 = contribution.max_partitions_contributed
+        l0 = partitions_contributed(aggregate, declared_l0)
+        per_partition = contribution.max_contributions_per_partition
+        bounds = {c: component_bound(aggregate, c, per_partition) for c in aggregate.components}
+        for bound in bounds.values():
+            check_component(aggregate, bound, per_partition)
         if aggregate.partition_selection is not None:
             steps.append(_selection_step(aggregate, l0))
         share = _share(aggregate.budget, len(aggregate.components))
         for component in aggregate.components:
-            linf, grid = component_sensitivity(aggregate, component, per_partition)
-            mechanism, scale = calibrate(aggregate.mechanism, share, linf=linf, l0=l0)
-            gaussian_profile = mechanism == "discrete_gaussian" and share.form == "epsilon_delta"
+            bound = bounds[component]
+            chosen = _choose(aggregate.mechanism, share, linf=bound.linf, l0=l0, accountant=accountant)
             steps.append(
                 NoiseStep(
                     aggregate=aggregate.name,
                     component=component,
-                    mechanism=mechanism,
-                    budget=share,
-                    linf=linf,
+                    mechanism=chosen.mechanism,
+                    budget=chosen.budget,
+                    linf=bound.linf,
                     l0=l0,
-                    scale=scale,
-                    grid=grid,
+                    scale=chosen.scale,
+                    grid=bound.grid,
                     partitions=aggregate.partition_count,
-                    noise_delta=share.delta if gaussian_profile else Fraction(0),
+                    noise_delta=chosen.noise_delta,
+                    declared_l0=declared_l0,
+                    bound=bound,
                 )
             )
-    return ReleasePlan(spec=spec, steps=tuple(steps))
+    return ReleasePlan(spec=spec, steps=tuple(steps), accountant=accountant)

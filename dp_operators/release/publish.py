@@ -1,5 +1,12 @@
 """The published form of a release: noised values with half-widths, checked to be plain JSON. Post-processing of
-noised values and public parameters only."""
+noised values and public parameters only.
+
+Saturation is never silent (docs/mechanisms.md): the engine holds values within +-SATURATION grid units, so a true
+value beyond the limit is released at the limit. A released value whose *noised* grid integer lies within one noise
+half-width of the limit is published with ``"saturated": true`` and an ``"interval"`` ``[lower, upper]`` whose side
+towards the limit is ``null`` (unbounded) and ``"half_width": null``; a mean or variance with a saturated component
+gets the whole range its bounds allow. Deciding this from the noised value is post-processing: nothing is logged.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +15,41 @@ from fractions import Fraction
 from typing import Any
 
 from dp_operators.accounting import exact_number
-from dp_operators.release.plan import ReleasePlan
+from dp_operators.release.inputs import SATURATION
+from dp_operators.release.plan import NoiseStep, ReleasePlan
 from dp_operators.spec import Aggregate, ReleaseSpec
 
 
 def _number(value: Fraction) -> int | float:
     return int(value) if value.denominator == 1 else float(value)
+
+
+def _float_towards(value: Fraction, direction: float) -> float:
+    """``value`` as a float rounded towards ``direction`` (-inf for a lower end, +inf for an upper end)."""
+    near = float(value)
+    if (direction < 0 and near > value) or (direction > 0 and near < value):
+        near = math.nextafter(near, direction)
+    return near
+
+
+def _near_limit(units: int, noise_half_width: float) -> int:
+    """+1 (or -1) when a noised grid integer is within one noise half-width of +SATURATION (or -SATURATION): the
+    true value may lie beyond the limit. 0 otherwise. A function of the noised value and public parameters only."""
+    if units + noise_half_width >= SATURATION:
+        return 1
+    if units - noise_half_width <= -SATURATION:
+        return -1
+    return 0
+
+
+def _saturated_interval(units: int, step: NoiseStep, half_width: float, side: int) -> dict[str, Any]:
+    """The published fields of a saturated count or sum: an interval unbounded towards the limit."""
+    centre = units * step.grid
+    if side > 0:
+        interval = [_float_towards(centre - Fraction(half_width), -math.inf), None]
+    else:
+        interval = [None, _float_towards(centre + Fraction(half_width), math.inf)]
+    return {"half_width": None, "saturated": True, "interval": interval}
 
 
 def publish_aggregate(
@@ -23,42 +59,60 @@ def publish_aggregate(
     noised: dict[tuple[str, str], list[int]],
     keys: list[tuple],
 ) -> dict[str, Any]:
-    """The published form of one aggregate: values with half-widths (post-processing of noised values only)."""
+    """The published form of one aggregate: values with half-widths (post-processing of noised values only).
+
+    Each value carries ``half_width``, the half-width of its interval at the spec's confidence, which holds the
+    true value: the noise, the rounding to the grid and, for binary64 upstream sums, their error bound
+    (:meth:`NoiseStep.half_width`); a mean's or variance's from its components' (a box bound). A value that may
+    be saturated carries ``saturated: true`` and ``interval`` instead (see the module docstring).
+    """
     alpha = 1 - spec.confidence
     clamp = spec.postprocess.clamp_nonnegative
     steps = {component: plan.step(aggregate.name, component) for component in aggregate.components}
     vectors = [noised[(aggregate.name, component)] for component in aggregate.components]
-    values: list[tuple[int | float, float]] = []
+    values: list[dict[str, Any]] = []
     if aggregate.kind in ("mean", "variance"):
         lower, upper = (exact_number(b, name="bounds") for b in aggregate.bounds)  # type: ignore[union-attr]
         middle, half = float((lower + upper) / 2), float((upper - lower) / 2)
         # Union bound: each component's interval at alpha/k holds jointly with probability >= 1 - alpha.
-        widths = [steps[c].half_width(alpha / len(steps)) for c in aggregate.components]
+        share = alpha / len(steps)
+        widths = [steps[c].half_width(share) for c in aggregate.components]
+        noise_widths = [steps[c].noise_half_width_units(share) for c in aggregate.components]
+        whole_range = (float(lower), float(upper)) if aggregate.kind == "mean" else (0.0, half * half)
         for units in zip(*vectors):
             centred = {c: float(u * steps[c].grid) for c, u in zip(aggregate.components, units)}
             count = units[aggregate.components.index("count")]
             hw = dict(zip(aggregate.components, widths))
             if aggregate.kind == "mean":
                 mean, width = _mean_with_half_width(centred["sum"], count, hw["sum"], hw["count"], -half, half)
-                values.append((middle + mean, width))
+                value = middle + mean
             else:
-                values.append(
-                    _variance_with_half_width(
-                        centred["sum"], count, centred["sum_squares"], hw["sum"], hw["count"], hw["sum_squares"], half
-                    )
+                value, width = _variance_with_half_width(
+                    centred["sum"], count, centred["sum_squares"], hw["sum"], hw["count"], hw["sum_squares"], half
                 )
+            row: dict[str, Any] = {"value": value, "half_width": width}
+            if any(_near_limit(u, w) for u, w in zip(units, noise_widths)):
+                # a component may be beyond the limit: only the bounds still hold the mean / variance
+                low, high = whole_range
+                row.update(half_width=max(value - low, high - value), saturated=True, interval=[low, high])
+            values.append(row)
     else:
         step = steps[aggregate.kind]
         half_width = step.half_width(alpha)
+        noise_width = step.noise_half_width_units(alpha)
         for units in vectors[0]:
             value = _number(units * step.grid)
             if clamp and value < 0 and (aggregate.kind == "count" or aggregate.bounds[0] >= 0):  # type: ignore[index]
                 value = 0
-            values.append((value, half_width))
+            row = {"value": value, "half_width": half_width}
+            side = _near_limit(units, noise_width)
+            if side:
+                row.update(_saturated_interval(units, step, half_width, side))
+            values.append(row)
     rows: list[dict[str, Any]] = []
-    for key, (value, half_width) in zip(keys, values):
+    for key, published_value in zip(keys, values):
         row = dict(zip(aggregate.group_by, key))
-        row.update(value=value, half_width=half_width)
+        row.update(published_value)
         rows.append(row)
     chosen = list(dict.fromkeys(step.mechanism for step in steps.values()))
     published: dict[str, Any] = {
@@ -84,7 +138,7 @@ def publish_aggregate(
     if aggregate.group_by:
         published["rows"] = rows
     else:
-        published["value"], published["half_width"] = rows[0]["value"], rows[0]["half_width"]
+        published.update(rows[0])
     return published
 
 

@@ -4,13 +4,16 @@ Order of one release (DESIGN.md section 2, invariant 1):
 
 1. replay: if the release key already has a committed output, return it (nothing charged, nothing drawn);
 2. plan from public parameters only (spec, account): mechanisms, scales, charge;
-3. validate the *structure* of the upstream aggregates (missing aggregate, wrong shape, wrong type) — errors here
-   spend nothing. Data *values* never raise: NaN/inf follow the spec's ``non_finite`` policy, negative counts
-   are clamped to 0, keys outside the public domain are dropped (counted in a warning, never published);
+3. validate the *structure* of the upstream aggregates (missing aggregate, wrong shape, refused type) and
+   normalise every key and value to a plain, exact form — errors here spend nothing. Data *values* never raise:
+   NaN/inf follow the spec's ``non_finite`` policy, negative counts are clamped to 0, keys outside the public
+   domain are ignored. Nothing computed from the data is logged; an optional ``diagnostics`` callback receives
+   the exact data-quality report (docs/adr/0016);
 4. reserve the charge in the ledger (atomic check-and-charge);
 5. draw noise from the exact samplers (OS CSPRNG);
-6. check the output is plain, finite JSON and commit it to the ledger under the release key;
-7. return it for publication.
+6. build the output and check it is plain, finite JSON; any failure in 5-6 becomes a permanent
+   :class:`~dp_operators.release.errors.ReleaseAbortedError` (a retry would charge again);
+7. commit it to the ledger under the release key and return it for publication.
 
 Neighbouring relation: add or remove one privacy unit, which contributes to at most ``max_partitions_contributed``
 partitions of each aggregate, at most ``max_contributions_per_partition`` times each, every value clipped to the
@@ -25,11 +28,13 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from dp_operators import __version__
-from dp_operators.ledger import Ledger, ReleaseKey
-from dp_operators.release.errors import ReleaseConfigError
+from dp_operators.ledger import AccountStatus, Ledger, ReleaseKey
+from dp_operators.release.diagnostics import DiagnosticsReport
+from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError
 from dp_operators.release.inputs import PreparedInputs, prepare_inputs
 from dp_operators.release.plan import ReleasePlan, plan_release
 from dp_operators.release.publish import check_plain_json, publish_aggregate
@@ -94,6 +99,7 @@ def run_release(
     spec_hash: str,
     try_number: int | None = None,
     audit: Mapping[str, Any] | None = None,
+    diagnostics: Callable[[DiagnosticsReport], None] | None = None,
 ) -> ReleaseResult:
     """Run one release end to end (see the module docstring for the order of steps).
 
@@ -107,6 +113,10 @@ def run_release(
         try_number: the Airflow try, recorded for the audit trail only (never part of the key).
         audit: who/where context for the ledger's audit events (``run_type``, ``triggering_user``, ...; see
             :meth:`dp_operators.ledger.Ledger.reserve`). Never data values.
+        diagnostics: opt-in: called once with the :class:`~dp_operators.release.diagnostics.DiagnosticsReport` of
+            the upstream aggregates (exact, data-derived counts; row indexes of shape problems), after they are
+            read and before the reservation, whether or not the release is then refused. Not called on a replay
+            (the aggregates are not read). Store the report with the true aggregates; never log it.
 
     Returns:
         :class:`ReleaseResult`. On a replay the stored output is returned unchanged and nothing is charged.
@@ -114,6 +124,8 @@ def run_release(
     Raises:
         ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError: before anything is reserved.
         AccountNotFoundError, DagNotAllowedError, BudgetExhaustedError: refusals from the ledger; nothing reserved.
+        ReleaseAbortedError: an exception after the reservation and before the commit (chained as its cause);
+            the charge stays spent unless no sampler was entered. Permanent: do not retry.
         ChargeStateError: another attempt took over this release key; the charge stays spent.
     """
     if key.release_name != spec.release:
@@ -123,25 +135,25 @@ def run_release(
         _warn_if_spec_changed(stored, spec_hash, key)
         return ReleaseResult(output=stored, replayed=True)
 
-    plan = plan_release(spec)
     account = ledger.account(spec.budget_account)
     if account.privacy_unit != spec.privacy_unit:
         raise ReleaseConfigError(
             f"the spec protects privacy unit {spec.privacy_unit!r} but budget account {account.name!r} is for "
             f"{account.privacy_unit!r}; a budget only composes over one privacy unit"
         )
+    plan = plan_release(spec, accountant=account.accountant)
     charge = plan.charge(account.accountant)
     delta_spent = plan.delta(account.accountant)
     if callable(aggregates):
         aggregates = aggregates()
-    prepared = prepare_inputs(spec, aggregates)
-    unused = sorted(str(name) for name in aggregates if name not in {a.name for a in spec.aggregates})
-    if unused:
-        log.warning("upstream provided aggregate(s) %s that the spec does not release; they were ignored", unused)
-    for name, count in prepared.dropped_keys.items():
-        log.warning("aggregate %r: %d upstream row(s) outside the public key domain were dropped", name, count)
-    for name, count in prepared.special_values.items():
-        log.warning("aggregate %r: %d non-finite value(s) handled per the spec's non_finite policy", name, count)
+    # No log line, warning or message here may depend on the data (DESIGN.md 2.8): counts of dropped rows or
+    # special values go to the opt-in report only.
+    report = DiagnosticsReport(spec.release)
+    try:
+        prepared = prepare_inputs(spec, aggregates, diagnostics=report)
+    finally:
+        if diagnostics is not None:
+            diagnostics(report)
 
     mechanisms = [step.describe() for step in plan.steps]
     reservation = ledger.reserve(
@@ -158,18 +170,41 @@ def run_release(
         _warn_if_spec_changed(reservation, spec_hash, key)
         return ReleaseResult(output=reservation, replayed=True)
 
-    # From here on a failure keeps the charge spent unless no sampler was entered (DESIGN.md 2.1, ADR 1).
+    # From here on a failure keeps the charge spent unless no sampler was entered (DESIGN.md 2.1, ADR 1), and is
+    # permanent: every check that can fail ran before the reservation, so a failure here is a bug a retry would
+    # repeat, charging again each time.
     drawn: list[str] = []
     try:
-        noised, selected = draw_noise(plan, prepared, drawn)
-    except BaseException:
+        output = _noised_output(plan, prepared, drawn, key, account, charge, delta_spent, mechanisms, spec_hash)
+    except Exception as error:
+        if not drawn:
+            ledger.release(reservation)
+        raise ReleaseAbortedError(error, budget_returned=not drawn) from error
+    except BaseException:  # interrupts and task timeouts: not a deterministic failure, keep their meaning
         if not drawn:
             ledger.release(reservation)
         raise
+    ledger.commit(reservation, output)
+    return ReleaseResult(output=output, replayed=False)
+
+
+def _noised_output(
+    plan: ReleasePlan,
+    prepared: PreparedInputs,
+    drawn: list[str],
+    key: ReleaseKey,
+    account: AccountStatus,
+    charge: Fraction,
+    delta_spent: Fraction,
+    mechanisms: list[dict[str, Any]],
+    spec_hash: str,
+) -> dict[str, Any]:
+    """Draw the noise and build the published release, checked to be plain JSON (steps 5 and 6)."""
+    spec = plan.spec
+    noised, selected = draw_noise(plan, prepared, drawn)
+    keys = dict(prepared.keys)
     for name, positions in selected.items():
-        prepared.keys[name] = [prepared.keys[name][i] for i in positions]
-    keys = prepared.keys
-    del prepared
+        keys[name] = [keys[name][i] for i in positions]
 
     output = {
         "release": spec.release,
@@ -197,5 +232,4 @@ def run_release(
         output["charge"]["delta_spent"] = float(delta_spent)
         output["charge"]["delta_spent_exact"] = str(delta_spent)
     check_plain_json(output)
-    ledger.commit(reservation, output)
-    return ReleaseResult(output=output, replayed=False)
+    return output

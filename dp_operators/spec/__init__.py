@@ -1,4 +1,5 @@
-"""Release specs: YAML documents validated by pydantic models (no Airflow import)."""
+"""Release specs: YAML documents, read as YAML 1.2 (:mod:`.yaml12`), validated by pydantic models (no Airflow
+import)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dp_operators.spec.models import (
     ReleaseSpec,
     UpstreamSums,
 )
+from dp_operators.spec.yaml12 import YAMLDocumentError, load_yaml
 
 __all__ = [
     "Aggregate",
@@ -22,8 +24,10 @@ __all__ = [
     "ReleaseSpec",
     "UpstreamSums",
     "SpecError",
+    "YAMLDocumentError",
     "load_spec",
     "load_spec_with_hash",
+    "load_yaml",
     "parse_spec",
     "spec_hash",
 ]

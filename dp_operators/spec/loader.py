@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from dp_operators.spec.models import ReleaseSpec
+from dp_operators.spec.yaml12 import YAMLDocumentError, load_yaml
 
 
 class SpecError(ValueError):
@@ -35,20 +35,26 @@ def _field_path(location: tuple, document: object) -> str:
 
 
 def parse_spec(text: str, *, source: str = "<string>") -> ReleaseSpec:
-    """Parse and validate a release spec from YAML text.
+    """Parse and validate a release spec from YAML text, read as YAML 1.2 (:mod:`dp_operators.spec.yaml12`:
+    ``[yes, no]`` are text, an ambiguous scalar such as ``010`` is refused).
 
     Args:
         text: the YAML document.
         source: where it came from, used in error messages (a file path).
 
     Raises:
-        SpecError: invalid YAML, or a document that fails validation; one line per problem,
+        SpecError: invalid or ambiguous YAML, or a document that fails validation; one line per problem,
             ``<source>: <field.path>: <reason>``.
     """
     try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise SpecError(f"{source}: not valid YAML: {error}") from None
+        document = load_yaml(text)
+    except YAMLDocumentError as error:
+        if len(error.problems) == 1 and not error.problems[0].location:  # a syntax error: no field to name
+            raise SpecError(f"{source}: {error.problems[0].reason}") from None
+        lines = [f"{source}: cannot be read unambiguously ({len(error.problems)} problem(s)):"]
+        for problem in error.problems:
+            lines.append(f"  {_field_path(problem.location, error.document)}: {problem.reason} (line {problem.line})")
+        raise SpecError("\n".join(lines)) from None
     if not isinstance(document, dict):
         raise SpecError(f"{source}: a release spec is a YAML mapping with 'version: 1', got {type(document).__name__}")
     try:

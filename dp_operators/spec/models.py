@@ -12,26 +12,115 @@ import re
 from fractions import Fraction
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dp_operators.accounting import exact_number
 
 
-#: Budgets (epsilon, rho) and grids outside this range are refused: scales computed from them would overflow or
-#: underflow floating point in accuracy and reporting, and no meaningful release needs them.
-SUPPORTED_RANGE = (Fraction(1, 10**12), Fraction(10**12))
+#: Grids outside this range are refused: scales computed from them would overflow or underflow floating point in
+#: accuracy and reporting, and no meaningful release needs them.
+GRID_RANGE = (Fraction(1, 10**12), Fraction(10**12))
 #: Bounds and replacement values beyond this magnitude are refused for the same reason.
 MAX_MAGNITUDE = 10**15
 
+# Limits on the numbers that set the noise: budgets and the numbers that drive sensitivity. The README ("Release
+# spec reference", "Numeric limits") says why each holds; docs/adr/0019 has the measurements. Together they keep
+# every noise scale of a plan within binary64 range and within what the half-width and reporting functions compute
+# in milliseconds: sqrt(L0) * Linf <= 1e14 grid units, and sigma <= about 1e20 grid units at the smallest budgets
+# (epsilon 1e-4 split over a variance's three components, delta 1e-300).
+#: epsilon of one aggregate (or of its partition selection). Below 1e-4 the noise is ten thousand times the
+#: sensitivity; above 100 (a likelihood ratio of e^100) the release protects nothing, and partition selection's
+#: tail probabilities underflow to 0.
+EPSILON_RANGE = (Fraction(1, 10**4), Fraction(100))
+#: rho of one aggregate: the zCDP counterpart of EPSILON_RANGE (rho = epsilon^2 / 2 gives 5e-9 to 5000; the lower
+#: end is rounded down to 1e-9).
+RHO_RANGE = (Fraction(1, 10**9), Fraction(5000))
+#: L0: at most this many partitions per privacy unit. delta / L0, the per-partition delta of partition selection,
+#: stays a normal double for every delta >= 1e-300.
+MAX_PARTITIONS_CONTRIBUTED = 10**4
+#: Linf of a count: at most this many contributions of one privacy unit to one partition.
+MAX_CONTRIBUTIONS_PER_PARTITION = 10**6
+#: Per-contribution sensitivity in grid units (grid^2 units for a variance's sum of squares):
+#: ceil(max_contributions_per_partition * D / grid), D the largest change of one value. A sum of [0, 1e6] on a grid
+#: of 1e-6 is at the limit; the noise is at least Linf / 100 grid units, so a finer grid carries nothing more.
+MAX_LINF_GRID_UNITS = 10**12
+#: upstream.max_rows: the summation-error bound gamma_{n-1} needs n u < 1 (n < 2^53, about 9.007e15).
+MAX_ROWS = 10**15
 
-def _positive_exact(value: object) -> Fraction:
-    number = exact_number(value, name="value")
-    if number <= 0:
-        raise ValueError(f"must be > 0, got {value!r}")
-    low, high = SUPPORTED_RANGE
-    if not low <= number <= high:
-        raise ValueError(f"must be between 1e-12 and 1e12, got {value!r}")
-    return number
+
+def _exact_in(low: Fraction, high: Fraction):  # noqa: ANN202 (a validator factory)
+    """A validator reading an exact positive number (:func:`~dp_operators.accounting.exact_number`) in
+    [low, high]."""
+
+    def check(value: object) -> Fraction:
+        number = exact_number(value, name="value")
+        if number <= 0:
+            raise ValueError(f"must be > 0, got {value!r}")
+        if not low <= number <= high:
+            raise ValueError(f"must be between {float(low):g} and {float(high):g}, got {value!r}")
+        return number
+
+    return BeforeValidator(check)
+
+
+def _bounded_integer(low: int, high: int):  # noqa: ANN202 (a validator factory)
+    """A validator for an integer field in [low, high]: only a YAML integer is taken (no bool, no float such as
+    ``1.5`` or ``1e300``, no text), so nothing is silently rounded or coerced."""
+
+    def check(value: object) -> int:
+        if type(value) is not int:
+            kind = "a boolean" if isinstance(value, bool) else f"{type(value).__name__} {value!r}"
+            raise ValueError(
+                f"must be a whole number from {low} to {high:,} written as an integer (like 3, without a decimal "
+                f"point or exponent), got {kind}"
+            )
+        if not low <= value <= high:
+            raise ValueError(f"must be from {low} to {high:,}, got {value:,}")
+        return value
+
+    return BeforeValidator(check)
+
+
+#: L0, an integer in [1, MAX_PARTITIONS_CONTRIBUTED].
+PartitionsContributed = Annotated[int, _bounded_integer(1, MAX_PARTITIONS_CONTRIBUTED)]
+#: Linf of a count, an integer in [1, MAX_CONTRIBUTIONS_PER_PARTITION].
+ContributionsPerPartition = Annotated[int, _bounded_integer(1, MAX_CONTRIBUTIONS_PER_PARTITION)]
+#: A row bound, an integer in [1, MAX_ROWS].
+RowBound = Annotated[int, _bounded_integer(1, MAX_ROWS)]
+
+
+def _key_value(value: object) -> str | int:
+    """A public key value is text or an integer, exactly as written: a boolean, float, null or date is refused
+    rather than turned into something the upstream's rows will never hold (``True`` would match the row text
+    ``"True"``, not ``"yes"``; ``1000.0`` would become 1000)."""
+    if type(value) is str or type(value) is int:
+        return value
+    if isinstance(value, bool):
+        kind = f"the boolean {str(value).lower()}"
+    elif value is None:
+        kind = "null (an empty value, ~ or null)"
+    elif isinstance(value, float):
+        kind = f"the float {value!r}"
+    else:
+        kind = f"a {type(value).__name__} ({value})"
+    raise ValueError(
+        f"key values are text or integers, got {kind}: quote the value as written if it is text (e.g. 'yes', "
+        "'2026-01-01', '1.50'), or write an integer"
+    )
+
+
+#: One public key value: ``str`` or ``int``, strictly.
+KeyValue = Annotated[str | int, BeforeValidator(_key_value)]
 
 
 def _finite(value: object) -> float:
@@ -45,8 +134,11 @@ def _finite(value: object) -> float:
     return int(value) if isinstance(value, numbers.Integral) else number
 
 
-#: A strictly positive exact rational read from int, float, decimal string or "p/q" string.
-PositiveExact = Annotated[Fraction, BeforeValidator(_positive_exact), PlainSerializer(str, return_type=str)]
+_AS_TEXT = PlainSerializer(str, return_type=str)
+#: Exact rationals read from int, float, decimal string or "p/q" string, each in its range.
+Epsilon = Annotated[Fraction, _exact_in(*EPSILON_RANGE), _AS_TEXT]
+Rho = Annotated[Fraction, _exact_in(*RHO_RANGE), _AS_TEXT]
+Grid = Annotated[Fraction, _exact_in(*GRID_RANGE), _AS_TEXT]
 #: A finite int or float.
 FiniteNumber = Annotated[float | int, BeforeValidator(_finite)]
 
@@ -79,8 +171,8 @@ class Budget(_Strict):
       privacy profile of the discrete Gaussian (docs/mechanisms.md); ``auto`` compares it with a pure Laplace.
     """
 
-    epsilon: PositiveExact | None = None
-    rho: PositiveExact | None = None
+    epsilon: Epsilon | None = None
+    rho: Rho | None = None
     delta: Delta | None = None
 
     @model_validator(mode="after")
@@ -103,10 +195,13 @@ class Budget(_Strict):
 
 class ContributionBounds(_Strict):
     """How much one privacy unit may contribute (DESIGN.md 2.6): L0 = ``max_partitions_contributed`` partitions of
-    one aggregate, each at most ``max_contributions_per_partition`` times (Linf). L1 = L0*Linf, L2 = sqrt(L0)*Linf."""
+    one aggregate, each at most ``max_contributions_per_partition`` times (Linf). L1 = L0*Linf, L2 = sqrt(L0)*Linf.
 
-    max_partitions_contributed: int = Field(default=1, ge=1)
-    max_contributions_per_partition: int = Field(default=1, ge=1)
+    Both are integers (a float such as ``1e300`` or ``3.0`` is refused, never rounded), L0 in [1, 10^4] and
+    ``max_contributions_per_partition`` in [1, 10^6]; see the module constants for why."""
+
+    max_partitions_contributed: PartitionsContributed = 1
+    max_contributions_per_partition: ContributionsPerPartition = 1
 
 
 class NonFinitePolicy(_Strict):
@@ -155,7 +250,7 @@ class UpstreamSums(_Strict):
     """
 
     arithmetic: Literal["exact", "binary64"] = "exact"
-    max_rows: int | None = Field(default=None, ge=1, le=10**15)
+    max_rows: RowBound | None = None
 
     @model_validator(mode="after")
     def _row_bound_for_floats(self) -> UpstreamSums:
@@ -183,15 +278,16 @@ COMPONENTS = {
 
 class Aggregate(_Strict):
     """One released aggregate: a count, bounded sum, mean or variance; optionally grouped over a public key domain
-    (``keys``) or over keys found in the data (``partition_selection``)."""
+    (``keys``: per column, its values as text or integers, exactly as written) or over keys found in the data
+    (``partition_selection``)."""
 
     name: str
     kind: Literal["count", "sum", "mean", "variance"]
     group_by: list[str] = Field(default_factory=list)
-    keys: dict[str, list[str | int]] | None = None
+    keys: dict[str, list[KeyValue]] | None = None
     partition_selection: PartitionSelection | None = None
     bounds: tuple[FiniteNumber, FiniteNumber] | None = None
-    grid: PositiveExact = Fraction(1)
+    grid: Grid = Fraction(1)
     mechanism: Literal["discrete_laplace", "discrete_gaussian", "auto"]
     budget: Budget
     contribution: ContributionBounds | None = None
@@ -251,6 +347,31 @@ class Aggregate(_Strict):
             )
         return self
 
+    def largest_change(self, component: str) -> tuple[Fraction, int]:
+        """``(D, k)``: the most one value moves ``component``, in value units, and the power k of the grid its
+        integer is counted in (1, or 2 for ``sum_squares``, counted in grid^2 units). D is 1 for a count,
+        max(|lower|, |upper|) for a sum, h = (upper - lower)/2 for the centred sum of a mean or variance and h^2 for
+        its sum of squares (docs/adr/0010)."""
+        if component == "count":
+            return Fraction(1), 0
+        lower, upper = (exact_number(b, name="bounds") for b in self.bounds)  # type: ignore[union-attr]
+        if component == "sum_squares":
+            return ((upper - lower) / 2) ** 2, 2
+        if self.kind == "sum":
+            return max(abs(lower), abs(upper)), 1
+        return (upper - lower) / 2, 1
+
+    def linf_grid_units(self, max_contributions_per_partition: int) -> dict[str, int]:
+        """The declared per-contribution sensitivity of each component, in grid units (grid^2 units for
+        ``sum_squares``): ``ceil(max_contributions_per_partition * D / grid^k)`` with ``(D, k)`` from
+        :meth:`largest_change`. The same as the exact path's plan
+        (:attr:`dp_operators.release.float_sums.ComponentBound.declared_linf`); binary64 sums add an allowance."""
+        linf = {}
+        for component in self.components:
+            change, power = self.largest_change(component)
+            linf[component] = math.ceil(max_contributions_per_partition * change / self.grid**power)
+        return linf
+
     @property
     def components(self) -> tuple[str, ...]:
         """The noised components of this aggregate (``count``, ``sum``, ``sum_squares``), in release order."""
@@ -268,6 +389,32 @@ class Aggregate(_Strict):
         if not self.public_keys:
             return None
         return math.prod(len(self.keys[column]) for column in self.group_by)  # type: ignore[index]
+
+
+def _linf_message(aggregate: Aggregate, component: str, linf: int, per_partition: int, where: str) -> str:
+    """Why a component's per-contribution sensitivity is out of range, and the smallest grid that fits."""
+    change, power = aggregate.largest_change(component)
+    if component == "sum_squares":
+        what = f"the {aggregate.kind}'s centred sum of squares"
+    elif aggregate.kind == "sum":
+        what = "the sum"
+    else:
+        what = f"the {aggregate.kind}'s centred sum"
+    # the smallest grid G with per_partition * change / G^power <= MAX, rounded up to two significant digits
+    needed = per_partition * change / MAX_LINF_GRID_UNITS
+    root = needed if power == 1 else Fraction(math.sqrt(needed))
+    step = Fraction(10) ** (math.floor(math.log10(root)) - 1)
+    grid = math.ceil(root / step) * step
+    while grid**power < needed:
+        grid += step
+    lower, upper = aggregate.bounds  # type: ignore[misc]
+    return (
+        f"with bounds [{float(lower):g}, {float(upper):g}], grid {float(aggregate.grid):g} and "
+        f"max_contributions_per_partition {per_partition} ({where}), one privacy unit moves {what} by up to "
+        f"{linf:.3g} {'grid units' if power == 1 else 'grid^2 units'}; at most {MAX_LINF_GRID_UNITS:.0e} are "
+        f"supported (a finer grid is far below any noise): use a grid of at least {float(grid):g}, or narrower "
+        "bounds"
+    )
 
 
 class Postprocess(_Strict):
@@ -302,6 +449,31 @@ class ReleaseSpec(_Strict):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"aggregate names must be unique, repeated: {duplicates}")
+        return self
+
+    @model_validator(mode="after")
+    def _sensitivity_in_range(self) -> ReleaseSpec:
+        """Each component's per-contribution sensitivity (bounds, grid and the contribution bound that applies,
+        the aggregate's own or the spec's) is at most MAX_LINF_GRID_UNITS grid units; the error names the
+        aggregate's ``grid`` and the smallest grid that fits."""
+        problems = []
+        for index, aggregate in enumerate(self.aggregates):
+            if aggregate.kind == "count":
+                continue  # Linf = max_contributions_per_partition, already in range
+            per_partition = self.contribution_for(aggregate).max_contributions_per_partition
+            where = "the aggregate's contribution" if aggregate.contribution else "the spec's contribution"
+            for component, linf in aggregate.linf_grid_units(per_partition).items():
+                if linf <= MAX_LINF_GRID_UNITS:
+                    continue
+                problems.append(InitErrorDetails(
+                    type=PydanticCustomError("value_error", "{message}", {"message": _linf_message(
+                        aggregate, component, linf, per_partition, where
+                    )}),
+                    loc=("aggregates", index, "grid"),
+                    input=str(aggregate.grid),
+                ))
+        if problems:
+            raise ValidationError.from_exception_data(type(self).__name__, problems)
         return self
 
     def contribution_for(self, aggregate: Aggregate) -> ContributionBounds:

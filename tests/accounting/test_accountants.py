@@ -64,6 +64,12 @@ def test_accountant_comparison_gaussian_dp_22_zcdp_19_basic_composition_3(tmp_pa
     assert max(by_split.values()) == by_split[3] == 3
 
 
+def test_zcdp_account_admits_laplace_releases_by_the_tight_conversion(tmp_path):
+    """Cap rho = 10, Laplace releases at epsilon 2: charged 2 tanh(1) = 1.5232 each (docs/adr/0015), so 6 fit
+    (9.14 <= 10 < 10.66); under the old epsilon^2 / 2 = 2 only 5 did."""
+    assert admitted(tmp_path, "laplace", "zcdp", PrivacyLoss("epsilon", Fraction(2)), cap=10) == 6
+
+
 def test_the_counts_are_the_exact_limits():
     """22 and 19 are where the exact conversions cross, not artefacts of rounding."""
     cap_mu2 = gdp_mu_squared_for_approx_dp(1, DELTA)
@@ -106,7 +112,8 @@ def test_gdp_epsilon_inverts_gdp_delta():
     [
         pytest.param(LAPLACE, "pure_dp", (Fraction(1, 10), 0), id="laplace on pure_dp"),
         pytest.param(LAPLACE, "approx_dp", (Fraction(1, 10), 0), id="laplace on approx_dp is (eps, 0)"),
-        pytest.param(LAPLACE, "zcdp", (Fraction(1, 200), 0), id="laplace on zcdp is eps^2/2"),
+        # 0.1 tanh(0.05) = 0.0049958374957880..., rounded up to 12 significant digits (docs/adr/0015)
+        pytest.param(LAPLACE, "zcdp", (Fraction(499583749579, 10**14), 0), id="laplace on zcdp is eps tanh(eps/2)"),
         pytest.param(GAUSSIAN, "zcdp", (Fraction(1, 800), 0), id="gaussian on zcdp is rho"),
         pytest.param(GAUSSIAN, "gaussian_dp", (Fraction(1, 400), 0), id="gaussian on gaussian_dp is mu^2"),
         pytest.param(PrivacyLoss("epsilon", Fraction(1, 2), delta=DELTA), "approx_dp", (Fraction(1, 2), DELTA),

@@ -16,7 +16,7 @@ import pytest
 from dp_operators.ledger import Ledger, load_ledger_config
 from dp_operators.release import plan_release
 
-from support import EXAMPLE_SPEC, REPO
+from support import EXAMPLE_SPEC, REPO, example_charge
 
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
@@ -28,7 +28,9 @@ def airflow_env(tmp_path_factory, adult_csv):
     ledger_path = home / "ledger.db"
     config = home / "ledgers.yaml"
     # the repository's account, with a cap that fits exactly two runs of the example spec
-    config.write_text((REPO / "config" / "ledgers.yaml").read_text().replace("cap: 0.5 ", "cap: 0.2 "))
+    config.write_text(
+        (REPO / "config" / "ledgers.yaml").read_text().replace("cap: 0.5 ", f"cap: {2 * example_charge()} ")
+    )
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(home),
@@ -44,7 +46,7 @@ def airflow_env(tmp_path_factory, adult_csv):
     }
     for command in (["airflow", "db", "migrate"], ["dpctl", "ledger", "init"], ["dpctl", "ledger", "apply", str(config)]):
         subprocess.run([str(BIN / command[0]), *command[1:]], env=env, check=True, capture_output=True, timeout=300)
-    assert load_ledger_config(config).accounts["census_adult"].cap == Fraction(1, 5)
+    assert load_ledger_config(config).accounts["census_adult"].cap == 2 * example_charge()
     return {"home": home, "env": env, "ledger": Ledger(f"sqlite:///{ledger_path}"), "ledger_path": ledger_path}
 
 
@@ -77,14 +79,15 @@ def test_first_run_releases_every_cell_and_charges_the_spec_total(runs, airflow_
     from dp_operators.spec import load_spec
 
     assert charge["state"] == "committed"
-    assert Fraction(charge["amount"]) == plan_release(load_spec(EXAMPLE_SPEC)).charge("zcdp")
+    assert Fraction(charge["amount"]) == plan_release(load_spec(EXAMPLE_SPEC), accountant="zcdp").charge("zcdp") == example_charge()
 
 
 def test_third_run_is_refused_and_the_ledger_holds_two_charges(runs, airflow_env):
     assert "state=success" in runs[1].stdout + runs[1].stderr
     third = runs[2].stdout + runs[2].stderr
     assert "state=failed" in third
-    assert "budget account 'census_adult' is exhausted: requested rho 0.1, remaining 0, short by 0.1" in third
+    charge = example_charge()
+    assert f"budget account 'census_adult' is exhausted: requested rho {charge} (~0.0996572), remaining 0" in third
     charges = airflow_env["ledger"].charges()
     assert len(charges) == 2 and all(c["state"] == "committed" for c in charges)
     assert len(releases(airflow_env)) == 2

@@ -45,10 +45,14 @@ def test_discrete_gaussian_sigma2_is_exact():
     assert discrete_gaussian_sigma2(Fraction(1, 3), 1) == Fraction(1, 6)
 
 
-def test_pure_epsilon_to_rho_is_exact():
-    assert pure_epsilon_to_rho(Fraction(1, 2)) == Fraction(1, 8)
-    assert pure_epsilon_to_rho(2) == 2
-    assert pure_epsilon_to_rho(0.1) == Fraction(1, 200)
+def test_pure_epsilon_to_rho_is_epsilon_tanh_half_epsilon_rounded_up():
+    """eps tanh(eps/2) to 12 significant digits, rounded up (tests/accounting/test_pure_dp_to_zcdp.py checks it
+    against the Rényi divergence of randomized response). By hand: 0.5 tanh(0.25) = 0.12245933120185...,
+    2 tanh(1) = 1.52318831191153..., 0.1 tanh(0.05) = 0.0049958374957880..."""
+    assert pure_epsilon_to_rho(Fraction(1, 2)) == Fraction(122459331202, 10**12)
+    assert pure_epsilon_to_rho(2) == Fraction(152318831192, 10**11)
+    assert pure_epsilon_to_rho(0.1) == Fraction(499583749579, 10**14)
+    assert pure_epsilon_to_rho(Fraction(1, 2)) < Fraction(1, 8)  # below Bun & Steinke's epsilon^2 / 2
 
 
 def test_rho_to_epsilon_reference_case_between_rho_and_bun_steinke():
@@ -247,8 +251,11 @@ def test_gaussian_threshold_is_the_smallest_valid_integer():
 
 
 def test_epsilon_for_rho_fits_the_budget():
+    """The root of eps tanh(eps/2) = 0.05 is 0.3175514373..., above the old sqrt(0.1) = 0.3162277660."""
     epsilon = epsilon_for_rho(Fraction(1, 20))
-    assert epsilon * epsilon / 2 <= Fraction(1, 20) and float(epsilon) == pytest.approx(math.sqrt(0.1), rel=1e-10)
+    assert pure_epsilon_to_rho(epsilon) <= Fraction(1, 20)
+    assert float(epsilon) == pytest.approx(0.3175514373, rel=1e-9)
+    assert epsilon > math.sqrt(0.1)
 
 
 def test_target_accuracy_gives_the_smallest_budget():

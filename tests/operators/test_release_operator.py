@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from dp_operators.operators.release import DPReleaseOperator, release_csv
 from dp_operators.spec import SpecError
 
-from support import EXAMPLE_SPEC, make_ledger
+from support import EXAMPLE_SPEC, example_charge, make_ledger
 
 
 @dataclass
@@ -41,7 +42,7 @@ def context_for(ti) -> dict:
 @pytest.fixture
 def ledger_conn(tmp_path: Path, monkeypatch):
     path = tmp_path / "ledger.db"
-    ledger = make_ledger(path, cap="0.2")
+    ledger = make_ledger(path, cap=str(2 * example_charge()))
     monkeypatch.setenv(
         "AIRFLOW_CONN_DP_LEDGER_TEST",
         json.dumps({"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}"}}),
@@ -69,12 +70,12 @@ def test_execute_publishes_xcom_files_and_asset_event(tmp_path, ledger_conn, adu
     folder = tmp_path / "out" / "adult_census_statistics" / "manual__2026-11-29T10_00_00_00_00"
     assert json.loads((folder / "release.json").read_text()) == output
     csv_lines = (folder / "release.csv").read_text().splitlines()
-    assert csv_lines[0] == "aggregate,kind,key,value,half_width,confidence,mechanism"
+    assert csv_lines[0] == "aggregate,kind,key,value,half_width,confidence,mechanism,saturated,lower,upper"
     assert len(csv_lines) == 1 + 32 + 7 + 1
     assert (folder / "release.csv").read_text() == release_csv(output)
     extra = context["outlet_events"][op.release_asset].extra
     assert extra["release"] == "adult_census_statistics"
-    assert extra["charge"]["rho_exact"] == "1/10"
+    assert extra["charge"]["rho_exact"] == str(example_charge())
     json.dumps(extra, allow_nan=False)
 
 
@@ -91,7 +92,7 @@ def test_retry_returns_the_stored_release_byte_for_byte(tmp_path, ledger_conn, a
 def test_exhaustion_fails_the_task_without_retry_and_publishes_nothing(tmp_path, ledger_conn, adult_aggregates):
     for run in ("a", "b"):
         operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, run_id=run)))
-    with pytest.raises(AirflowFailException, match="requested rho 0.1, remaining 0, short by 0.1"):
+    with pytest.raises(AirflowFailException, match="remaining 0, short by"):
         operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, run_id="c")))
     assert not (tmp_path / "out" / "adult_census_statistics" / "c").exists()
     assert len(ledger_conn.charges()) == 2
@@ -123,8 +124,9 @@ def test_bad_spec_fails_at_construction_with_file_and_field(tmp_path):
     assert "aggregates[1](people_by_age_band).budget.epsilon" in str(caught.value)
 
 
-def test_only_the_output_location_is_templated():
-    assert DPReleaseOperator.template_fields == ("output_uri",)
+def test_only_the_output_and_diagnostics_locations_are_templated():
+    """Locations only: Airflow stores rendered fields in its database and shows them in the UI."""
+    assert DPReleaseOperator.template_fields == ("output_uri", "diagnostics_uri")
 
 
 def test_aggregates_can_be_passed_by_reference(tmp_path, ledger_conn, adult_aggregates):
@@ -143,3 +145,89 @@ def test_retry_replays_even_when_the_upstream_value_is_gone(tmp_path, ledger_con
     assert operator(tmp_path).execute(context_for(ti)) == first
     assert ti.pulls == []  # a replay never reads the true aggregates
     assert len(ledger_conn.charges()) == 1
+
+
+def diagnosed_operator(tmp_path: Path) -> DPReleaseOperator:
+    return DPReleaseOperator(
+        task_id="release",
+        spec_path=EXAMPLE_SPEC,
+        aggregates_task_id="compute_aggregates",
+        output_uri=f"file://{tmp_path / 'out'}",
+        diagnostics_uri=f"file://{tmp_path / 'private'}",
+        ledger_conn_id="dp_ledger_test",
+    )
+
+
+
+def task_log(capsys) -> list[str]:
+    """The operator's log lines (Airflow's structlog writes them to stdout) less their timestamps."""
+    return [re.sub(r"^\S+Z ", "", line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_diagnostics_are_written_beside_the_release_path_and_only_their_location_is_logged(
+    tmp_path, ledger_conn, adult_aggregates, capsys
+):
+    aggregates = json.loads(json.dumps(adult_aggregates))
+    aggregates["people_by_age_band"].append({"age_band": "0-16", "count": 777})
+    diagnosed_operator(tmp_path).execute(context_for(FakeTaskInstance(aggregates)))
+    relative = Path("adult_census_statistics") / "manual__2026-11-29T10_00_00_00_00"
+    report = json.loads((tmp_path / "private" / relative / "release.diagnostics.json").read_text())
+    assert (tmp_path / "out" / relative / "release.json").exists()
+    seen = report["aggregates"]["people_by_age_band"]
+    assert seen["rows_outside_domain"] == 1 and seen["outside_domain_examples"] == [["0-16"]]
+    assert report["notice"].startswith("Exact, data-derived numbers")
+    logged = "\n".join(task_log(capsys))
+    assert "wrote the diagnostics report (exact, data-derived; not for publication) to file://" in logged
+    assert "777" not in logged and "0-16" not in logged and "domain" not in logged
+
+
+def test_no_diagnostics_without_a_location(tmp_path, ledger_conn, adult_aggregates):
+    operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates)))
+    assert not (tmp_path / "private").exists()
+    assert not list((tmp_path / "out").rglob("*.diagnostics.json"))
+
+
+def test_diagnostics_are_written_when_the_release_is_refused(tmp_path, ledger_conn, adult_aggregates):
+    aggregates = json.loads(json.dumps(adult_aggregates))
+    aggregates["people_by_age_band"].insert(3, {"age_band": "75+", "count": b"12"})
+    with pytest.raises(AirflowFailException, match="a row's field 'count' holds a bytes, not a number"):
+        diagnosed_operator(tmp_path).execute(context_for(FakeTaskInstance(aggregates)))
+    (written,) = (tmp_path / "private").rglob("release.diagnostics.json")
+    problems = json.loads(written.read_text())["aggregates"]["people_by_age_band"]["problems"]
+    assert [(p["row"], p["field"]) for p in problems] == [(3, "count")]
+    assert ledger_conn.charges() == []
+
+
+def test_a_failure_after_the_reservation_fails_the_task_without_retry_or_the_causes_text(
+    tmp_path, ledger_conn, adult_aggregates, monkeypatch
+):
+    """Airflow retries any exception but AirflowFailException; a retry would charge again. The original
+    exception's text is not audited for data, so it is not chained into the task log."""
+    import dp_operators.release.run as engine
+
+    def fails(*args, **kwargs):
+        raise TypeError("rows[3].education: str_ 'Preschool' is not plain JSON")
+
+    monkeypatch.setattr(engine, "publish_aggregate", fails)
+    with pytest.raises(AirflowFailException) as failed:
+        operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates)))
+    assert "failed after its budget was reserved (TypeError)" in str(failed.value)
+    assert "Preschool" not in str(failed.value)
+    assert failed.value.__cause__ is None and failed.value.__suppress_context__
+    assert [charge["state"] for charge in ledger_conn.charges()] == ["reserved"]
+
+
+@pytest.mark.parametrize("neighbour", [
+    pytest.param(lambda a: a["people_by_age_band"].append({"age_band": "0-16", "count": 1}), id="an unlisted key"),
+    pytest.param(lambda a: a["people_by_age_band"].append({"age_band": "75+", "count": None}), id="a NULL count"),
+    pytest.param(lambda a: a["people_by_education_sex"][0].update(count=a["people_by_education_sex"][0]["count"] + 1),
+                 id="one more person in a cell"),
+])
+def test_the_task_log_is_the_same_on_neighbouring_inputs(tmp_path, ledger_conn, adult_aggregates, capsys, neighbour):
+    logs = []
+    for run, change in (("a", lambda a: None), ("b", neighbour)):
+        aggregates = json.loads(json.dumps(adult_aggregates))
+        change(aggregates)
+        diagnosed_operator(tmp_path).execute(context_for(FakeTaskInstance(aggregates, run_id=run)))
+        logs.append([line.replace(f"/{run}/", "/<run>/") for line in task_log(capsys)])
+    assert logs[0] == logs[1] and logs[0]

@@ -1,0 +1,222 @@
+"""What each type an upstream task returns becomes, before any budget is reserved (issue 8, items 2 and 4).
+
+Every upstream key and value is normalised to an exact, plain form or refused here, by its *type* only, so that no
+type can pass the input checks and fail after the reservation (where the budget would be spent for nothing).
+
+Values (``count``, ``sum``, ``sum_squares``, ``units``) become exact :class:`~fractions.Fraction` s:
+
+========================================  ==================================================================
+type                                      read as
+========================================  ==================================================================
+``int``, numpy integers                   the integer (never wraps: numpy int32/int64 become Python ints)
+``decimal.Decimal``                       its exact decimal value (SQL ``SUM`` over ``NUMERIC``); NaN, sNaN and
+                                          Infinity follow ``non_finite``
+``fractions.Fraction``                    itself
+``float``, numpy float64 / longdouble     counts: the float's exact binary value, then rounded as counts are;
+                                          sums: refused under ``upstream.arithmetic: exact`` (a float sum may be
+                                          further from its neighbour's than the sensitivity, Casacuberta et al.,
+                                          CCS 2022), the exact binary value under ``binary64``
+numpy float16 / float32                   refused: they hold neither every count above 2^24 (2^11 for float16)
+                                          nor a sum to double precision
+``None``, ``pandas.NA``, ``pandas.NaT``   SQL's NULL: follows the ``nan`` policy of ``non_finite``
+``bool``, ``numpy.bool_``, ``str``,       refused
+``bytes``, dates, anything else
+========================================  ==================================================================
+
+Keys (``group_by`` columns) become ``str``, ``int`` or ``None``: ``str`` and its subclasses (``numpy.str_``) -> str;
+``int`` and numpy integers -> int; an ``Enum`` (``StrEnum``, ``IntEnum``) -> its ``.value``, normalised again;
+``datetime.date`` / ``datetime`` (and ``pandas.Timestamp``) -> ``isoformat()``; ``None``, ``pandas.NA``,
+``pandas.NaT`` and a float NaN -> ``None`` (SQL's NULL group). ``bytes``, ``bool``, other floats and anything else
+are refused with the column, the type and how to fix it.
+
+Messages name the field and the type found, never a value or a row index (DESIGN.md 2.8).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import numbers
+import sys
+from decimal import Decimal
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dp_operators.accounting import exact_number
+
+if TYPE_CHECKING:
+    from dp_operators.release.diagnostics import AggregateDiagnostics
+    from dp_operators.spec import Aggregate
+
+#: Data values are saturated at +-SATURATION grid units (about 4.6e18): they never overflow and never wrap.
+SATURATION = 2**62
+#: Decimal exponents beyond this (in magnitude) are not expanded: reading 1E+999999999 exactly would take the
+#: memory of a billion-digit integer. Such values are far beyond any saturation limit (at most 2^62 grid units
+#: of at most (10^12)^2) or far below any grid (at least (10^-12)^2), so they saturate or count as 0.
+DECIMAL_EXPONENT_LIMIT = 1000
+
+_EXACT_TYPES = "int, Decimal or Fraction"
+_FLOAT_SUM_ADVICE = (
+    "a binary float sum may be further from its neighbour's than the planned sensitivity (Casacuberta, Shoemate, "
+    "Vadhan, Wagaman, CCS 2022). Return the sum as an int (of integer values, or in grid units) or a Decimal (SQL "
+    "SUM over NUMERIC), or declare the float arithmetic in the spec: upstream: {arithmetic: binary64, max_rows: N}"
+)
+
+
+class InputTypeError(Exception):
+    """A key or value of a type the engine refuses. ``field``: the field or key column; the message names the
+    type found and how to fix it, never a value."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class DropRow(Exception):
+    """A data value whose declared ``non_finite`` policy is ``drop``: the row is ignored."""
+
+
+def _pandas_missing(value: Any) -> bool:
+    """True for ``pandas.NA`` and ``pandas.NaT``; pandas is never imported for this (if it was not imported, no
+    value can be one of them)."""
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and (value is getattr(pandas, "NA", None) or value is getattr(pandas, "NaT", None))
+
+
+def _type_name(value: Any) -> str:
+    """``float``, ``Decimal``, but ``numpy.float32``: numpy's names would be ambiguous without the package."""
+    kind = type(value)
+    package = kind.__module__.split(".")[0]
+    return f"{package}.{kind.__name__}" if package in ("numpy", "pandas") else kind.__name__
+
+
+def normalise_key(value: Any, column: str) -> str | int | None:
+    """One ``group_by`` value as a plain JSON key: ``str``, ``int`` or ``None`` (see the module docstring).
+
+    Raises:
+        InputTypeError: bytes, bool, a float other than NaN, or any other type; names the column and the type.
+    """
+    if type(value) is str or type(value) is int:  # the common case, already plain (bool is not exactly int)
+        return value
+    if isinstance(value, enum.Enum):
+        value = value.value
+        if isinstance(value, enum.Enum):  # an enum of enums: one more level, then refuse below
+            value = value.value
+    if value is None or _pandas_missing(value):
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        raise InputTypeError(column, f"key column {column!r} holds a bool; give str or int keys (e.g. 'yes'/'no')")
+    if isinstance(value, str):
+        return str.__str__(value)  # a plain str, also for numpy.str_ and other subclasses
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        if value != value:  # NaN: pandas' missing value in an object column, the NULL group
+            return None
+        raise InputTypeError(
+            column,
+            f"key column {column!r} holds a {_type_name(value)}; give str or int keys (pandas: cast the column with "
+            ".astype('Int64') or .astype(str) before grouping)",
+        )
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raise InputTypeError(
+            column, f"key column {column!r} holds {_type_name(value)}; decode it upstream (e.g. .decode('utf-8'))"
+        )
+    if isinstance(value, dt.date):  # datetime and pandas.Timestamp too (NaT was caught above)
+        return value.isoformat()
+    raise InputTypeError(
+        column, f"key column {column!r} holds a {_type_name(value)}; give str, int, date or None keys"
+    )
+
+
+def _largest_grid(aggregate: Aggregate) -> Fraction:
+    return max(aggregate.grid, aggregate.grid**2) if aggregate.kind != "count" else Fraction(1)
+
+
+def _special(
+    aggregate: Aggregate, kind: str, negative: bool, field: str, label: str, diagnostics: AggregateDiagnostics
+) -> Fraction:
+    """A NaN (``kind == "nan"``) or infinity handled by the aggregate's ``non_finite`` policy."""
+    diagnostics.special(field, label)
+    policy = aggregate.non_finite
+    action = policy.nan if kind == "nan" else policy.infinity
+    if action == "drop":
+        raise DropRow
+    if action == "clamp":
+        return Fraction(-SATURATION if negative else SATURATION) * _largest_grid(aggregate)
+    return exact_number(policy.replace_with, name="non_finite.replace_with")
+
+
+def _decimal(value: Decimal, aggregate: Aggregate, field: str, diagnostics: AggregateDiagnostics) -> Fraction:
+    if value.is_nan():  # NaN and sNaN (never compared: sNaN raises on comparison)
+        return _special(aggregate, "nan", False, field, "nan", diagnostics)
+    if value.is_infinite():
+        return _special(aggregate, "infinity", value.is_signed(), field, "infinity", diagnostics)
+    if value.is_zero():
+        return Fraction(0)
+    if value.adjusted() > DECIMAL_EXPONENT_LIMIT:
+        return Fraction(-1 if value.is_signed() else 1) * 10**DECIMAL_EXPONENT_LIMIT
+    if value.adjusted() < -DECIMAL_EXPONENT_LIMIT:
+        return Fraction(0)
+    return Fraction(value)
+
+
+def read_number(
+    value: Any, aggregate: Aggregate, field: str, component: str, diagnostics: AggregateDiagnostics
+) -> Fraction:
+    """One upstream value as an exact number (see the module docstring for each type).
+
+    Args:
+        value: the upstream value.
+        aggregate: its aggregate (``non_finite`` policy, ``upstream.arithmetic``, grid).
+        field: the row field it came from (``count``, ``sum``, ``sum_squares``, ``units``), for messages.
+        component: ``count`` for counts and unit counts, ``sum`` for sums and sums of squares.
+        diagnostics: where special and float values are counted.
+
+    Raises:
+        InputTypeError: a type the engine refuses (decided by the type alone, never the value).
+        DropRow: the value's ``non_finite`` policy drops its row.
+    """
+    if type(value) is int:  # the common case (bool is not exactly int)
+        return Fraction(value)
+    if value is None or _pandas_missing(value):
+        return _special(aggregate, "nan", False, field, "null", diagnostics)
+    if isinstance(value, (bool, np.bool_)):
+        raise InputTypeError(field, f"field {field!r} holds a bool; give a number ({_EXACT_TYPES})")
+    if isinstance(value, numbers.Integral):
+        return Fraction(int(value))
+    if isinstance(value, Fraction):
+        return value
+    if isinstance(value, Decimal):
+        return _decimal(value, aggregate, field, diagnostics)
+    if isinstance(value, np.floating) and np.finfo(value.dtype).nmant < np.finfo(np.float64).nmant:
+        exact_up_to = np.finfo(value.dtype).nmant + 1
+        raise InputTypeError(
+            field,
+            f"field {field!r} holds a {_type_name(value)}, which holds neither every count above 2^{exact_up_to} nor "
+            f"a sum to double precision; return {_EXACT_TYPES} values (or float64)",
+        )
+    if isinstance(value, (float, np.floating)):
+        if component == "sum" and aggregate.upstream.arithmetic == "exact":
+            raise InputTypeError(
+                field, f"field {field!r} holds a {_type_name(value)} but upstream.arithmetic is 'exact': "
+                + _FLOAT_SUM_ADVICE
+            )
+        diagnostics.float_values[field] += 1
+        if np.isnan(value):
+            return _special(aggregate, "nan", False, field, "nan", diagnostics)
+        if np.isinf(value):
+            return _special(aggregate, "infinity", bool(value < 0), field, "infinity", diagnostics)
+        return Fraction(*value.as_integer_ratio())  # the float's exact binary value, not its shortest decimal
+    if isinstance(value, numbers.Rational):
+        return Fraction(int(value.numerator), int(value.denominator))
+    if isinstance(value, (str, bytes, bytearray)):
+        advice = "parse it upstream (int(...), Decimal(...))"
+    elif isinstance(value, (dt.date, dt.time, dt.timedelta, np.datetime64, np.timedelta64)):
+        advice = "convert it to a number upstream"
+    else:
+        advice = f"give {_EXACT_TYPES}" + (", or a float for a count" if component == "count" else "")
+    raise InputTypeError(field, f"field {field!r} holds a {_type_name(value)}, not a number; {advice}")
+
