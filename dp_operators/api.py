@@ -4,6 +4,12 @@ Every helper here is a thin front over the release engine (:mod:`dp_operators.re
 fixed-point grid, gets exact discrete noise from the OS CSPRNG, and comes back with the half-width of its
 confidence interval. Parameters are validated by the same models as a YAML spec, before anything is charged.
 
+Values may be ``int``, numpy integers, ``Decimal``, ``Fraction`` or floats; a float is taken as its exact binary
+value, so the declared ``sensitivity`` must hold for the floats passed. A float sum of clipped values can differ
+between neighbouring datasets by more than the clipping bound (Casacuberta, Shoemate, Vadhan, Wagaman, CCS 2022):
+pass such sums exactly (an integer in grid units, ``Decimal``, ``Fraction``), or release them through
+:func:`run_release` with a spec declaring ``upstream: {arithmetic: binary64, max_rows: N}``.
+
 Charging: pass ``ledger``, ``account`` and ``key`` together to charge a budget account first (DESIGN.md 2.1). The
 ``key`` (a :class:`~dp_operators.ledger.ReleaseKey`) makes the call idempotent: calling again with the same key
 returns the stored result, draws nothing and spends nothing. Its ``dag_id`` must be allowed to spend from the
@@ -16,7 +22,7 @@ User guide: ``docs/python-api.md``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from numbers import Integral, Real
@@ -56,30 +62,40 @@ class NoisyValue:
 
     Attributes:
         value: the noised value, a multiple of the grid (an ``int`` when the grid is 1).
-        half_width: half-width of its ``confidence`` interval, from public parameters only.
+        half_width: half-width of its ``confidence`` interval around ``value``, from public parameters only: the
+            noise's half-width plus half a grid step (the rounding to the grid). None when the value may be
+            saturated: its noised grid integer is within one noise half-width of the engine's limit of +-2**62
+            grid units, so the true value may lie beyond it and no finite interval is claimed.
         mechanism: the noise step as recorded in a ledger (mechanism, scale or sigma, sensitivities, epsilon/rho).
         charge: what the ledger account was charged (``None`` without a ledger).
         replayed: True when a ledger returned the stored result of this key (nothing drawn, nothing spent).
+        saturated: True when the value may be saturated (then ``half_width`` is None). Decided from the noised
+            value only (post-processing).
     """
 
     value: int | float
-    half_width: float
+    half_width: float | None
     confidence: float
     mechanism: dict[str, Any]
     charge: dict[str, Any] | None
     replayed: bool = False
+    saturated: bool = False
 
 
 @dataclass(frozen=True)
 class NoisyVector:
-    """A released vector: ``values`` in input order, each with the same ``half_width`` (see :class:`NoisyValue`)."""
+    """A released vector: ``values`` in input order, each with the same noise and so the same ``half_width``
+    (see :class:`NoisyValue`), except the values flagged in ``saturated``: ``saturated[i]`` is True when
+    ``values[i]`` may be saturated (its noised grid integer is within one noise half-width of +-2**62 grid units),
+    and then no finite interval holds for it. ``half_width`` is None only when every value is saturated."""
 
     values: list[int | float]
-    half_width: float
+    half_width: float | None
     confidence: float
     mechanism: dict[str, Any]
     charge: dict[str, Any] | None
     replayed: bool = False
+    saturated: list[bool] = field(default_factory=list)
 
 
 def _default_grid(sensitivity: Fraction, grid: object) -> Fraction:
@@ -229,6 +245,7 @@ def _scalar(published: dict, described: dict, charge: dict | None, replayed: boo
         mechanism=described,
         charge=charge,
         replayed=replayed,
+        saturated=bool(published.get("saturated", False)),
     )
 
 
@@ -248,7 +265,8 @@ def laplace_mechanism(
 
     The value is rounded to the ``grid`` (default 1 for an integer sensitivity, else sensitivity/1000) and noised
     as an integer with scale ceil(sensitivity/grid)/epsilon grid units, so the output carries no floating-point
-    leak (Mironov 2012). NaN becomes 0 and infinities saturate (the spec defaults for ``non_finite``).
+    leak (Mironov 2012). The half-width adds half a grid step for the rounding. NaN and infinities become 0 (the
+    spec defaults for ``non_finite``); a float is read as its exact binary value (module docstring).
 
     Raises:
         ValueError: epsilon or sensitivity not positive finite; ledger, account and key not given together.
@@ -316,7 +334,8 @@ def vector_release(
     One privacy unit changes each value by at most ``sensitivity``, in at most ``max_partitions_contributed``
     values (default: all k). The noise is calibrated to the true sensitivities: L1 = L0 * s for
     ``discrete_laplace``, L2 = sqrt(L0) * s for ``discrete_gaussian`` (exact (epsilon, delta) profile); ``auto``
-    (the default) picks the one with the smaller variance. A budget ``{epsilon}`` alone means pure DP (Laplace).
+    (the default) picks the one with the smaller variance at the written budget, or, with a ``ledger``, by the cost
+    on the account charged (docs/mechanisms.md). A budget ``{epsilon}`` alone means pure DP (Laplace).
 
     Raises:
         ValueError: an invalid budget or sensitivity, an empty vector, an unknown mechanism.
@@ -341,11 +360,13 @@ def vector_release(
         account=account, key=key,
     )
     rows = published["rows"]
+    finite = [row["half_width"] for row in rows if row["half_width"] is not None]
     return NoisyVector(
         values=[row["value"] for row in rows],
-        half_width=rows[0]["half_width"],
+        half_width=finite[0] if finite else None,
         confidence=confidence,
         mechanism=described,
         charge=charge,
         replayed=replayed,
+        saturated=[bool(row.get("saturated", False)) for row in rows],
     )

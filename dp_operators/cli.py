@@ -352,11 +352,18 @@ def ledger_export(
 
 @spec_app.command("validate")
 def spec_validate(spec: Annotated[Path, typer.Argument(help="A release spec YAML file.")]) -> None:
-    """Validate a release spec; prints every problem with its field path."""
+    """Validate a release spec; prints every problem with its field path, then plans it (float sums that cannot
+    carry the grid, totals that can reach the saturation limit, noise beyond the engine's range are refused here,
+    as they would be at the release, before any budget)."""
+    from dp_operators.release import ReleaseConfigError, plan_release
+
     try:
         loaded = load_spec(spec)
+        plan_release(loaded)
     except SpecError as error:
         _fail(str(error))
+    except ReleaseConfigError as error:
+        _fail(f"{spec}: the spec cannot be planned: {error}")
     console.print(f"{spec}: valid (release {loaded.release!r}, {len(loaded.aggregates)} aggregate(s))", highlight=False)
 
 

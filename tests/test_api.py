@@ -128,3 +128,14 @@ def test_a_decimal_sensitivity_is_accepted():
 
     result = laplace_mechanism(1.0, sensitivity=0.1, epsilon=1)
     assert result.mechanism["l1_sensitivity"] == pytest.approx(0.1, rel=0.01)
+
+
+def test_a_saturated_value_anywhere_in_a_vector_is_flagged():
+    """Issue 8 item 3: 1e30 is beyond the 2^62-grid-unit limit at grid 1, so its released value sits at the limit
+    and no finite interval holds; the flag must say so for that value, wherever it stands, and for no other."""
+    result = vector_release([1, 1e30, 3], sensitivity=1, epsilon=1, confidence=1 - 1e-9)
+    assert result.saturated == [False, True, False]
+    assert result.half_width is not None and result.half_width > 0
+    single = laplace_mechanism(1e30, sensitivity=1, epsilon=1, confidence=1 - 1e-9)
+    assert single.saturated and single.half_width is None
+    assert not laplace_mechanism(5, sensitivity=1, epsilon=1).saturated

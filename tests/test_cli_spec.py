@@ -26,6 +26,19 @@ def test_validate_accepts_the_example_and_names_the_field_of_a_bad_spec(tmp_path
     assert "people_by_age_band).budget.epsilon" in result.output and "> 0" in result.output
 
 
+def test_validate_plans_the_spec_and_refuses_what_the_release_would(tmp_path):
+    """A spec whose float sums cannot carry its grid is valid YAML and a valid model, but every release would be
+    refused at plan time: validate says so now, with the aggregate's name."""
+    spec = tmp_path / "float.yaml"
+    spec.write_text(EXAMPLE_SPEC.read_text().replace(
+        "    bounds: [1, 99]",
+        "    bounds: [0, 1]\n    grid: 0.001\n    upstream: {arithmetic: binary64, max_rows: 1000000000000000}",
+    ))
+    result = runner.invoke(app, ["spec", "validate", str(spec)])
+    assert result.exit_code != 0
+    assert "the spec cannot be planned" in result.output and "mean_hours_per_week" in result.output
+
+
 def test_plan_without_a_ledger_shows_mechanisms_scales_and_half_widths(monkeypatch):
     monkeypatch.delenv("DP_LEDGER_URL", raising=False)
     result = runner.invoke(app, ["spec", "plan", str(EXAMPLE_SPEC), "--json"])

@@ -26,9 +26,10 @@ from dp_operators.release import (
     ReleaseAbortedError,
     ReleaseConfigError,
     ReleaseInputError,
+    plan_release,
     run_release,
 )
-from dp_operators.spec import load_spec_with_hash
+from dp_operators.spec import SpecError, load_spec_with_hash
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -84,6 +85,10 @@ class DPReleaseOperator(BaseOperator):
     ) -> None:
         self.spec_path = str(spec_path)
         self.release_spec, self.spec_sha256 = load_spec_with_hash(self.spec_path)
+        try:  # public checks of the plan (float grid, saturation, noise range) fail the DAG import, not the run
+            plan_release(self.release_spec)
+        except ReleaseConfigError as error:
+            raise SpecError(f"{self.spec_path}: the spec cannot be planned: {error}") from None
         self.release_asset = asset or Asset(
             name=self.release_spec.release,
             uri=f"dp-release://{self.release_spec.budget_account}/{self.release_spec.release}",

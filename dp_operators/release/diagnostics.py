@@ -68,6 +68,9 @@ class AggregateDiagnostics:
         clamped: per component, partitions clamped into the range clipped data satisfy (a negative count, a
             centred sum beyond the bounds).
         saturated: per component, partitions beyond the engine's saturation limit (+-2^62 grid units).
+        partitions_over_max_rows: partitions whose count exceeds the spec's declared ``upstream.max_rows`` (only
+            for kinds with a count: mean, variance). The float allowance and the saturation check rest on that
+            declaration: raise ``max_rows`` in the spec (the release itself never refuses on a data value).
         problems: the first :data:`KEPT_PROBLEMS` shape or type problems, with their row index.
         problem_count: every problem found.
     """
@@ -82,6 +85,7 @@ class AggregateDiagnostics:
     non_integer_counts: Counter = field(default_factory=Counter)
     clamped: Counter = field(default_factory=Counter)
     saturated: Counter = field(default_factory=Counter)
+    partitions_over_max_rows: int = 0
     problems: list[InputProblem] = field(default_factory=list)
     problem_count: int = 0
 
@@ -109,6 +113,7 @@ class AggregateDiagnostics:
             "non_integer_counts": dict(sorted(self.non_integer_counts.items())),
             "clamped": dict(sorted(self.clamped.items())),
             "saturated": dict(sorted(self.saturated.items())),
+            "partitions_over_max_rows": self.partitions_over_max_rows,
             "problems": [problem.as_dict() for problem in self.problems],
             "problem_count": self.problem_count,
         }

@@ -6,6 +6,7 @@ owners (docs/adr/0016)."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -16,7 +17,7 @@ from dp_operators.accounting import exact_number
 from dp_operators.release.diagnostics import AggregateDiagnostics, DiagnosticsReport, InputProblem
 from dp_operators.release.errors import ReleaseInputError
 from dp_operators.release.upstream_types import SATURATION, DropRow, InputTypeError, normalise_key, read_number
-from dp_operators.spec import Aggregate, ReleaseSpec
+from dp_operators.spec import Aggregate, ReleaseSpec, load_spec
 
 __all__ = ["SATURATION", "PreparedInputs", "check_aggregates", "key_domain", "prepare_inputs"]
 
@@ -88,6 +89,9 @@ def _partition_units(aggregate: Aggregate, total: Mapping[str, Fraction], seen: 
         if saturated:
             seen.saturated[component] += 1
 
+    max_rows = aggregate.upstream.max_rows
+    if max_rows is not None and "count" in total and total["count"] > max_rows:
+        seen.partitions_over_max_rows += 1
     for component in ("count", "selection"):
         if component in total:
             if total[component].denominator != 1:
@@ -133,6 +137,17 @@ def _row_values(aggregate: Aggregate, row: Mapping, units_field: str | None, see
 Refuse = Callable[[int | None, str | None, str], None]
 
 
+def _key_type_mismatch(column: str, found: type, declared: set[type]) -> str:
+    if found is int:
+        fix = ("cast the column to str upstream (zero-padded where the spec's keys are, e.g. pandas "
+               ".astype(str).str.zfill(5)), or list the spec's keys as integers")
+    else:
+        fix = "cast the column to int upstream, or quote the spec's keys"
+    listed = " and ".join(sorted(t.__name__ for t in declared))
+    return (f"key column {column!r} holds {found.__name__} keys but the spec's public domain lists only {listed} "
+            f"values, so no row could match; {fix}")
+
+
 def _read_aggregate(
     spec: ReleaseSpec, aggregate: Aggregate, raw: Any, prepared: PreparedInputs, seen: AggregateDiagnostics,
     refuse: Refuse,
@@ -161,6 +176,9 @@ def _read_aggregate(
     if aggregate.public_keys:
         for key in key_domain(aggregate):
             totals[tuple(str(v) for v in key)] = dict.fromkeys(fields, Fraction(0))
+    # the key types (str, int) each column's public domain lists: a key of another type can never match, and
+    # would otherwise be dropped silently (zip codes read as int lose their leading zeros: 2139 is not '02139')
+    domain_types = {c: {type(v) for v in aggregate.keys[c]} for c in aggregate.group_by} if aggregate.public_keys else {}
     found: set[tuple] = set()
     for row_number, row in enumerate(rows):
         seen.rows += 1
@@ -175,6 +193,9 @@ def _read_aggregate(
             continue
         try:
             key = tuple(normalise_key(row[c], c) for c in aggregate.group_by)
+            for column, value in zip(aggregate.group_by, key):
+                if value is not None and domain_types and type(value) not in domain_types[column]:
+                    raise InputTypeError(column, _key_type_mismatch(column, type(value), domain_types[column]))
             inside = not aggregate.public_keys or (
                 None not in key and tuple(str(v) for v in key) in totals
             )
@@ -279,9 +300,12 @@ def prepare_inputs(
     return _read(spec, aggregates, report, strict=True)
 
 
-def check_aggregates(spec: ReleaseSpec, aggregates: Any) -> DiagnosticsReport:
+def check_aggregates(spec: ReleaseSpec | str | os.PathLike, aggregates: Any) -> DiagnosticsReport:
     """Check aggregates against ``spec`` in the upstream task, before returning them: no ledger, no budget, no
     noise, and no exception for any data value or shape.
+
+    ``spec`` is a loaded :class:`~dp_operators.spec.ReleaseSpec` or the path of its YAML file (loaded with
+    :func:`~dp_operators.spec.load_spec`, which raises :class:`~dp_operators.spec.SpecError` for a bad spec).
 
     Returns a :class:`~dp_operators.release.diagnostics.DiagnosticsReport` with every shape or type problem the
     release would refuse (``report.ok`` is False; each problem with its row index) and the data-quality counts of
@@ -298,6 +322,8 @@ def check_aggregates(spec: ReleaseSpec, aggregates: Any) -> DiagnosticsReport:
         if not report.ok:
             raise ValueError("the aggregates do not match the spec: see aggregates.diagnostics.json")
     """
+    if isinstance(spec, (str, os.PathLike)):
+        spec = load_spec(spec)
     report = DiagnosticsReport(spec.release)
     _read(spec, aggregates, report, strict=False)
     return report

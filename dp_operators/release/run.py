@@ -34,7 +34,7 @@ from typing import Any
 from dp_operators import __version__
 from dp_operators.ledger import AccountStatus, Ledger, ReleaseKey
 from dp_operators.release.diagnostics import DiagnosticsReport
-from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError
+from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
 from dp_operators.release.inputs import PreparedInputs, prepare_inputs
 from dp_operators.release.plan import ReleasePlan, plan_release
 from dp_operators.release.publish import check_plain_json, publish_aggregate
@@ -151,9 +151,15 @@ def run_release(
     report = DiagnosticsReport(spec.release)
     try:
         prepared = prepare_inputs(spec, aggregates, diagnostics=report)
-    finally:
+    except ReleaseInputError:
         if diagnostics is not None:
-            diagnostics(report)
+            try:
+                diagnostics(report)
+            except Exception as failure:  # the input error is the one to report; nothing was reserved
+                log.warning("the diagnostics report could not be delivered: %s", type(failure).__name__)
+        raise
+    if diagnostics is not None:
+        diagnostics(report)
 
     mechanisms = [step.describe() for step in plan.steps]
     reservation = ledger.reserve(

@@ -25,7 +25,8 @@ numpy float16 / float32                   refused: they hold neither every count
 
 Keys (``group_by`` columns) become ``str``, ``int`` or ``None``: ``str`` and its subclasses (``numpy.str_``) -> str;
 ``int`` and numpy integers -> int; an ``Enum`` (``StrEnum``, ``IntEnum``) -> its ``.value``, normalised again;
-``datetime.date`` / ``datetime`` (and ``pandas.Timestamp``) -> ``isoformat()``; ``None``, ``pandas.NA``,
+``datetime.date`` / ``datetime`` (and ``pandas.Timestamp``) -> ``isoformat()``, a naive datetime at midnight
+-> its date's ``isoformat()`` (pandas holds dates as midnight timestamps); ``None``, ``pandas.NA``,
 ``pandas.NaT`` and a float NaN -> ``None`` (SQL's NULL group). ``bytes``, ``bool``, other floats and anything else
 are refused with the column, the type and how to fix it.
 
@@ -124,6 +125,8 @@ def normalise_key(value: Any, column: str) -> str | int | None:
         raise InputTypeError(
             column, f"key column {column!r} holds {_type_name(value)}; decode it upstream (e.g. .decode('utf-8'))"
         )
+    if isinstance(value, dt.datetime) and value.tzinfo is None and value.time() == dt.time(0):
+        return value.date().isoformat()  # a date held as a midnight datetime (pandas' datetime64 columns)
     if isinstance(value, dt.date):  # datetime and pandas.Timestamp too (NaT was caught above)
         return value.isoformat()
     raise InputTypeError(

@@ -322,3 +322,36 @@ def test_the_report_gives_the_row_index_the_message_withholds(build_spec):
         prepare_inputs(build_spec(selection=True), {"x": rows}, diagnostics=report)
     (problem,) = report.aggregates["x"].problems
     assert (problem.row, problem.field) == (2, "k")
+
+
+def test_int_keys_against_a_string_domain_are_refused_not_dropped(tmp_path):
+    """Zip codes read as int lose their leading zeros (2139 is not '02139'): silently dropping every such row would
+    publish noised zeros and spend the budget. The key's type appears nowhere in the column's domain, so the
+    release refuses it before reserving, by type alone."""
+    from dp_operators.ledger import ReleaseKey
+    from dp_operators.spec import ReleaseSpec
+    from support import make_ledger
+
+    spec = ReleaseSpec.model_validate({"version": 1, "release": "zips", "budget_account": "acct",
+                                       "privacy_unit": "person", "aggregates": [{
+                                           "name": "x", "kind": "count", "group_by": ["zip"],
+                                           "keys": {"zip": ["02139", "10001"]}, "mechanism": "discrete_laplace",
+                                           "budget": {"epsilon": 1}}]})
+    ledger = make_ledger(tmp_path / "l.db", cap="10", accountant="pure_dp", dags=("dag",), account="acct")
+    key = ReleaseKey(dag_id="dag", run_id="r", task_id="t", map_index=-1, release_name="zips")
+    with pytest.raises(ReleaseInputError, match=r"holds int keys but the spec's public domain lists only str"):
+        run_release(spec, {"x": [{"zip": np.int64(2139), "count": 5}]}, ledger, key, spec_hash="0" * 64)
+    assert ledger.charges() == []
+    released = run_release(spec, {"x": [{"zip": "02139", "count": 5}]}, ledger, key, spec_hash="0" * 64)
+    assert [row["zip"] for row in released.output["aggregates"]["x"]["rows"]] == ["02139", "10001"]
+
+
+def test_a_midnight_timestamp_is_its_date():
+    """pandas holds a date column as midnight Timestamps; the spec lists dates as '2026-01-05'."""
+    pandas = pytest.importorskip("pandas")
+    from dp_operators.release.upstream_types import normalise_key
+
+    assert normalise_key(pandas.Timestamp("2026-01-05"), "day") == "2026-01-05"
+    assert normalise_key(dt.datetime(2026, 1, 5), "day") == "2026-01-05"
+    assert normalise_key(dt.datetime(2026, 1, 5, 12, 30), "day") == "2026-01-05T12:30:00"
+    assert normalise_key(pandas.Timestamp("2026-01-05", tz="UTC"), "day") == "2026-01-05T00:00:00+00:00"

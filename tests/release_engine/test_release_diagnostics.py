@@ -188,3 +188,39 @@ def test_check_aggregates_is_exported_from_the_package_and_the_api():
     import dp_operators.api
 
     assert dp_operators.check_aggregates is dp_operators.api.check_aggregates is check_aggregates
+
+
+def test_partitions_above_the_declared_row_bound_are_reported_never_refused(build_spec):
+    """The float allowance and the saturation check rest on ``upstream.max_rows``; a count above it is a broken
+    declaration the data owner must see (in the report only: a release never refuses on a data value)."""
+    spec = build_spec("mean", upstream={"arithmetic": "binary64", "max_rows": 10})
+    rows = [{"k": "a", "sum": 50.0, "count": 11}, {"k": 1, "sum": 5.0, "count": 10}]
+    report = check_aggregates(spec, {"x": rows})
+    assert report.ok
+    assert report.aggregates["x"].partitions_over_max_rows == 1
+    assert report.as_dict()["aggregates"]["x"]["partitions_over_max_rows"] == 1
+    prepare_inputs(spec, {"x": rows})  # no exception
+
+
+def test_check_aggregates_takes_the_spec_path(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        "version: 1\nrelease: r\nbudget_account: acct\nprivacy_unit: person\naggregates:\n"
+        "  - {name: x, kind: count, mechanism: discrete_laplace, budget: {epsilon: 1}}\n"
+    )
+    assert check_aggregates(path, {"x": 3}).ok
+    assert check_aggregates(str(path), {"x": "three"}).ok is False
+
+
+def test_an_undeliverable_report_does_not_hide_the_input_error(build_spec, approx_ledger, release_key, caplog):
+    """A refused input is the error the user must see (and a permanent one); a failing report writer must not
+    replace it with its own, retryable, error."""
+
+    def unwritable(report):
+        raise PermissionError("read-only folder")
+
+    with caplog.at_level(logging.DEBUG), pytest.raises(ReleaseInputError):
+        run_release(build_spec(), {"x": [{"k": "a", "count": "3"}]}, approx_ledger, release_key(),
+                    spec_hash="0" * 64, diagnostics=unwritable)
+    assert [r.getMessage() for r in caplog.records] == ["the diagnostics report could not be delivered: PermissionError"]
+    assert approx_ledger.charges() == []

@@ -397,3 +397,18 @@ def test_an_exact_decimal_upstream_is_described_as_exact():
     described = plan_release(spec_of(upstream={"max_rows": 10})).step("x", "sum").describe()
     assert described["upstream"] == {"arithmetic": "exact", "max_rows": 10}
     assert prepare_inputs(spec_of(), {"x": Decimal("0.5")}).values[("x", "sum")] == [1]  # floor(0.5 + 1/2)
+
+
+def test_an_incompatible_accountant_error_names_the_aggregate():
+    """A spec with several aggregates: the refusal must say which one cannot be charged to the account."""
+    from dp_operators.accounting import IncompatibleAccountantError
+    from dp_operators.spec import ReleaseSpec
+
+    spec = ReleaseSpec.model_validate({"version": 1, "release": "r", "budget_account": "a", "privacy_unit": "person",
+                                       "aggregates": [
+                                           {"name": "fine", "kind": "count", "mechanism": "discrete_laplace",
+                                            "budget": {"epsilon": 1}},
+                                           {"name": "zcdp_only", "kind": "count", "mechanism": "discrete_gaussian",
+                                            "budget": {"rho": "0.01"}}]})
+    with pytest.raises(IncompatibleAccountantError, match=r"aggregate 'zcdp_only' \(count, discrete_gaussian\)"):
+        plan_release(spec).charge("approx_dp")
