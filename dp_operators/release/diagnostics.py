@@ -60,6 +60,8 @@ class AggregateDiagnostics:
         rows_outside_domain: rows whose key is not in the public key domain (ignored; a NULL key is outside it).
         outside_domain_examples: up to :data:`EXAMPLE_KEYS` distinct such keys, as lists of column values.
         rows_dropped: rows ignored because a value's ``non_finite`` policy is ``drop``.
+        rows_unpublishable_key: rows ignored because a key value cannot be published (a non-integral float, a str
+            with lone surrogates, an int of more than about 1000 digits).
         special_values: per field, how many values were ``nan`` (float or Decimal NaN), ``null`` (None,
             pandas.NA, pandas.NaT: treated as NaN) or ``infinity``, each handled by the ``non_finite`` policy.
         float_values: per field, how many binary floats were read (exactly, as their binary value).
@@ -80,6 +82,7 @@ class AggregateDiagnostics:
     rows_outside_domain: int = 0
     outside_domain_examples: list[list[Any]] = field(default_factory=list)
     rows_dropped: int = 0
+    rows_unpublishable_key: int = 0
     special_values: dict[str, Counter] = field(default_factory=dict)
     float_values: Counter = field(default_factory=Counter)
     non_integer_counts: Counter = field(default_factory=Counter)
@@ -108,6 +111,7 @@ class AggregateDiagnostics:
             "rows_outside_domain": self.rows_outside_domain,
             "outside_domain_examples": [list(example) for example in self.outside_domain_examples],
             "rows_dropped": self.rows_dropped,
+            "rows_unpublishable_key": self.rows_unpublishable_key,
             "special_values": {f: dict(sorted(c.items())) for f, c in sorted(self.special_values.items())},
             "float_values": dict(sorted(self.float_values.items())),
             "non_integer_counts": dict(sorted(self.non_integer_counts.items())),

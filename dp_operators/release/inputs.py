@@ -16,7 +16,15 @@ from typing import Any
 from dp_operators.accounting import exact_number
 from dp_operators.release.diagnostics import AggregateDiagnostics, DiagnosticsReport, InputProblem
 from dp_operators.release.errors import ReleaseInputError
-from dp_operators.release.upstream_types import SATURATION, DropRow, InputTypeError, normalise_key, read_number
+from dp_operators.release.upstream_types import (
+    SATURATION,
+    UNPUBLISHABLE,
+    DropRow,
+    InputTypeError,
+    key_kind,
+    normalise_key,
+    read_number,
+)
 from dp_operators.spec import Aggregate, ReleaseSpec, load_spec
 
 __all__ = ["SATURATION", "PreparedInputs", "check_aggregates", "key_domain", "prepare_inputs"]
@@ -193,11 +201,13 @@ def _read_aggregate(
             continue
         try:
             key = tuple(normalise_key(row[c], c) for c in aggregate.group_by)
-            for column, value in zip(aggregate.group_by, key):
-                if value is not None and domain_types and type(value) not in domain_types[column]:
-                    raise InputTypeError(column, _key_type_mismatch(column, type(value), domain_types[column]))
-            inside = not aggregate.public_keys or (
-                None not in key and tuple(str(v) for v in key) in totals
+            for column in aggregate.group_by if domain_types else ():
+                kind = key_kind(row[column])  # by the type alone, so a refusal never depends on the value
+                if kind is not None and kind not in domain_types[column]:
+                    raise InputTypeError(column, _key_type_mismatch(column, kind, domain_types[column]))
+            publishable = UNPUBLISHABLE not in key
+            inside = publishable and (
+                not aggregate.public_keys or (None not in key and tuple(str(v) for v in key) in totals)
             )
             # values of rows outside the domain are type-checked too, but neither counted nor added
             values = _row_values(aggregate, row, units_field, seen if inside else AggregateDiagnostics())
@@ -208,6 +218,9 @@ def _read_aggregate(
             if inside:
                 seen.rows_dropped += 1
                 continue
+        if not publishable:
+            seen.rows_unpublishable_key += 1
+            continue
         if not inside:
             seen.outside_domain(key)
             continue

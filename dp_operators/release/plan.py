@@ -241,7 +241,15 @@ class ReleasePlan:
             ValueError: no accountant given and the plan was made without one.
         """
         accountant = self._accountant(accountant)
-        return sum((charge_in_account_unit(loss, accountant) for loss in self.losses(accountant)), Fraction(0))
+        total = Fraction(0)
+        for step, loss in zip(self.steps, self.losses(accountant)):
+            try:
+                total += charge_in_account_unit(loss, accountant)
+            except IncompatibleAccountantError as error:
+                raise IncompatibleAccountantError(
+                    f"aggregate {step.aggregate!r} ({step.component}, {step.mechanism}): {error}"
+                ) from None
+        return total
 
     def delta(self, accountant: str | None = None) -> Fraction:
         """The total delta an ``approx_dp`` account is charged (basic composition); 0 for other accountants."""

@@ -25,6 +25,7 @@ decisions behind them in ``docs/adr/0010`` to ``0014``.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from fractions import Fraction
 from typing import Any
 
 from dp_operators import __version__
-from dp_operators.ledger import AccountStatus, Ledger, ReleaseKey
+from dp_operators.ledger import AccountStatus, Ledger, LedgerError, ReleaseKey
 from dp_operators.release.diagnostics import DiagnosticsReport
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
 from dp_operators.release.inputs import PreparedInputs, prepare_inputs
@@ -190,7 +191,12 @@ def run_release(
         if not drawn:
             ledger.release(reservation)
         raise
-    ledger.commit(reservation, output)
+    try:
+        ledger.commit(reservation, output)
+    except LedgerError:  # a refusal of the ledger's own (ChargeStateError: another attempt took over the key)
+        raise
+    except Exception as error:  # the noise exists: the charge stays spent, and a retry must not charge again
+        raise ReleaseAbortedError(error, budget_returned=False) from error
     return ReleaseResult(output=output, replayed=False)
 
 
@@ -238,4 +244,6 @@ def _noised_output(
         output["charge"]["delta_spent"] = float(delta_spent)
         output["charge"]["delta_spent_exact"] = str(delta_spent)
     check_plain_json(output)
+    # what the ledger stores and the operator writes: UTF-8 JSON (inside the permanent-failure path)
+    json.dumps(output, ensure_ascii=False, allow_nan=False).encode("utf-8")
     return output

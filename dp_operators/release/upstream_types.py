@@ -27,8 +27,11 @@ Keys (``group_by`` columns) become ``str``, ``int`` or ``None``: ``str`` and its
 ``int`` and numpy integers -> int; an ``Enum`` (``StrEnum``, ``IntEnum``) -> its ``.value``, normalised again;
 ``datetime.date`` / ``datetime`` (and ``pandas.Timestamp``) -> ``isoformat()``, a naive datetime at midnight
 -> its date's ``isoformat()`` (pandas holds dates as midnight timestamps); ``None``, ``pandas.NA``,
-``pandas.NaT`` and a float NaN -> ``None`` (SQL's NULL group). ``bytes``, ``bool``, other floats and anything else
-are refused with the column, the type and how to fix it.
+``pandas.NaT`` and a float NaN -> ``None`` (SQL's NULL group); an integral float -> ``int`` (pandas makes an int
+column float64 when a key is missing). A value no release can publish (a non-integral float, a ``str`` with lone
+surrogates, an int beyond :data:`MAX_KEY_BITS` bits) makes its row ignored, counted in the diagnostics: a refusal
+would depend on that one row. ``bytes``, ``bool`` and other types are refused with the column, the type and how to
+fix it.
 
 Messages name the field and the type found, never a value or a row index (DESIGN.md 2.8).
 """
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import math
 import numbers
 import sys
 from decimal import Decimal
@@ -61,7 +65,7 @@ DECIMAL_EXPONENT_LIMIT = 1000
 _EXACT_TYPES = "int, Decimal or Fraction"
 _FLOAT_SUM_ADVICE = (
     "a binary float sum may be further from its neighbour's than the planned sensitivity (Casacuberta, Shoemate, "
-    "Vadhan, Wagaman, CCS 2022). Return the sum as an int (of integer values, or in grid units) or a Decimal (SQL "
+    "Vadhan, Wagaman, CCS 2022). Return the sum as an int (a sum of integer values) or a Decimal (SQL "
     "SUM over NUMERIC), or declare the float arithmetic in the spec: upstream: {arithmetic: binary64, max_rows: N}"
 )
 
@@ -93,13 +97,48 @@ def _type_name(value: Any) -> str:
     return f"{package}.{kind.__name__}" if package in ("numpy", "pandas") else kind.__name__
 
 
-def normalise_key(value: Any, column: str) -> str | int | None:
-    """One ``group_by`` value as a plain JSON key: ``str``, ``int`` or ``None`` (see the module docstring).
+#: An int key of more bits than this (about 1000 decimal digits) cannot be published: its row is treated as
+#: outside every domain.
+MAX_KEY_BITS = 3300
+
+
+class _Unpublishable:
+    """A key value no release can publish (a non-integral float, a str with lone surrogates, an int of more than
+    :data:`MAX_KEY_BITS` bits): decided per value, so its row is ignored like a key outside the public domain and
+    counted in the diagnostics, never refused (a refusal would depend on one row's value)."""
+
+    def __repr__(self) -> str:
+        return "UNPUBLISHABLE"
+
+
+UNPUBLISHABLE = _Unpublishable()
+
+
+def key_kind(value: Any) -> type | None:
+    """The key type (``str`` or ``int``) an upstream key stands for, decided by its *type* alone, before
+    normalisation: floats count as ``int`` (a pandas int column with a missing key is float64), dates as ``str``;
+    ``None`` for NULL-like values and for types :func:`normalise_key` refuses anyway."""
+    if isinstance(value, enum.Enum):
+        return key_kind(value.value)
+    if value is None or _pandas_missing(value) or isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, (str, dt.date)):
+        return str
+    if isinstance(value, (numbers.Integral, float, np.floating)):
+        return int
+    return None
+
+
+def normalise_key(value: Any, column: str) -> str | int | None | _Unpublishable:
+    """One ``group_by`` value as a plain JSON key: ``str``, ``int`` or ``None`` (see the module docstring), or
+    :data:`UNPUBLISHABLE` for a value no release can publish (its row is ignored, never refused).
 
     Raises:
-        InputTypeError: bytes, bool, a float other than NaN, or any other type; names the column and the type.
+        InputTypeError: bytes, bool, or any other type; names the column and the type (never the value).
     """
-    if type(value) is str or type(value) is int:  # the common case, already plain (bool is not exactly int)
+    if type(value) is str and value.isascii():  # the common case, already plain
+        return value
+    if type(value) is int and value.bit_length() <= MAX_KEY_BITS:  # (bool is not exactly int)
         return value
     if isinstance(value, enum.Enum):
         value = value.value
@@ -110,17 +149,26 @@ def normalise_key(value: Any, column: str) -> str | int | None:
     if isinstance(value, (bool, np.bool_)):
         raise InputTypeError(column, f"key column {column!r} holds a bool; give str or int keys (e.g. 'yes'/'no')")
     if isinstance(value, str):
-        return str.__str__(value)  # a plain str, also for numpy.str_ and other subclasses
+        text = str.__str__(value)  # a plain str, also for numpy.str_ and other subclasses
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates (surrogateescape decoding): no JSON file or ledger row holds it
+            return UNPUBLISHABLE
+        return text
     if isinstance(value, numbers.Integral):
-        return int(value)
+        number = int(value)
+        # Python refuses to print ints beyond 4300 digits; such a key could not be published or compared
+        return number if number.bit_length() <= MAX_KEY_BITS else UNPUBLISHABLE
     if isinstance(value, (float, np.floating)):
-        if value != value:  # NaN: pandas' missing value in an object column, the NULL group
+        # pandas turns an int key column into float64 when one key is missing: never refuse by the value (that
+        # would make the refusal depend on one row). NaN is the NULL group, an integral float its int, any other
+        # float no key at all (the row is outside every domain, counted in the diagnostics).
+        if value != value:
             return None
-        raise InputTypeError(
-            column,
-            f"key column {column!r} holds a {_type_name(value)}; give str or int keys (pandas: cast the column with "
-            ".astype('Int64') or .astype(str) before grouping)",
-        )
+        number = float(value)
+        if math.isfinite(number) and number.is_integer():
+            return int(number)
+        return UNPUBLISHABLE
     if isinstance(value, (bytes, bytearray, memoryview)):
         raise InputTypeError(
             column, f"key column {column!r} holds {_type_name(value)}; decode it upstream (e.g. .decode('utf-8'))"
@@ -202,14 +250,14 @@ def read_number(
             f"a sum to double precision; return {_EXACT_TYPES} values (or float64)",
         )
     if isinstance(value, (float, np.floating)):
+        if np.isnan(value):  # SQL NULL as pandas shows it: the nan policy in every arithmetic mode
+            return _special(aggregate, "nan", False, field, "nan", diagnostics)
         if component == "sum" and aggregate.upstream.arithmetic == "exact":
             raise InputTypeError(
                 field, f"field {field!r} holds a {_type_name(value)} but upstream.arithmetic is 'exact': "
                 + _FLOAT_SUM_ADVICE
             )
         diagnostics.float_values[field] += 1
-        if np.isnan(value):
-            return _special(aggregate, "nan", False, field, "nan", diagnostics)
         if np.isinf(value):
             return _special(aggregate, "infinity", bool(value < 0), field, "infinity", diagnostics)
         return Fraction(*value.as_integer_ratio())  # the float's exact binary value, not its shortest decimal

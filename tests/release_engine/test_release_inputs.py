@@ -74,7 +74,7 @@ def test_the_issues_float_neighbours_are_refused_alike_under_exact_arithmetic(to
     assert error == (
         "ReleaseInputError: aggregate 'x': a row's field 'sum' holds a float but upstream.arithmetic is 'exact': a "
         "binary float sum may be further from its neighbour's than the planned sensitivity (Casacuberta, Shoemate, "
-        "Vadhan, Wagaman, CCS 2022). Return the sum as an int (of integer values, or in grid units) or a Decimal "
+        "Vadhan, Wagaman, CCS 2022). Return the sum as an int (a sum of integer values) or a Decimal "
         "(SQL SUM over NUMERIC), or declare the float arithmetic in the spec: upstream: {arithmetic: binary64, "
         "max_rows: N}"
     )
