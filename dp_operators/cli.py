@@ -26,6 +26,7 @@ import os
 import sys
 from collections.abc import Iterator
 from enum import Enum
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -465,6 +466,8 @@ def spec_plan(
             charge_per_run_as_epsilon=as_epsilon(total),
             delta=None if delta is None else float(delta),
         )
+        if chosen == "approx_dp":  # an approx_dp account also spends delta per run (basic composition)
+            summary["delta_per_run"] = str(plan.delta())
     if account is not None:
         summary.update(remaining=str(account.remaining), runs_remaining=int(account.remaining // total))
     if as_json:
@@ -497,6 +500,8 @@ def spec_plan(
     unit = unit_of(chosen)
     as_eps = summary["charge_per_run_as_epsilon"]
     line = f"charge per run ({chosen}): {unit} {_decimal(str(total))}"
+    if "delta_per_run" in summary:
+        line += f", delta {float(Fraction(summary['delta_per_run'])):.6g}"
     if as_eps is not None and unit != "epsilon":
         line += f" (epsilon {as_eps:.4g}" + (f" at delta {float(delta):g})" if delta else ")")
     if account is not None:

@@ -194,3 +194,19 @@ def test_plan_shows_l0_capped_by_the_partitions(tmp_path, monkeypatch):
     step = planned["steps"][0]
     assert step["noise"]["max_partitions_contributed"] == 2 and step["scale"] == "b = 2"
     assert step["l0"].startswith("2 (declared 5")
+
+
+def test_plan_on_an_approx_dp_account_shows_the_delta_each_run_spends(tmp_path):
+    """Partition selection spends delta; on an approx_dp account the plan must say how much per run (basic
+    composition adds it to the account's delta total), not only the account's configured delta."""
+    spec = tmp_path / "selection.yaml"
+    spec.write_text(
+        "version: 1\nrelease: r\nbudget_account: a\nprivacy_unit: person\naggregates:\n"
+        "  - {name: g, kind: count, group_by: [k], mechanism: discrete_laplace, budget: {epsilon: 1},\n"
+        "     partition_selection: {budget: {epsilon: 1, delta: 1e-6}}}\n"
+    )
+    result = runner.invoke(app, ["spec", "plan", str(spec), "--accountant", "approx_dp", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    spent = Fraction(summary["delta_per_run"])
+    assert 0 < spent <= Fraction(1, 10**6)  # the threshold's delta, at most the budget's (rounded threshold)
