@@ -153,12 +153,25 @@ def _discrete_gaussian_accuracy_by_euler_maclaurin(sigma2: float, alpha: float) 
 
     # for sigma this large the theta-function correction to sqrt(2 pi) sigma is below exp(-1e8)
     target = alpha * math.sqrt(2 * math.pi) * sigma / 2
-    a = max(0, math.floor(-sigma * NormalDist().inv_cdf(alpha / 2)))
-    while tail_beyond(a) > target:
-        a += 1
-    while a > 0 and tail_beyond(a - 1) <= target:
-        a -= 1
-    return a
+    if tail_beyond(0) <= target:
+        return 0
+    # The smallest a with tail_beyond(a) <= target (the tail decreases in a), by bisection from the normal quantile:
+    # stepping one unit from it took about sigma * 1e-16 steps (its float error), seconds beyond sigma 1e22.
+    start = max(1, math.floor(-sigma * NormalDist().inv_cdf(alpha / 2)))
+    # bracket: tail_beyond(low) > target >= tail_beyond(high), widened from the start by doubling steps
+    step = 1
+    if tail_beyond(start) > target:
+        low, high = start, start + 1
+        while tail_beyond(high) > target:
+            low, high, step = high, high + step, 2 * step
+    else:
+        low, high = max(0, start - 1), start
+        while low > 0 and tail_beyond(low) <= target:
+            low, high, step = max(0, low - step), low, 2 * step
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if tail_beyond(middle) <= target else (middle, high)
+    return high
 
 
 def discrete_gaussian_upper_tail(k: int, sigma2: float | Fraction) -> float:

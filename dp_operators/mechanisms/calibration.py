@@ -140,6 +140,7 @@ def rho_to_epsilon(rho: Fraction | int | float, delta: Fraction | float) -> floa
     return max(0.0, min(epsilon, bun_steinke))
 
 
+@lru_cache(maxsize=256)  # the components of a mean or variance share one (epsilon, delta): about 50 ms each
 def rho_for_approx_dp(epsilon: Fraction | int | float, delta: Fraction | float) -> Fraction:
     """The largest rho (a decimal with 12 significant digits, rounded down) such that rho-zCDP implies
     (epsilon, delta)-DP by :func:`rho_to_epsilon`.
@@ -187,8 +188,17 @@ def _round_up_decimal(value: float | Fraction) -> Fraction:
 #: Relative step of the scan for the smallest valid sigma where the privacy profile is not monotone in sigma.
 _SCAN_STEP = 2.0**-8
 #: The profile is scanned (not bisected) while sigma * sqrt(l0) is at most this many grid units; above it the
-#: profile was found nonincreasing in sigma (docs/adr/0011), and a bisection is used.
+#: profile was found nonincreasing in sigma (docs/adr/0011), and an interpolating search is used.
 _LATTICE_SCAN_LIMIT = 16.0
+#: Above the lattice region the certified lower end is only refined to this relative width: each step costs two
+#: tail sums of up to 4e5 terms (sigma near 1e4), and the interpolating search starts from its own probes.
+_CERTIFIED_PRECISION = 2.0**-10
+#: The search stops when the smallest valid sigma is bracketed to this relative width.
+_SIGMA_TOLERANCE = 1e-10
+#: First probes of the interpolating search, relative to the continuous analytic Gaussian's sigma: above the
+#: lattice region the discrete one was from 4e-5 below to 3e-3 above it in a sweep of 1260 budgets, mostly
+#: within 1e-5 (docs/adr/0019).
+_REFERENCE_STEP = 1e-3
 
 
 def _certified_invalid_below(epsilon: Fraction, target: float, linf: int, high: float) -> float:
@@ -218,12 +228,50 @@ def _certified_invalid_below(epsilon: Fraction, target: float, linf: int, high: 
     if not excluded(low):
         return 0.0
     for _ in range(60):
+        if low > _LATTICE_SCAN_LIMIT and high - low <= _CERTIFIED_PRECISION * high:
+            break  # no lattice scan starts above 16, and the interpolating search needs no tighter lower end
         middle = (low + high) / 2
         if excluded(middle):
             low = middle
         else:
             high = middle
     return low
+
+
+def _interpolated_crossing(probe, low: float, high: float, low_excess, high_excess) -> None:
+    """Narrow [low, high] (low invalid, high valid) to a relative width of _SIGMA_TOLERANCE for a profile that
+    decreases in sigma.
+
+    ``probe(sigma)`` checks sigma against the exact profile and returns ``(valid, excess)`` with excess =
+    ln(delta / target), or None where unknown; it records the valid points itself. The excesses at the ends may
+    be None. Each step is regula falsi on the excess with the Illinois modification (an end kept twice in a row
+    has its excess halved, so that both ends converge; Dowell & Jarratt, BIT 11, 1971), or a bisection while an
+    end's excess is unknown or the bracket has not halved in three steps. The bracket is kept at every step, so
+    for a monotone profile the result is the one a bisection to the same width gives, in about 5-10 profile
+    evaluations instead of 25-30.
+    """
+    kept, steps, halved_at = 0, 0, high - low  # kept: +1 low was kept last step, -1 high was
+    while high - low > _SIGMA_TOLERANCE * high:
+        steps += 1
+        if high - low <= halved_at / 2:
+            steps, halved_at = 0, high - low
+        if low_excess is None or high_excess is None or low_excess <= high_excess or steps > 3:
+            sigma = (low + high) / 2
+        else:
+            sigma = high - high_excess * (high - low) / (high_excess - low_excess)
+            margin = _SIGMA_TOLERANCE * high / 4  # every step moves an end by at least this
+            sigma = min(max(sigma, low + margin), high - margin)
+        valid, value = probe(sigma)
+        if valid:
+            high, high_excess = sigma, value
+            if kept == 1 and low_excess is not None:
+                low_excess /= 2
+            kept = 1
+        else:
+            low, low_excess = sigma, value
+            if kept == -1 and high_excess is not None:
+                high_excess /= 2
+            kept = -1
 
 
 @lru_cache(maxsize=512)
@@ -238,8 +286,8 @@ def discrete_gaussian_sigma2_for_approx_dp(
 
     * the exact privacy profile of the discrete Gaussian
       (:func:`~dp_operators.mechanisms.privacy_profile.discrete_gaussian_delta`; CKS 2020 Theorem 7 for one
-      coordinate, an FFT with proven error bounds for vectors). The returned sigma^2 is itself checked against
-      the profile, so validity never rests on the search;
+      coordinate; for vectors an FFT, or Poisson summation from sigma 4 on, with proven error bounds). The
+      returned sigma^2 is itself checked against the profile, so validity never rests on the search;
     * the zCDP route: sigma^2 = l0 linf^2 / (2 rho) with the largest rho whose CKS 2020 Corollary 13 conversion
       implies (epsilon, delta) (:func:`rho_for_approx_dp`), used when the exact profile is too large to compute.
 
@@ -247,10 +295,13 @@ def discrete_gaussian_sigma2_for_approx_dp(
     epsilon 5, delta 1e-10, one partition: sigma 1.2251-1.2311 is valid, 1.2311-1.2962 is not). Every sigma up to
     a certified bound is invalid (:func:`_certified_invalid_below`); above it, while sigma sqrt(l0) <= 16, a
     geometric grid of ratio 1 + 2^-8 is scanned upwards for the first valid sigma, and the cell before it is
-    bisected; beyond that the profile is bisected as a nonincreasing function (docs/adr/0011 for the survey behind
-    the limit). The result is the smallest valid sigma up to islands of validity narrower than one grid step
-    between two invalid grid points. Within 0.3 % of the analytic Gaussian mechanism's sigma (Balle & Wang 2018)
-    once sigma >= 4, including delta down to 1e-12 and L0 up to 1000 (benchmarks/noise_efficiency.py).
+    bisected; beyond that the profile is searched as a nonincreasing function (docs/adr/0011 for the survey behind
+    the limit), by interpolation from probes next to the continuous analytic Gaussian's sigma
+    (:func:`_interpolated_crossing`: the bracket of a bisection in 5-10 profile evaluations instead of 25-30;
+    docs/adr/0019). Either way the smallest valid sigma is bracketed to a relative 1e-10. The result is the
+    smallest valid sigma up to islands of validity narrower than one grid step between two invalid grid points.
+    Within 0.3 % of the analytic Gaussian mechanism's sigma (Balle & Wang 2018) once sigma >= 4, including delta
+    down to 1e-12 and L0 up to 1000 (benchmarks/noise_efficiency.py).
 
     Raises:
         ValueError: epsilon not positive finite, delta not in (0, 1), linf or l0 not positive ints.
@@ -271,40 +322,61 @@ def discrete_gaussian_sigma2_for_approx_dp(
     def candidate(sigma: float) -> Fraction:
         return _round_up_decimal(Fraction(sigma) ** 2)
 
-    def valid(sigma2: Fraction) -> bool:
-        return discrete_gaussian_delta(sigma2, epsilon_q, linf=linf, l0=l0) <= target
+    def check(sigma2: Fraction) -> tuple[bool, float]:
+        """(delta(sigma2) <= target, ln(delta / target)): validity from the exact comparison, the logarithm (the
+        profile is never below 1e-300) only steers the search."""
+        delta_at = discrete_gaussian_delta(sigma2, epsilon_q, linf=linf, l0=l0)
+        valid = delta_at <= target
+        excess = math.log(delta_at) - math.log(target)
+        return valid, excess if valid else max(excess, 1e-300)  # an invalid point's excess is positive
 
-    if not valid(by_zcdp):  # the exact profile is out of reach (FFT too large): the zCDP route stands
+    valid_at_zcdp, excess_at_zcdp = check(by_zcdp)
+    if not valid_at_zcdp:  # the exact profile is out of reach (FFT too large): the zCDP route stands
         return by_zcdp
     # invariant: low is invalid (or 0), high is valid and `checked` is the sigma^2 that was checked there
     checked, high = by_zcdp, math.sqrt(by_zcdp)
     low = _certified_invalid_below(epsilon_q, target, linf, high)
 
-    def try_high(sigma: float) -> bool:
+    def probe(sigma: float) -> tuple[bool, float | None]:
+        """Check sigma (its sigma^2 rounded up to 12 digits); a valid one becomes the new high. A sigma^2 that
+        rounds to `checked` or above counts as invalid, with no excess."""
         nonlocal checked, high
         sigma2 = candidate(sigma)
-        if sigma2 < checked and valid(sigma2):
+        if sigma2 >= checked:
+            return False, None
+        valid, excess = check(sigma2)
+        if valid:
             checked, high = sigma2, sigma
-            return True
-        return False
+        return valid, excess
 
-    # the lattice region: scan upwards for the first valid grid point
+    # the lattice region: scan upwards for the first valid grid point, then bisect its cell (or the last one
+    # below high, when high itself is in the lattice region)
     scan_limit = min(high, _LATTICE_SCAN_LIMIT / math.sqrt(l0))
     sigma = low * (1 + _SCAN_STEP) if low > 0 else scan_limit / 2**40
-    while sigma < scan_limit and not try_high(sigma):
+    while sigma < scan_limit and not probe(sigma)[0]:
         low, sigma = sigma, sigma * (1 + _SCAN_STEP)
-    if sigma >= scan_limit:  # no valid sigma in the lattice region: the profile decreases above it
-        reference = analytic_gaussian_sigma(float(epsilon_q), target, math.sqrt(l2_squared))
-        for guess in (reference * 0.995, reference * 0.9995):  # narrow the bracket from the continuous optimum
-            if low < guess < high and not valid(candidate(guess)):
-                low = guess
-        for guess in (reference * 1.0005, reference * 1.005):
-            if low < guess < high and try_high(guess):
-                break
-    while high - low > 1e-10 * high:
-        middle = (low + high) / 2
-        if not try_high(middle):
-            low = middle
+    if sigma < scan_limit or scan_limit == high:
+        while high - low > _SIGMA_TOLERANCE * high:
+            middle = (low + high) / 2
+            if not probe(middle)[0]:
+                low = middle
+        return checked
+    # No valid sigma in the lattice region: the profile decreases above it (docs/adr/0011), so the crossing is
+    # found by interpolation from probes next to the continuous optimum (Balle & Wang 2018). That optimum is a
+    # guess, not a bound (the discrete Gaussian can be valid below it): every point is checked.
+    reference = analytic_gaussian_sigma(float(epsilon_q), target, math.sqrt(l2_squared))
+    low_excess, high_excess = None, excess_at_zcdp
+    for guess in (reference, reference * (1 - _REFERENCE_STEP), reference * (1 + _REFERENCE_STEP)):
+        if not low < guess < high:
+            continue
+        valid, excess = probe(guess)
+        if valid:
+            high_excess = excess
+        else:
+            low, low_excess = guess, excess
+        if guess != reference:  # one probe on each side of the reference's verdict is enough
+            break
+    _interpolated_crossing(probe, low, high, low_excess, high_excess)
     return checked
 
 
@@ -458,6 +530,10 @@ def discrete_gaussian_threshold(sigma2: Fraction | int, delta: Fraction | float,
     """Threshold for partition selection with discrete Gaussian noise N_Z(0, sigma2) on counts of privacy units:
     as :func:`discrete_laplace_threshold`, with P(Y >= threshold - 1) from the discrete Gaussian's exact tail.
 
+    k - 1 is the smallest integer k >= 1 with (1 + 1e-12) (1 - (1 - P(Y >= k))^l0) <= delta (1 - 1e-9), found by
+    bisection: the tail decreases in k, so about 40 evaluations suffice where stepping one unit at a time from
+    the subgaussian bound took millions at large sigma (docs/adr/0019).
+
     Returns ``(threshold, delta_spent)``. Raises ValueError for a bad sigma2, delta or l0.
     """
     from dp_operators.mechanisms.accuracy import discrete_gaussian_upper_tail
@@ -469,10 +545,15 @@ def discrete_gaussian_threshold(sigma2: Fraction | int, delta: Fraction | float,
     def released(k: int) -> float:
         return _any_of_released(discrete_gaussian_upper_tail(k, sigma2_q), l0) * (1 + 1e-12)
 
-    k = max(1, math.ceil(math.sqrt(2 * float(sigma2_q) * math.log(2 * l0 / target))))
-    while k > 1 and released(k - 1) <= target:
-        k -= 1
-    while released(k) > target:
-        k += 1
+    # invariant: released(low) > target >= released(high); start from the subgaussian bound (CKS 2020) and widen
+    k = 1
+    if released(1) > target:
+        low, high = 1, max(2, math.ceil(math.sqrt(2 * float(sigma2_q) * math.log(2 * l0 / target))))
+        while released(high) > target:
+            low, high = high, 2 * high
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if released(middle) <= target else (middle, high)
+        k = high
     spent = _round_up_decimal(released(k) / (1 - 1e-9)) if released(k) > 0 else Fraction(0)
     return k + 1, min(spent, delta_q)

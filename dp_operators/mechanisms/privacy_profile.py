@@ -53,6 +53,23 @@ bounded and added (upper bound of F(k)) or subtracted (lower bound of F(k - l0 D
   the inverse transform adds log2(n) eta max |Y|. The sum is a bound eps_abs on every point of the law;
 * the weights exp(.) and the final sums (math.fsum): relative 3 u |exponent| + 6 u.
 
+For sigma >= 4 the law of S near the centre is not computed by FFT but in closed form, with a proven bound
+(Poisson summation): the characteristic function of N_Z(0, s2) is phi(t) = Theta(t) / Theta(0) with
+Theta(t) = sum over k of G(t + 2 pi k), G(t) = exp(-s2 t^2 / 2). For |t| <= pi every k != 0 term has
+|t + 2 pi k| >= pi (2|k| - 1), so 0 <= Theta(t) - G(t) <= rho_P = 2 sum over j >= 1 of exp(-s2 pi^2 (2j - 1)^2 / 2)
+<= 2 exp(-s2 pi^2 / 2) / (1 - exp(-4 s2 pi^2)), and Theta(0) is in [1, 1 + rho_P]; hence phi(t) is in
+[G(t) / (1 + rho_P), G(t) + rho_P] and |phi^l0 - G^l0| <= l0 rho_P (1 + rho_P)^(l0 - 1). Inverting the Fourier
+series of S on [-pi, pi] and the Fourier integral of the sampled normal density
+A(r) = exp(-r^2 / (2 l0 s2)) / sqrt(2 pi l0 s2) on the real line,
+
+    |P[S = r] - A(r)| <= l0 rho_P exp((l0 - 1) rho_P) + exp(-l0 s2 pi^2 / 2) / (pi^2 l0 s2)    for every integer r
+
+(the second term bounds (1/2pi) times the integral of G^l0 over |t| > pi, by the Mills-ratio bound). At sigma 4
+this is about 1e-30 at most for l0 <= 10^4, far below the FFT's rounding bound, and the law costs one exp per point
+instead of two transforms of up to 2^22 points: the same tail identity and error terms then apply, with A's
+float evaluation error (the same (4 a + 16) u as the FFT's inputs) as the relative input error, the Poisson
+bound as the point error, and no aliasing or per-coordinate truncation (docs/adr/0019 for the measurements).
+
 The result is an upper bound of the true delta; it is within a relative ~1e-9 of it where it matters
 (docs/adr/0011).
 """
@@ -88,6 +105,9 @@ _EXP_UNDERFLOW = -745.0
 # Input pmf values are computed only where the exponent x^2 / (2 s2) is at most this (normal floats, relative error).
 _MAX_INPUT_EXPONENT = 700.0
 _UNDERFLOW_SLACK = 1e-290
+# From this sigma on, the law of S comes from Poisson summation (module docstring): its error bound, about
+# l0 exp(-pi^2 sigma^2 / 2), is below 1e-30 here, and the FFT's cost (0.1-0.5 s at 2^22 points) is avoided.
+_POISSON_MIN_SIGMA = 4.0
 
 
 def _check_shift(linf: int, l0: int) -> None:
@@ -142,7 +162,7 @@ class _SumLaw:
     law: np.ndarray  # law[i] approximates P[S = i - half]
     half: int
     point_error: float  # eps_abs: |law[i] - exact cyclic law of the computed inputs| <= point_error
-    input_factor: float  # (1 + eps_in)^l0 - 1: relative error of the inputs, carried through the convolution
+    input_factor: float  # relative error of the law's values: (1 + eps_in)^l0 - 1 through the FFT convolution
     truncated: float  # mass of S never counted (coordinates beyond 12 sigma, S below the window)
     aliased: float  # mass wrapped around the cyclic window
 
@@ -159,7 +179,7 @@ def _integer_power(values: np.ndarray, exponent: int) -> np.ndarray:
     return result
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=4)  # each law holds up to 2^22 doubles (32 MB); a search evaluates each sigma once
 def _sum_law(sigma2: float, l0: int) -> _SumLaw | None:
     """The law of S with its error bounds, or None when the FFT would exceed 2^22 points."""
     u = _UNIT_ROUNDOFF
@@ -170,15 +190,16 @@ def _sum_law(sigma2: float, l0: int) -> _SumLaw | None:
     length = 1 << (2 * half + 1).bit_length()
     if length > _MAX_FFT_LENGTH or cutoff >= length // 2:
         return None
+    if sigma >= _POISSON_MIN_SIGMA and (half * half) / (2 * l0 * sigma2) <= _MAX_INPUT_EXPONENT:
+        return _poisson_sum_law(sigma2, l0, half)
     x = np.arange(-cutoff, cutoff + 1, dtype=np.float64)
+    pmf = np.exp(-(x * x) / (2 * sigma2)) / _discrete_gaussian_normaliser(sigma2)
     single = np.zeros(length)
-    single[np.arange(-cutoff, cutoff + 1) % length] = np.exp(-(x * x) / (2 * sigma2)) / _discrete_gaussian_normaliser(
-        sigma2
-    )
+    single[np.arange(-cutoff, cutoff + 1) % length] = pmf
     exponent_max = cutoff * cutoff / (2 * sigma2)
     input_error = (4 * exponent_max + 16) * u
     levels = length.bit_length() - 1
-    norm = math.fsum(single) * (1 + 2 * u)
+    norm = math.fsum(pmf) * (1 + 2 * u)  # the 1-norm of `single`: its padding is zeros (fsum of the window is slow)
     transform_error = levels * _FFT_LEVEL_ERROR * norm
     bound = norm + transform_error  # |X_k| and |X~_k| are at most this
     product_error = math.expm1((l0 - 1) * math.log1p(math.sqrt(2) * 2 * u / (1 - 2 * u))) * 1.01
@@ -202,25 +223,66 @@ def _sum_law(sigma2: float, l0: int) -> _SumLaw | None:
     )
 
 
+def _poisson_sum_law(sigma2: float, l0: int, half: int) -> _SumLaw:
+    """The law of S on r in [-half, l0] from the sampled normal density A(r), with the Poisson-summation bound
+    of the module docstring as its point error. The window reaches r = l0, beyond any r the tail identity uses
+    (|r| <= l0 / 2 + 1); below -half, S's mass is at most exp(-half^2 / (2 l0 s2)) (subgaussian, CKS 2020)."""
+    u = _UNIT_ROUNDOFF
+    pi2_sigma2 = math.pi**2 * sigma2
+    rho_p = 2 * math.exp(-pi2_sigma2 / 2) / -math.expm1(-4 * pi2_sigma2)
+    poisson = l0 * rho_p * math.exp((l0 - 1) * rho_p) + math.exp(max(-l0 * pi2_sigma2 / 2, _EXP_UNDERFLOW)) / (
+        math.pi**2 * l0 * sigma2
+    )
+    variance = l0 * sigma2
+    law = np.arange(-half, l0 + 1, dtype=np.float64)  # r, with |r| < 2^26: r * r is exact
+    np.multiply(law, law, out=law)  # in place: the window has up to 2^21 points
+    np.divide(law, -2 * variance, out=law)
+    np.exp(law, out=law)
+    law /= math.sqrt(2 * math.pi * variance)
+    # exponent within 3u relative (s2's rounding, the product, the division), exp within 4 ulp, the normaliser
+    # (pi, the products, sqrt and the division) within 6u: (3 a + 12) u, rounded up like the FFT's inputs
+    input_error = (4 * (half * half) / (2 * variance) + 16) * u
+    return _SumLaw(
+        law=law,
+        half=half,
+        # P <= A + eta <= (A~ + eta (1 + e)) / (1 - e) and P >= A - eta >= (A~ - eta (1 + e)) / (1 + e), the
+        # forms in which _tail_cdf_bound applies them; margin for the float evaluation of eta itself
+        point_error=poisson * (1 + input_error) * (1 + 1e-6) + 1e-300,
+        input_factor=input_error,
+        truncated=math.exp(max(-(half * half) / (2 * variance), _EXP_UNDERFLOW)),
+        aliased=0.0,
+    )
+
+
 def _tail_cdf_bound(law: _SumLaw, sigma2: float, l0: int, k: int, log_factor: float, upper: bool) -> float:
     """An upper (``upper``) or lower bound of e^log_factor * P[S <= k] for k < 0, by the shift identity of the
     module docstring with mu = round(k / l0)."""
     u = _UNIT_ROUNDOFF
     mu = -((-k + l0 // 2) // l0)  # round(k / l0) for k < 0, ties away from zero
     r_top = k - l0 * mu
-    r = np.arange(-law.half, r_top + 1, dtype=np.float64)
-    exponents = log_factor - (l0 * mu * mu + 2.0 * mu * r) / (2 * sigma2)
-    weights = np.exp(exponents)
-    values = law.law[: law.half + r_top + 1]
-    top_weight = weights[-1]
-    largest_exponent = float(np.max(np.abs(np.maximum(exponents, _EXP_UNDERFLOW))))
+    # log_factor - (l0 mu^2 + 2 mu r) / (2 s2), computed in place (up to 2^21 points) in the order written
+    weights = np.arange(-law.half, r_top + 1, dtype=np.float64)
+    count = len(weights)
+    weights *= 2.0 * mu
+    weights += l0 * mu * mu
+    weights /= 2 * sigma2
+    np.subtract(log_factor, weights, out=weights)
+    # the computed exponent is monotone in r (each rounding is), so its largest magnitude is at an end
+    largest_exponent = max(abs(max(float(weights[0]), _EXP_UNDERFLOW)), abs(max(float(weights[-1]), _EXP_UNDERFLOW)))
+    np.exp(weights, out=weights)
+    top_weight = float(weights[-1])
+    values = law.law[:count]
     # exponent and exp rounding, the product, and a sum of N nonnegative terms in any order (relative (N - 1) u)
-    weight_error = 3 * u * largest_exponent + 7 * u + 1.01 * len(r) * u
+    weight_error = 3 * u * largest_exponent + 7 * u + 1.01 * count * u
     if upper:
-        total = float(np.sum(weights * np.maximum(values + law.point_error, 0.0)))
+        terms = values + law.point_error
+        np.maximum(terms, 0.0, out=terms)
+        total = float(np.sum(np.multiply(weights, terms, out=terms)))
         total = total * (1 + weight_error) / (1 - law.input_factor)  # (1 - eps_in)^-l0 <= 1 / (1 - input_factor)
         return total + top_weight * (1 + weight_error) * law.truncated + _UNDERFLOW_SLACK
-    total = float(np.sum(weights * np.maximum(values - law.point_error, 0.0)))
+    terms = values - law.point_error
+    np.maximum(terms, 0.0, out=terms)
+    total = float(np.sum(np.multiply(weights, terms, out=terms)))
     total = total * (1 - weight_error) / (1 + law.input_factor) - top_weight * (1 + weight_error) * law.aliased
     return max(total - _UNDERFLOW_SLACK, 0.0)  # subnormal weights carry no relative accuracy
 

@@ -155,14 +155,18 @@ def component_bound(aggregate: Aggregate, component: str, per_partition: int) ->
     selection_or_count = component in ("count", "selection")
     upstream = aggregate.upstream
     n = upstream.max_rows
-    binary64 = upstream.arithmetic == "binary64" and not selection_or_count
+    # D and the grid power from the spec model (the one definition the load-time Linf limit checks too): the
+    # exact path plans exactly it; binary64 widens the bounds below
+    change, power = aggregate.largest_change("count" if selection_or_count else component)
+    declared = per_partition * change
     if selection_or_count:
         largest = Fraction(n if n is not None else per_partition)
-        delta = Fraction(per_partition)
         return ComponentBound(
-            aggregate.name, component, Fraction(1), delta, delta, Fraction(0), Fraction(0), False,
+            aggregate.name, component, Fraction(1), declared, declared, Fraction(0), Fraction(0), False,
             "exact", n, None, largest,
         )
+    grid = aggregate.grid**power
+    binary64 = upstream.arithmetic == "binary64"
     lower, upper = (exact_number(b, name="bounds") for b in aggregate.bounds)  # type: ignore[union-attr]
     if binary64:
         wide_lower, wide_upper = min(lower, _nearest_binary64(lower)), max(upper, _nearest_binary64(upper))
@@ -173,17 +177,18 @@ def component_bound(aggregate: Aggregate, component: str, per_partition: int) ->
     sum_error = gamma(rows - 1) * rows * largest_magnitude if binary64 else Fraction(0)
     largest_float = rows * largest_magnitude + sum_error if binary64 else None
     if aggregate.kind == "sum":
+        # D of the widened bounds: max(|lower|, |upper|) of the doubles the upstream clips at
         return ComponentBound(
-            aggregate.name, component, aggregate.grid,
-            per_partition * largest_magnitude, per_partition * max(abs(lower), abs(upper)),
+            aggregate.name, component, grid, per_partition * largest_magnitude if binary64 else declared, declared,
             sum_error, sum_error, True, upstream.arithmetic, n, largest_float,
             rows * largest_magnitude + sum_error,
         )
+    # means and variances are centred at the declared middle m: a widened bound moves up to wide_half from it
     middle, half = (lower + upper) / 2, (upper - lower) / 2
     wide_half = max(wide_upper - middle, middle - wide_lower)
     if component == "sum":
         return ComponentBound(
-            aggregate.name, component, aggregate.grid, per_partition * wide_half, per_partition * half,
+            aggregate.name, component, grid, per_partition * wide_half if binary64 else declared, declared,
             sum_error, sum_error + rows * (wide_half - half) if binary64 else Fraction(0), True,
             upstream.arithmetic, n, largest_float, rows * half,
         )
@@ -194,7 +199,7 @@ def component_bound(aggregate: Aggregate, component: str, per_partition: int) ->
         squares_error = raw_squares_error + 2 * abs(middle) * sum_error
         squares_float = rows * largest_magnitude**2 + raw_squares_error
     return ComponentBound(
-        aggregate.name, component, aggregate.grid**2, per_partition * wide_half**2, per_partition * half**2,
+        aggregate.name, component, grid, per_partition * wide_half**2 if binary64 else declared, declared,
         squares_error, squares_error + rows * (wide_half**2 - half**2) if binary64 else Fraction(0), True,
         upstream.arithmetic, n, squares_float, rows * half**2,
     )

@@ -38,7 +38,9 @@ from dp_operators.mechanisms.calibration import (
     rho_to_epsilon,
 )
 from dp_operators.mechanisms.privacy_profile import discrete_gaussian_delta
+from dp_operators.release.errors import ReleaseConfigError
 from dp_operators.release.float_sums import ComponentBound, check_component, component_bound
+from dp_operators.release.inputs import SATURATION
 from dp_operators.spec import Aggregate, Budget, ReleaseSpec
 
 
@@ -437,6 +439,47 @@ def _selection_step(aggregate: Aggregate, l0: int) -> NoiseStep:
     )
 
 
+def _two_digits_up(value: Fraction) -> float:
+    """``value`` (> 0) rounded up to two significant digits: advice a user can copy."""
+    step = Fraction(10) ** (math.floor(math.log10(value)) - 1)
+    return float(math.ceil(value / step) * step)
+
+
+def check_noise_scale(aggregate: Aggregate, step: NoiseStep) -> None:
+    """Refuse a step whose noise scale (the discrete Laplace t, or the discrete Gaussian sigma) exceeds the
+    engine's value range of +-2^62 grid units (:data:`~dp_operators.release.inputs.SATURATION`): such
+    noise cannot be represented, and every value it touches would be clamped. Public parameters only.
+
+    The scale grows linearly with Linf (exactly for Laplace and rho-calibrated Gaussians; for ``{epsilon, delta}``
+    Gaussians this large the calibration is the zCDP route, linear too), so the message gives the coarsest grid
+    that fits where the component is rounded to a grid.
+
+    Raises:
+        ReleaseConfigError: naming the aggregate, the component, the scale and what to change.
+    """
+    scale_squared = step.scale if step.mechanism == "discrete_gaussian" else step.scale**2
+    if scale_squared <= SATURATION**2:
+        return
+    name = "sigma" if step.mechanism == "discrete_gaussian" else "scale"
+    scale = math.sqrt(scale_squared)
+    units = "grid^2 units" if step.component == "sum_squares" else "grid units"
+    advice = ["raise the budget", "lower max_partitions_contributed or max_contributions_per_partition"]
+    bound = step.bound
+    if bound is not None and bound.rounded:
+        # Linf' <= Linf * 2^62 / scale keeps the scale in range; Linf' = ceil((Delta + 2E) / grid^k)
+        largest_linf = math.floor(step.linf * SATURATION / Fraction(scale))
+        if largest_linf >= 1:
+            component_grid = (bound.sensitivity + 2 * bound.summation_error) / largest_linf
+            grid = component_grid if step.component != "sum_squares" else Fraction(math.sqrt(component_grid))
+            advice.insert(0, f"make grid at least {_two_digits_up(grid):g}")
+        advice.append("narrow the bounds")
+    raise ReleaseConfigError(
+        f"aggregate {aggregate.name!r} ({step.component}): its {step.mechanism} noise would have {name} "
+        f"{scale:.3g} {units}, beyond the engine's value range of 2^62 (about 4.6e18) {units}: noise that large "
+        f"cannot be represented. To fix it: {'; or '.join(advice)}"
+    )
+
+
 def component_sensitivity(aggregate: Aggregate, component: str, per_partition: int) -> tuple[int, Fraction]:
     """``(linf, grid)`` of one component: the most one privacy unit changes one partition, in grid units.
 
@@ -476,7 +519,8 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
     Raises:
         ReleaseConfigError: a component the engine cannot release as planned: binary64 sums whose float cannot
             carry the grid or whose error allowance exceeds the sensitivity, or values that can reach the
-            saturation limit (:func:`~dp_operators.release.float_sums.check_component`). Nothing is reserved.
+            saturation limit (:func:`~dp_operators.release.float_sums.check_component`), or noise whose scale
+            exceeds that limit (:func:`check_noise_scale`). Nothing is reserved.
         ValueError: an unknown accountant name.
     """
     if accountant is not None:
@@ -492,6 +536,7 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
             check_component(aggregate, bound, per_partition)
         if aggregate.partition_selection is not None:
             steps.append(_selection_step(aggregate, l0))
+            check_noise_scale(aggregate, steps[-1])
         share = _share(aggregate.budget, len(aggregate.components))
         for component in aggregate.components:
             bound = bounds[component]
@@ -512,4 +557,5 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
                     bound=bound,
                 )
             )
+            check_noise_scale(aggregate, steps[-1])
     return ReleasePlan(spec=spec, steps=tuple(steps), accountant=accountant)

@@ -166,9 +166,17 @@ class Budget(_Strict):
     """The privacy loss one aggregate may spend. One of:
 
     * ``{epsilon}``: pure epsilon-DP (``discrete_laplace``, or ``auto`` which then picks it);
-    * ``{rho}``: rho-zCDP (``discrete_gaussian``; ``auto`` compares it with a Laplace at epsilon = sqrt(2 rho));
+    * ``{rho}``: rho-zCDP (``discrete_gaussian``; ``auto`` compares it with a Laplace at the largest epsilon whose
+      zCDP charge epsilon * tanh(epsilon / 2) fits rho, docs/adr/0015);
     * ``{epsilon, delta}``: approximate DP. ``discrete_gaussian`` is calibrated with the exact (epsilon, delta)
       privacy profile of the discrete Gaussian (docs/mechanisms.md); ``auto`` compares it with a pure Laplace.
+
+    ``auto`` chooses by the cost on the account the release is charged to (docs/adr/0012): on a ``zcdp`` account
+    an ``{epsilon, delta}`` budget's Laplace is charged epsilon * tanh(epsilon / 2) and its Gaussian the rho of
+    its noise, so the candidates are brought to the same charge before their variances are compared.
+
+    Ranges (checked at load): epsilon in [1e-4, 100], rho in [1e-9, 5000], delta in [1e-300, 1); numbers are read
+    exactly (``0.1`` is 1/10).
     """
 
     epsilon: Epsilon | None = None

@@ -412,3 +412,70 @@ def test_an_incompatible_accountant_error_names_the_aggregate():
                                             "budget": {"rho": "0.01"}}]})
     with pytest.raises(IncompatibleAccountantError, match=r"aggregate 'zcdp_only' \(count, discrete_gaussian\)"):
         plan_release(spec).charge("approx_dp")
+
+
+# -- item 5: noise beyond the engine's value range is refused at plan time ----------------------------------------
+def selected_sum(bounds, budget: dict, l0: int, mechanism: str = "discrete_laplace", grid=1) -> ReleaseSpec:
+    """A sum under partition selection (L0 is not capped by a key domain there)."""
+    return spec_of(bounds=bounds, grid=grid, mechanism=mechanism, budget=budget, group_by=["k"],
+                   partition_selection={"budget": {"epsilon": 1, "delta": 1e-6}},
+                   contribution={"max_partitions_contributed": l0})
+
+
+def test_a_laplace_scale_of_exactly_2_to_the_62_grid_units_is_planned_and_one_above_is_refused():
+    """t = L0 Linf / epsilon = 2^13 * 2^39 / 2^-10 = 2^62 grid units, the engine's value range (SATURATION):
+    representable. A smaller epsilon makes t larger than 2^62: refused before any budget, naming the aggregate,
+    the component and the grid that fits."""
+    at_the_range = plan_release(selected_sum([0, 2**39], {"epsilon": "0.0009765625"}, 2**13))
+    assert at_the_range.step("x", "sum").scale == 2**62
+    beyond = selected_sum([0, 2**39], {"epsilon": "0.0009765624"}, 2**13)
+    refusal = (r"aggregate 'x' \(sum\): its discrete_laplace noise would have scale 4\.61e\+18 grid units, "
+               r"beyond .* 2\^62.*make grid at least 1\.1")
+    with pytest.raises(ReleaseConfigError, match=refusal):
+        plan_release(beyond)
+
+
+def test_a_gaussian_beyond_2_to_the_62_grid_units_is_refused_and_the_suggested_grid_plans():
+    """{epsilon 1e-4, delta 1e-300} on a sum of [0, 1e12] at L0 10^4: sigma is about sqrt(L0) Linf
+    sqrt(2 ln(1/delta)) / epsilon = 100 * 1e12 * 37 / 1e-4 = 3.7e19 grid units, 8 times 2^62. With the suggested
+    grid the noise (in value units, the same) fits."""
+    spec = selected_sum([0, 10**12], {"epsilon": 1e-4, "delta": 1e-300}, 10**4, mechanism="discrete_gaussian")
+    with pytest.raises(ReleaseConfigError, match=r"aggregate 'x' \(sum\): its discrete_gaussian noise would have "
+                                                 r"sigma 3\.\d+e\+19 grid units") as refused:
+        plan_release(spec)
+    grid = float(str(refused.value).split("make grid at least ")[1].split(";")[0])
+    assert 8 <= grid <= 8.1  # 3.7e19 / 4.6e18, rounded up to two digits
+    step = plan_release(selected_sum([0, 10**12], {"epsilon": 1e-4, "delta": 1e-300}, 10**4,
+                                     mechanism="discrete_gaussian", grid=grid)).step("x", "sum")
+    assert step.scale <= 2**124  # sigma <= 2^62
+
+
+def test_unrepresentable_noise_is_refused_before_any_budget_is_reserved(tmp_path):
+    ledger = make_ledger(tmp_path / "range.db", accountant="approx_dp", cap="5")
+    spec = selected_sum([0, 10**12], {"epsilon": 1e-4}, 10**4)
+    key = ReleaseKey(dag_id="adult_census_release", run_id="r", task_id="t", map_index=-1, release_name="plan")
+    with pytest.raises(ReleaseConfigError, match=r"2\^62"):
+        run_release(spec, {"x": [{"k": "a", "sum": 1}]}, ledger, key, spec_hash="0" * 64)
+    assert ledger.charges() == [] and ledger.account("census_adult").spent == 0
+
+
+@pytest.mark.parametrize(
+    "aggregate",
+    [
+        pytest.param({"bounds": [-3, 0.1], "grid": "0.05"}, id="sum"),
+        pytest.param({"kind": "mean", "bounds": [0.1, 7], "grid": "0.3"}, id="mean"),
+        pytest.param({"kind": "variance", "bounds": [0.1, 100], "grid": "0.25"}, id="variance"),
+    ],
+)
+def test_the_binary64_plan_declares_the_linf_the_spec_checks(aggregate):
+    """One definition of the declared Linf (Aggregate.largest_change): the binary64 plan's declared_linf is the
+    load-time one, and its Linf only adds the float allowance (bounds widened to the doubles nearest them, 2E)."""
+    from dp_operators.release.float_sums import component_bound
+
+    spec = spec_of(upstream=binary64(100), contribution={"max_contributions_per_partition": 7}, **aggregate)
+    checked = spec.aggregates[0].linf_grid_units(7)
+    for component, linf in checked.items():
+        bound = component_bound(spec.aggregates[0], component, 7)
+        change, _ = spec.aggregates[0].largest_change(component)
+        assert bound.declared_linf == linf and bound.declared_sensitivity == 7 * change
+        assert bound.linf >= linf and bound.sensitivity >= bound.declared_sensitivity
