@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseOperator, ObjectStoragePath
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from sqlalchemy.exc import SQLAlchemyError
+
 from dp_operators.accounting import IncompatibleAccountantError
 from dp_operators.hooks.ledger import DPLedgerHook
 from dp_operators.ledger import LedgerError, ReleaseKey
@@ -128,6 +130,15 @@ class DPReleaseOperator(BaseOperator):
             # the messages are self-contained; the chain's frames hold the true aggregates in their locals, which
             # error reporters (Sentry) capture
             raise AirflowFailException(str(error)) from None
+        except SQLAlchemyError as error:  # the ledger's database: retryable, and its text holds no data values
+            raise AirflowException(f"the budget ledger failed: {type(error).__name__}: {error}") from None
+        except AirflowException:
+            raise
+        except Exception as error:  # anything else: retryable, its text and frames withheld (they may hold data)
+            raise AirflowException(
+                f"the release failed with {type(error).__name__} before any budget was reserved (a retry is safe); "
+                "details are withheld from the log because the engine's frames hold the true aggregates"
+            ) from None
         output = result.output
         if result.replayed:
             self.log.info("release %s already committed for this task instance: replaying it, nothing charged", key)

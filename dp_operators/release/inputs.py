@@ -132,13 +132,20 @@ def _row_values(aggregate: Aggregate, row: Mapping, units_field: str | None, see
     """The exact values of one row's components (and its unit count under partition selection), not yet rounded:
     rows of one key are added up exactly first, so each partition is rounded once (rounding every row would let
     one privacy unit's rows each carry a rounding step, beyond the planned sensitivity)."""
-    values = {
-        c: read_number(row[c], aggregate, c, "count" if c == "count" else "sum", seen) for c in aggregate.components
-    }
+    fields = [(c, c, "count" if c == "count" else "sum") for c in aggregate.components]
+    if units_field not in (None, "count"):
+        fields.append(("selection", units_field, "count"))
+    values: dict[str, Fraction] = {}
+    dropped = False
+    for name, field_name, component in fields:  # every field is type-checked, even in a row that is dropped
+        try:
+            values[name] = read_number(row[field_name], aggregate, field_name, component, seen)
+        except DropRow:
+            dropped = True
+    if dropped:
+        raise DropRow
     if units_field == "count":
         values["selection"] = values["count"]
-    elif units_field is not None:
-        values["selection"] = read_number(row[units_field], aggregate, units_field, "count", seen)
     return values
 
 

@@ -159,6 +159,7 @@ def run_release(
             except Exception as failure:  # the input error is the one to report; nothing was reserved
                 log.warning("the diagnostics report could not be delivered: %s", type(failure).__name__)
         raise
+    del aggregates  # the prepared integers are all the engine needs; fewer raw values in this frame's locals
     if diagnostics is not None:
         diagnostics(report)
 
@@ -184,12 +185,11 @@ def run_release(
     try:
         output = _noised_output(plan, prepared, drawn, key, account, charge, delta_spent, mechanisms, spec_hash)
     except Exception as error:
-        if not drawn:
-            ledger.release(reservation)
-        raise ReleaseAbortedError(error, budget_returned=not drawn) from error
+        returned = not drawn and _release_quietly(ledger, reservation)
+        raise ReleaseAbortedError(error, budget_returned=returned) from error
     except BaseException:  # interrupts and task timeouts: not a deterministic failure, keep their meaning
         if not drawn:
-            ledger.release(reservation)
+            _release_quietly(ledger, reservation)
         raise
     try:
         ledger.commit(reservation, output)
@@ -198,6 +198,17 @@ def run_release(
     except Exception as error:  # the noise exists: the charge stays spent, and a retry must not charge again
         raise ReleaseAbortedError(error, budget_returned=False) from error
     return ReleaseResult(output=output, replayed=False)
+
+
+def _release_quietly(ledger: Ledger, reservation: Any) -> bool:
+    """Return a reservation whose noise was never drawn; False if the ledger could not (the charge then stays
+    spent, which is safe, and the abort stays permanent instead of becoming the ledger's retryable error)."""
+    try:
+        ledger.release(reservation)
+    except Exception as failure:  # noqa: BLE001 - any failure here only wastes budget, never leaks
+        log.warning("the reservation could not be returned (%s); it stays spent", type(failure).__name__)
+        return False
+    return True
 
 
 def _noised_output(

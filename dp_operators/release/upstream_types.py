@@ -13,12 +13,15 @@ type                                      read as
                                           Infinity follow ``non_finite``
 ``fractions.Fraction``                    itself
 ``float``, numpy float64 / longdouble     counts: the float's exact binary value, then rounded as counts are;
-                                          sums: refused under ``upstream.arithmetic: exact`` (a float sum may be
-                                          further from its neighbour's than the sensitivity, Casacuberta et al.,
-                                          CCS 2022), the exact binary value under ``binary64``
+                                          sums: under ``upstream.arithmetic: exact`` an integral float up to 2^53
+                                          is that integer (pandas makes an int column float64 when one group is
+                                          missing) and any other float is refused (a float sum may be further from
+                                          its neighbour's than the sensitivity, Casacuberta et al., CCS 2022); the
+                                          exact binary value under ``binary64``. A NaN is SQL's NULL (below)
 numpy float16 / float32                   refused: they hold neither every count above 2^24 (2^11 for float16)
                                           nor a sum to double precision
-``None``, ``pandas.NA``, ``pandas.NaT``   SQL's NULL: follows the ``nan`` policy of ``non_finite``
+``None``, ``pandas.NA``, ``pandas.NaT``   SQL's NULL: follows the ``nan`` policy of ``non_finite`` (for a count or
+                                          unit count, replacement and clamping give 0)
 ``bool``, ``numpy.bool_``, ``str``,       refused
 ``bytes``, dates, anything else
 ========================================  ==================================================================
@@ -116,17 +119,17 @@ UNPUBLISHABLE = _Unpublishable()
 
 def key_kind(value: Any) -> type | None:
     """The key type (``str`` or ``int``) an upstream key stands for, decided by its *type* alone, before
-    normalisation: floats count as ``int`` (a pandas int column with a missing key is float64), dates as ``str``;
-    ``None`` for NULL-like values and for types :func:`normalise_key` refuses anyway."""
+    normalisation: dates count as ``str``; ``None`` for floats (pandas puts a float NaN where a key of a text or int
+    column is missing, so a float decides nothing), NULL-like values, and types :func:`normalise_key` refuses."""
     if isinstance(value, enum.Enum):
         return key_kind(value.value)
     if value is None or _pandas_missing(value) or isinstance(value, (bool, np.bool_)):
         return None
     if isinstance(value, (str, dt.date)):
         return str
-    if isinstance(value, (numbers.Integral, float, np.floating)):
+    if isinstance(value, numbers.Integral):
         return int
-    return None
+    return None  # floats too: pandas makes a text or int key column hold NaN for a missing key
 
 
 def normalise_key(value: Any, column: str) -> str | int | None | _Unpublishable:
@@ -187,24 +190,31 @@ def _largest_grid(aggregate: Aggregate) -> Fraction:
 
 
 def _special(
-    aggregate: Aggregate, kind: str, negative: bool, field: str, label: str, diagnostics: AggregateDiagnostics
+    aggregate: Aggregate, kind: str, negative: bool, field: str, label: str, diagnostics: AggregateDiagnostics,
+    count_like: bool = False,
 ) -> Fraction:
-    """A NaN (``kind == "nan"``) or infinity handled by the aggregate's ``non_finite`` policy."""
+    """A NaN (``kind == "nan"``) or infinity handled by the aggregate's ``non_finite`` policy. For a count or a unit
+    count (``count_like``) ``replace`` and ``clamp`` both give 0: a NULL count is an empty group, and an infinite or
+    saturated count would let one garbage row push a key over the partition-selection threshold."""
     diagnostics.special(field, label)
     policy = aggregate.non_finite
     action = policy.nan if kind == "nan" else policy.infinity
     if action == "drop":
         raise DropRow
+    if count_like:  # a count is never infinite or missing in truth: 0 (an empty group) is the only safe value
+        return Fraction(0)
     if action == "clamp":
         return Fraction(-SATURATION if negative else SATURATION) * _largest_grid(aggregate)
     return exact_number(policy.replace_with, name="non_finite.replace_with")
 
 
-def _decimal(value: Decimal, aggregate: Aggregate, field: str, diagnostics: AggregateDiagnostics) -> Fraction:
+def _decimal(
+    value: Decimal, aggregate: Aggregate, field: str, diagnostics: AggregateDiagnostics, count_like: bool
+) -> Fraction:
     if value.is_nan():  # NaN and sNaN (never compared: sNaN raises on comparison)
-        return _special(aggregate, "nan", False, field, "nan", diagnostics)
+        return _special(aggregate, "nan", False, field, "nan", diagnostics, count_like)
     if value.is_infinite():
-        return _special(aggregate, "infinity", value.is_signed(), field, "infinity", diagnostics)
+        return _special(aggregate, "infinity", value.is_signed(), field, "infinity", diagnostics, count_like)
     if value.is_zero():
         return Fraction(0)
     if value.adjusted() > DECIMAL_EXPONENT_LIMIT:
@@ -233,7 +243,7 @@ def read_number(
     if type(value) is int:  # the common case (bool is not exactly int)
         return Fraction(value)
     if value is None or _pandas_missing(value):
-        return _special(aggregate, "nan", False, field, "null", diagnostics)
+        return _special(aggregate, "nan", False, field, "null", diagnostics, component == "count")
     if isinstance(value, (bool, np.bool_)):
         raise InputTypeError(field, f"field {field!r} holds a bool; give a number ({_EXACT_TYPES})")
     if isinstance(value, numbers.Integral):
@@ -241,7 +251,7 @@ def read_number(
     if isinstance(value, Fraction):
         return value
     if isinstance(value, Decimal):
-        return _decimal(value, aggregate, field, diagnostics)
+        return _decimal(value, aggregate, field, diagnostics, component == "count")
     if isinstance(value, np.floating) and np.finfo(value.dtype).nmant < np.finfo(np.float64).nmant:
         exact_up_to = np.finfo(value.dtype).nmant + 1
         raise InputTypeError(
@@ -251,15 +261,22 @@ def read_number(
         )
     if isinstance(value, (float, np.floating)):
         if np.isnan(value):  # SQL NULL as pandas shows it: the nan policy in every arithmetic mode
-            return _special(aggregate, "nan", False, field, "nan", diagnostics)
+            return _special(aggregate, "nan", False, field, "nan", diagnostics, component == "count")
         if component == "sum" and aggregate.upstream.arithmetic == "exact":
+            number = float(value)
+            if number.is_integer() and abs(number) <= 2**53:
+                # every integer up to 2^53 is a double: pandas makes an int column float64 as soon as one group's
+                # value is missing, and refusing then would depend on that one group (docs/adr/0017)
+                diagnostics.float_values[field] += 1
+                return Fraction(int(number))
             raise InputTypeError(
                 field, f"field {field!r} holds a {_type_name(value)} but upstream.arithmetic is 'exact': "
                 + _FLOAT_SUM_ADVICE
             )
         diagnostics.float_values[field] += 1
         if np.isinf(value):
-            return _special(aggregate, "infinity", bool(value < 0), field, "infinity", diagnostics)
+            negative = bool(value < 0)
+            return _special(aggregate, "infinity", negative, field, "infinity", diagnostics, component == "count")
         return Fraction(*value.as_integer_ratio())  # the float's exact binary value, not its shortest decimal
     if isinstance(value, numbers.Rational):
         return Fraction(int(value.numerator), int(value.denominator))

@@ -346,14 +346,14 @@ class Aggregate(_Strict):
                 "upstream.arithmetic binary64 applies to sums, means and variances; a count is an integer "
                 "(a float count is read as the number it holds)"
             )
-        if self.kind in ("count", "sum") and self.non_finite.replace_with != 0:
-            # SQL gives NULL for an empty group, whose true count or sum is 0; a neighbour with one person there has
-            # a total within the sensitivity of 0, but not necessarily of another replacement (means and variances
-            # are safe: their centred totals are clamped into the range clipped data satisfy)
+        if self.non_finite.replace_with != 0:
+            # SQL gives NULL for an empty group, whose true count, sum and sum of squares are 0; a neighbour with one
+            # person there has totals within the sensitivity of 0, but not of another replacement (for a mean or
+            # variance the replaced count moves too, and with it the clamp range of the centred sums)
             raise ValueError(
-                f"non_finite.replace_with must be 0 for a {self.kind} (a NULL or NaN total is an empty group, whose "
-                f"true {self.kind} is 0; another replacement can differ from a neighbour's total by more than the "
-                f"sensitivity), got {self.non_finite.replace_with}; use nan: drop to ignore such rows instead"
+                "non_finite.replace_with must be 0 (a NULL or NaN total is an empty group, whose true value is 0; "
+                "another replacement can differ from a neighbour's total by more than the sensitivity), got "
+                f"{self.non_finite.replace_with}; use nan: drop to ignore such rows instead"
             )
         allowed = MECHANISM_BUDGETS[self.mechanism]
         if self.budget.form not in allowed:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from dp_operators.operators.release import DPReleaseOperator, release_csv
 from dp_operators.spec import SpecError
 
@@ -231,3 +231,22 @@ def test_the_task_log_is_the_same_on_neighbouring_inputs(tmp_path, ledger_conn, 
         diagnosed_operator(tmp_path).execute(context_for(FakeTaskInstance(aggregates, run_id=run)))
         logs.append([line.replace(f"/{run}/", "/<run>/") for line in task_log(capsys)])
     assert logs[0] == logs[1] and logs[0]
+
+
+def test_an_unexpected_error_is_retryable_and_carries_no_frames_or_text(tmp_path, ledger_conn, adult_aggregates,
+                                                                          monkeypatch):
+    """The engine's frames hold the true aggregates in their locals (error reporters capture them): an error that
+    is not one of the engine's own reaches Airflow with its type only, no chained traceback, and stays retryable
+    (it happened before any reservation)."""
+    import dp_operators.release.run as engine
+
+    def failing(*args, **kwargs):
+        raise OSError("disk full at /secret/path with 12345 rows")
+
+    monkeypatch.setattr(engine, "prepare_inputs", failing)
+    with pytest.raises(AirflowException) as failed:
+        operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates)))
+    assert not isinstance(failed.value, AirflowFailException)
+    assert "OSError" in str(failed.value) and "12345" not in str(failed.value)
+    assert failed.value.__suppress_context__ and failed.value.__cause__ is None
+    assert ledger_conn.charges() == []

@@ -187,9 +187,10 @@ def test_a_sum_of_an_exact_type_is_read_exactly(value, units, build_spec):
 
 
 @pytest.mark.parametrize("value", [
-    pytest.param(7.0, id="float"),
-    pytest.param(np.float64(7.0), id="numpy.float64"),
-    pytest.param(np.longdouble(7.0), id="numpy.longdouble"),
+    pytest.param(7.5, id="float"),
+    pytest.param(np.float64(7.5), id="numpy.float64"),
+    pytest.param(np.longdouble(7.5), id="numpy.longdouble"),
+    pytest.param(float(2**53 + 2), id="an integral float beyond 2^53"),
     pytest.param(float("inf"), id="float inf"),
 ])
 def test_a_binary_float_sum_is_refused_under_exact_arithmetic_by_its_type(value, build_spec):
@@ -212,6 +213,19 @@ BINARY64_SUM_VALUES = [
 def test_a_binary_float_sum_is_read_as_its_binary_value_under_binary64(value, units, build_spec):
     spec = build_spec("sum", upstream={"arithmetic": "binary64", "max_rows": 10})
     assert exact_units(spec, value, "sum") == units
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param(8.0, id="float"),
+    pytest.param(np.float64(-8.0), id="numpy.float64"),
+    pytest.param(float(2**53), id="2^53, the largest run of consecutive integers in a double"),
+])
+def test_an_integral_float_sum_is_its_integer_under_exact_arithmetic(value, build_spec):
+    """pandas makes an int column float64 as soon as one group's sum is missing (reindex, LEFT JOIN): refusing it
+    would make the release depend on whether some group is empty (the neighbour with a person there is an int
+    column). Every integer up to 2^53 is a double, so the float is that integer."""
+    spec = build_spec("sum", grid=1)
+    assert exact_units(spec, value, "sum") == int(value)
 
 
 @pytest.mark.parametrize("arithmetic", ["exact", "binary64"])
@@ -397,6 +411,46 @@ def test_a_failure_of_the_commit_after_the_noise_is_permanent_and_keeps_the_char
         raise UnicodeEncodeError("utf-8", "x", 0, 1, "surrogates not allowed")
 
     monkeypatch.setattr(approx_ledger, "commit", broken)
+    with pytest.raises(ReleaseAbortedError) as aborted:
+        run_release(build_spec(), {"x": [{"k": "a", "count": 5}]}, approx_ledger, release_key(), spec_hash="0" * 64)
+    assert aborted.value.budget_returned is False
+    assert [c["state"] for c in approx_ledger.charges()] == ["reserved"]
+
+
+def test_a_nan_key_in_a_text_column_is_the_null_group_not_an_int(build_spec, approx_ledger, release_key):
+    """pandas puts a float NaN where a text key is missing (read_csv, groupby(dropna=False)): a float decides no key
+    type, so the neighbour with one such row is released like the dataset without it (the second review found it
+    refused as 'int keys')."""
+    spec = build_spec()
+    spec = spec.model_copy(update={"aggregates": [spec.aggregates[0].model_copy(update={"keys": {"k": ["a", "b"]}})]})
+    for rows in ([{"k": "a", "count": 3}], [{"k": "a", "count": 3}, {"k": float("nan"), "count": 1}]):
+        run_release(spec, {"x": rows}, approx_ledger, release_key(f"run-{len(rows)}"), spec_hash="0" * 64)
+    assert [c["state"] for c in approx_ledger.charges()] == ["committed", "committed"]
+
+
+def test_a_dropped_row_is_still_type_checked(build_spec):
+    """A NaN whose policy drops the row must not skip the type check of the row's other fields: the refusal would
+    then depend on whether every such row happened to be dropped."""
+    spec = build_spec("variance", non_finite={"nan": "drop"})  # fields read in order sum, count, sum_squares
+    with pytest.raises(ReleaseInputError, match="field 'sum_squares' holds a float"):
+        prepare_inputs(spec, {"x": [{"k": "a", "sum": float("nan"), "count": 1, "sum_squares": 2.5}]})
+
+
+def test_a_ledger_that_cannot_return_the_reservation_keeps_the_abort_permanent(
+    build_spec, approx_ledger, release_key, monkeypatch
+):
+    """No noise drawn, but the ledger fails to release: the charge stays spent (safe) and the error stays the
+    permanent abort, not the ledger's retryable database error (a retry would charge again)."""
+    import dp_operators.release.run as engine
+
+    def no_noise(*args, **kwargs):
+        raise RuntimeError("bug before any sampler")
+
+    def broken_release(reservation, **kwargs):
+        raise ConnectionError("ledger gone")
+
+    monkeypatch.setattr(engine, "draw_noise", no_noise)
+    monkeypatch.setattr(approx_ledger, "release", broken_release)
     with pytest.raises(ReleaseAbortedError) as aborted:
         run_release(build_spec(), {"x": [{"k": "a", "count": 5}]}, approx_ledger, release_key(), spec_hash="0" * 64)
     assert aborted.value.budget_returned is False

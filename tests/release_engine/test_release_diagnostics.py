@@ -40,10 +40,12 @@ def test_check_aggregates_reports_every_problem_with_its_row_index_and_never_rai
 
 
 def test_check_aggregates_reports_each_binary_float_sum_under_exact_arithmetic(build_spec):
-    rows = [{"k": "a", "sum": 1}, {"k": "a", "sum": 0.5}, {"k": 1, "sum": float("nan")}, {"k": 1, "sum": 2.0}]
+    rows = [{"k": "a", "sum": 1}, {"k": "a", "sum": 0.5}, {"k": 1, "sum": float("nan")}, {"k": 1, "sum": 2.0},
+            {"k": 1, "sum": 2.25}]
     report = check_aggregates(build_spec("sum"), {"x": rows})
-    # a NaN is SQL's NULL (the nan policy), whatever the arithmetic; every other float is refused by its type
-    assert [(p.row, p.field) for p in report.all_problems()] == [(1, "sum"), (3, "sum")]
+    # a NaN is SQL's NULL (the nan policy) and an integral float its integer, whatever the arithmetic; any other
+    # float is refused
+    assert [(p.row, p.field) for p in report.all_problems()] == [(1, "sum"), (4, "sum")]
     assert "Casacuberta" in report.all_problems()[0].message
 
 

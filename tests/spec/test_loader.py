@@ -179,16 +179,17 @@ def test_auto_variance_and_partition_selection_specs_load():
     assert aggregate.partition_count is None and not aggregate.public_keys
 
 
-@pytest.mark.parametrize("kind", ["count", "sum"])
-def test_a_count_or_sum_replaces_null_by_zero_only(kind):
+@pytest.mark.parametrize("kind", ["count", "sum", "mean", "variance"])
+def test_null_is_replaced_by_zero_only(kind):
     """An empty group's SQL NULL is a true 0: the neighbour with one person there is within the sensitivity of 0,
-    not of 50 (bounds [0, 1]: 50 vs 1 is 49 grid units with Linf 1)."""
+    not of 50 (a sum on [0, 1]: 50 vs 1 is 49 grid units with Linf 1; a mean's replaced count moves by 49 with a
+    sensitivity of 1, and the clamp range of its centred sum with it)."""
     bounds = "" if kind == "count" else ", bounds: [0, 1]"
     text = (
         "version: 1\nrelease: r\nbudget_account: a\nprivacy_unit: person\naggregates:\n"
         f"  - {{name: x, kind: {kind}{bounds}, mechanism: discrete_laplace, budget: {{epsilon: 1}},\n"
         "     non_finite: {nan: replace, replace_with: 50}}\n"
     )
-    with pytest.raises(SpecError, match=r"non_finite.replace_with must be 0 for a " + kind):
+    with pytest.raises(SpecError, match=r"non_finite.replace_with must be 0 \("):
         parse_spec(text)
     parse_spec(text.replace("replace_with: 50", "replace_with: 0"))
