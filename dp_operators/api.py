@@ -7,7 +7,8 @@ confidence interval. Parameters are validated by the same models as a YAML spec,
 Values may be ``int``, numpy integers, ``Decimal``, ``Fraction`` or floats; a float is taken as its exact binary
 value, so the declared ``sensitivity`` must hold for the floats passed. A float sum of clipped values can differ
 between neighbouring datasets by more than the clipping bound (Casacuberta, Shoemate, Vadhan, Wagaman, CCS 2022):
-pass such sums exactly (an integer in grid units, ``Decimal``, ``Fraction``), or release them through
+pass such sums exactly (an integer sum of integer values, an exactly summed ``Decimal``, a ``Fraction``), or
+release them through
 :func:`run_release` with a spec declaring ``upstream: {arithmetic: binary64, max_rows: N}``.
 
 Charging: pass ``ledger``, ``account`` and ``key`` together to charge a budget account first (DESIGN.md 2.1). The

@@ -26,7 +26,6 @@ import os
 import sys
 from collections.abc import Iterator
 from enum import Enum
-from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -35,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from dp_operators.accounting import ACCOUNTANTS
 from dp_operators.ledger import Ledger, LedgerConfigError, LedgerError, load_ledger_config
 from dp_operators.ledger.config import declared_accountants
 from dp_operators.spec import SpecError, load_spec
@@ -368,13 +368,8 @@ def spec_validate(spec: Annotated[Path, typer.Argument(help="A release spec YAML
     console.print(f"{spec}: valid (release {loaded.release!r}, {len(loaded.aggregates)} aggregate(s))", highlight=False)
 
 
-class Accountant(str, Enum):
-    """The accountants of budget accounts (``spec plan --accountant``)."""
-
-    pure_dp = "pure_dp"
-    approx_dp = "approx_dp"
-    zcdp = "zcdp"
-    gaussian_dp = "gaussian_dp"
+#: The accountants of budget accounts (``spec plan --accountant``), from the one list in the accounting package.
+Accountant = Enum("Accountant", {name: name for name in ACCOUNTANTS}, type=str)
 
 
 @spec_app.command("plan")
@@ -467,7 +462,8 @@ def spec_plan(
             delta=None if delta is None else float(delta),
         )
         if chosen == "approx_dp":  # an approx_dp account also spends delta per run (basic composition)
-            summary["delta_per_run"] = str(plan.delta())
+            delta_per_run = plan.delta()
+            summary["delta_per_run"] = str(delta_per_run)
     if account is not None:
         summary.update(remaining=str(account.remaining), runs_remaining=int(account.remaining // total))
     if as_json:
@@ -501,7 +497,7 @@ def spec_plan(
     as_eps = summary["charge_per_run_as_epsilon"]
     line = f"charge per run ({chosen}): {unit} {_decimal(str(total))}"
     if "delta_per_run" in summary:
-        line += f", delta {float(Fraction(summary['delta_per_run'])):.6g}"
+        line += f", delta {float(delta_per_run):.6g}"
     if as_eps is not None and unit != "epsilon":
         line += f" (epsilon {as_eps:.4g}" + (f" at delta {float(delta):g})" if delta else ")")
     if account is not None:

@@ -9,10 +9,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import re
 from collections.abc import Callable, Sequence
-from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +29,7 @@ from dp_operators.release import (
     plan_release,
     run_release,
 )
+from dp_operators.release.publish import published_interval
 from dp_operators.spec import SpecError, load_spec_with_hash
 
 if TYPE_CHECKING:
@@ -226,27 +225,13 @@ def release_csv(output: dict[str, Any]) -> str:
         rows = aggregate.get("rows") or [aggregate]
         for row in rows:
             key = ";".join(f"{column}={row[column]}" for column in aggregate["group_by"])
-            lower, upper = _interval(row)
+            lower, upper = published_interval(row)
             writer.writerow(
                 [name, aggregate["kind"], key, row["value"], "" if row["half_width"] is None else row["half_width"],
                  output["confidence"], aggregate["mechanism"], str(bool(row.get("saturated"))).lower(),
                  "" if lower is None else lower, "" if upper is None else upper]
             )
     return buffer.getvalue()
-
-
-def _interval(row: dict[str, Any]) -> tuple[float | None, float | None]:
-    """A published row's interval: its ``interval`` if saturated, else ``value -+ half_width`` rounded outwards."""
-    if "interval" in row:
-        lower, upper = row["interval"]
-        return lower, upper
-    value, width = Fraction(row["value"]), Fraction(row["half_width"])
-    lower, upper = float(value - width), float(value + width)
-    if lower > value - width:
-        lower = math.nextafter(lower, -math.inf)
-    if upper < value + width:
-        upper = math.nextafter(upper, math.inf)
-    return lower, upper
 
 
 def _safe(text: str) -> str:

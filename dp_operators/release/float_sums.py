@@ -36,7 +36,7 @@ from fractions import Fraction
 
 from dp_operators.accounting import exact_number
 from dp_operators.release.errors import ReleaseConfigError
-from dp_operators.release.inputs import SATURATION
+from dp_operators.release.upstream_types import SATURATION
 from dp_operators.spec import Aggregate
 
 __all__ = [

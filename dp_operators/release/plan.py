@@ -40,7 +40,7 @@ from dp_operators.mechanisms.calibration import (
 from dp_operators.mechanisms.privacy_profile import discrete_gaussian_delta
 from dp_operators.release.errors import ReleaseConfigError
 from dp_operators.release.float_sums import ComponentBound, check_component, component_bound
-from dp_operators.release.inputs import SATURATION
+from dp_operators.release.upstream_types import SATURATION
 from dp_operators.spec import Aggregate, Budget, ReleaseSpec
 
 

@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from dp_operators.accounting import exact_number
-from dp_operators.release.inputs import SATURATION
+from dp_operators.release.upstream_types import SATURATION
 from dp_operators.release.plan import NoiseStep, ReleasePlan
 from dp_operators.spec import Aggregate, ReleaseSpec
 
@@ -30,6 +30,16 @@ def _float_towards(value: Fraction, direction: float) -> float:
     if (direction < 0 and near > value) or (direction > 0 and near < value):
         near = math.nextafter(near, direction)
     return near
+
+
+def published_interval(row: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The interval of a published row: its ``interval`` when saturated (``None`` on the unbounded side), else
+    ``value -+ half_width`` rounded outwards to floats. Post-processing of the published row only."""
+    if "interval" in row:
+        lower, upper = row["interval"]
+        return lower, upper
+    value, width = Fraction(row["value"]), Fraction(row["half_width"])
+    return _float_towards(value - width, -math.inf), _float_towards(value + width, math.inf)
 
 
 def _near_limit(units: int, noise_half_width: float) -> int:

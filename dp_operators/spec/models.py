@@ -246,8 +246,9 @@ class UpstreamSums(_Strict):
     """How the upstream task computed the sums it hands over, and how many rows went into one partition's total.
 
     * ``arithmetic: exact`` (default): sums are exact numbers: Python/numpy integers, ``Decimal`` (SQL ``SUM`` over
-      ``NUMERIC``/``DECIMAL``) or ``Fraction``. A binary float for a sum, mean or variance is refused before any
-      budget is reserved (its rounding error is not inside the planned sensitivity).
+      ``NUMERIC``/``DECIMAL``) or ``Fraction``. A binary float sum is refused before any budget is reserved (its
+      rounding error is not inside the planned sensitivity), except an integral one up to 2^53, read as that
+      integer (pandas makes an int column float64 when one group is missing; docs/adr/0017).
     * ``arithmetic: binary64``: sums are IEEE 754 double-precision floats (pandas, numpy, SQL ``DOUBLE``), computed in
       any order over at most ``max_rows`` values per partition. The sensitivity then carries a sound allowance for
       the summation error (Casacuberta et al., CCS 2022; Higham 2002, section 4.2), and a grid the float cannot
