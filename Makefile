@@ -30,6 +30,7 @@ benchmarks: $(VENV)/.installed
 	$(BIN)/python benchmarks/noise_efficiency.py
 	$(BIN)/python benchmarks/anonymity_adult.py
 	$(BIN)/python benchmarks/ledger_throughput.py
+	$(BIN)/python benchmarks/ledger_cli.py
 
 clean:
 	rm -rf $(VENV) .demo .cache build *.egg-info

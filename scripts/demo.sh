@@ -13,7 +13,23 @@ export AIRFLOW__CORE__DAGS_FOLDER="$ROOT/dags"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__UNIT_TEST_MODE=False
 export DP_LEDGER_URL="sqlite:///$DEMO/ledger.db"
-export AIRFLOW_CONN_DP_LEDGER_DEFAULT="{\"conn_type\": \"dp_ledger\", \"extra\": {\"url\": \"$DP_LEDGER_URL\"}}"
+
+# The two audit keys (docs/ledger.md), made once: the governor key stays with the privacy officer (here: this
+# shell's dpctl); the spend key goes in the workers' ledger connection (extra audit_key) and to 'dpctl ledger apply'.
+KEYS="$DEMO/keys"
+mkdir -p "$KEYS"
+chmod 700 "$KEYS"
+for role in governor spend; do
+  if [ ! -s "$KEYS/$role.key" ]; then
+    (umask 077 && "$BIN/dpctl" ledger keygen > "$KEYS/$role.key" 2> /dev/null)
+    echo "made the $role key: $KEYS/$role.key"
+  fi
+  chmod 600 "$KEYS/$role.key"
+done
+DP_LEDGER_GOVERNOR_KEY="$(head -n 1 "$KEYS/governor.key")"
+DP_LEDGER_AUDIT_KEY="$(head -n 1 "$KEYS/spend.key")"
+export DP_LEDGER_GOVERNOR_KEY DP_LEDGER_AUDIT_KEY
+export AIRFLOW_CONN_DP_LEDGER_DEFAULT="{\"conn_type\": \"dp_ledger\", \"extra\": {\"url\": \"$DP_LEDGER_URL\", \"audit_key\": \"$DP_LEDGER_AUDIT_KEY\"}}"
 export DP_OPERATORS_ADULT_CSV="$ROOT/.data/adult.csv"
 export DP_OPERATORS_OUTPUT_URI="file://$DEMO/releases"
 
@@ -27,7 +43,8 @@ fi
 
 echo "running the example DAG: airflow dags test adult_census_release (log: $DEMO/last-run.log)"
 status=0
-"$BIN/airflow" dags test adult_census_release > "$DEMO/last-run.log" 2>&1 || status=$?
+# the task gets the spend key from its connection; the governor key stays out of Airflow's environment
+env -u DP_LEDGER_GOVERNOR_KEY "$BIN/airflow" dags test adult_census_release > "$DEMO/last-run.log" 2>&1 || status=$?
 if grep -q "state=success, run_type" "$DEMO/last-run.log"; then
   echo
   "$BIN/dpctl" release show "$DEMO/releases"
@@ -40,6 +57,8 @@ else
 fi
 echo
 "$BIN/dpctl" ledger show
+echo
+"$BIN/dpctl" ledger verify || status=1
 if [ "$status" -eq 0 ]; then
   echo "Run 'make demo' again to release again (a new run, fresh noise); 'make demo-reset' starts over."
 else

@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from dp_operators.ledger import AccountConfig, Ledger, LedgerConfig
+from support import governor, spender
 
 PG_URL = os.environ.get("DP_LEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("postgresql", id="postgresql")]
@@ -88,8 +89,8 @@ def account_config(
 
 
 def ledger_with(url: str, **accounts: AccountConfig) -> Ledger:
-    """An initialised ledger at ``url`` holding ``accounts``."""
-    ledger = Ledger(url)
-    ledger.init_schema()
-    ledger.apply_config(LedgerConfig(version=1, accounts=accounts))
-    return ledger
+    """An initialised ledger at ``url`` holding ``accounts``; returns the spender's view (the test spend key)."""
+    officer = governor(url)
+    officer.init_schema()
+    officer.apply_config(LedgerConfig(version=1, accounts=accounts))
+    return spender(url)

@@ -8,11 +8,25 @@ from __future__ import annotations
 from fractions import Fraction
 from pathlib import Path
 
-from dp_operators.ledger import AccountConfig, Ledger, LedgerConfig
+from dp_operators.ledger import AccountConfig, AuditKey, Ledger, LedgerConfig, LedgerGovernor
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 EXAMPLE_SPEC = REPO / "config" / "releases" / "adult_census.yaml"
+
+#: Fixed test keys (docs/adr/0020): the privacy officer's governor key and the workers' spend key.
+GOVERNOR_KEY = AuditKey.from_text("test-governor-key-" + "g" * 46)
+SPEND_KEY = AuditKey.from_text("test-spend-key-" + "s" * 49)
+
+
+def governor(url: str) -> LedgerGovernor:
+    """The governor's view of the ledger at ``url`` (both test keys)."""
+    return LedgerGovernor(url, governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY)
+
+
+def spender(url: str, **kwargs) -> Ledger:
+    """The spender's view of the ledger at ``url`` (the test spend key)."""
+    return Ledger(url, audit_key=SPEND_KEY, **kwargs)
 
 
 def example_charge() -> Fraction:
@@ -25,10 +39,10 @@ def example_charge() -> Fraction:
 
 
 def make_ledger(path: Path, *, cap="1/2", accountant="zcdp", dags=("adult_census_release",), account="census_adult"):
-    """A fresh SQLite ledger at ``path`` with one account."""
-    ledger = Ledger(f"sqlite:///{path}")
-    ledger.init_schema()
-    ledger.apply_config(
+    """A fresh SQLite ledger at ``path`` with one account; returns the spender's view (the test spend key)."""
+    officer = governor(f"sqlite:///{path}")
+    officer.init_schema()
+    officer.apply_config(
         LedgerConfig(
             version=1,
             accounts={
@@ -42,4 +56,4 @@ def make_ledger(path: Path, *, cap="1/2", accountant="zcdp", dags=("adult_census
             },
         )
     )
-    return ledger
+    return spender(f"sqlite:///{path}")

@@ -95,7 +95,7 @@ def test_bad_parameters_or_exhausted_budget_spend_nothing(tmp_path):
         laplace_mechanism(1, sensitivity=1, epsilon=0, ledger=ledger, account="census_adult", key=KEY)
     with pytest.raises(BudgetExhaustedError):
         laplace_mechanism(1, sensitivity=1, epsilon=2, ledger=ledger, account="census_adult", key=KEY)
-    assert ledger.account("census_adult").spent == 0 and ledger.charges() == []
+    assert ledger.account("census_adult").spent == 0 and list(ledger.charges()) == []
 
 
 def test_ledger_needs_account_and_key():

@@ -64,7 +64,7 @@ def test_plan_with_a_ledger_reports_charges_and_runs_left_without_spending(tmp_p
     assert all("charge_as_epsilon" in step for step in plan["steps"])
     table = runner.invoke(app, ["spec", "plan", str(EXAMPLE_SPEC), "--url", url])
     assert "5 more run(s)" in table.output
-    assert ledger.account("census_adult").spent == 0 and ledger.charges() == []
+    assert ledger.account("census_adult").spent == 0 and list(ledger.charges()) == []
 
 
 def test_plan_refuses_a_spec_the_account_cannot_be_charged_for(tmp_path):
@@ -210,3 +210,84 @@ def test_plan_on_an_approx_dp_account_shows_the_delta_each_run_spends(tmp_path):
     summary = json.loads(result.output)
     spent = Fraction(summary["delta_per_run"])
     assert 0 < spent <= Fraction(1, 10**6)  # the threshold's delta, at most the budget's (rounded threshold)
+
+
+GAUSSIAN = "mechanism: discrete_gaussian, budget: {epsilon: 1, delta: 4e-7}"
+
+
+def _count_spec(tmp_path, noise: str = GAUSSIAN, name: str = "gaussian.yaml") -> str:
+    """One count on census_adult. By default the discrete Gaussian at (epsilon 1, delta 4e-7): on an approx_dp
+    account each run is charged epsilon 1 and delta 4e-7 (the exact profile's delta)."""
+    path = tmp_path / name
+    path.write_text(
+        "version: 1\nrelease: visits\nbudget_account: census_adult\nprivacy_unit: person\naggregates:\n"
+        f"  - {{name: visits, kind: count, {noise}}}\n"
+    )
+    return str(path)
+
+
+def _reserve_run(ledger, run: int, amount, delta):
+    """Reserve one run of the count spec on census_adult, as a release would (the spender's real reserve)."""
+    from dp_operators.ledger import ReleaseKey
+
+    return ledger.reserve(ReleaseKey("adult_census_release", f"run-{run}", "t", -1, "visits"), account="census_adult",
+                          amount=amount, delta=delta, mechanisms=[{"mechanism": "discrete_gaussian"}],
+                          spec_hash="0" * 64)
+
+
+def test_plan_counts_runs_in_delta_when_the_delta_cap_admits_fewer(tmp_path):
+    """The issue's case: epsilon 6 left funds 6 runs at epsilon 1, but the delta cap 1e-6 funds only 2 at 4e-7 each;
+    the plan says 2, names delta as the limit, prints the run's delta (not the cap), and the ledger agrees: two
+    reservations of the planned charge go through and the third is refused for delta."""
+    from dp_operators.ledger import BudgetExhaustedError
+
+    ledger = make_ledger(tmp_path / "approx.db", accountant="approx_dp", cap="6")
+    url = f"sqlite:///{tmp_path / 'approx.db'}"
+    spec = _count_spec(tmp_path)
+    result = runner.invoke(app, ["spec", "plan", spec, "--url", url, "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    charge, delta = Fraction(plan["charge_per_run"]), Fraction(plan["delta_per_run"])
+    assert (charge, delta) == (1, Fraction(4, 10**7))
+    assert Fraction(plan["remaining"]) // charge == 6  # epsilon alone would promise 6
+    assert plan["runs_remaining"] == 2 and plan["runs_limited_by"] == "delta"
+    assert plan["delta"] == 4e-7 and Fraction(plan["delta_remaining"]) == Fraction(1, 10**6)
+    table = runner.invoke(app, ["spec", "plan", spec, "--url", url])
+    assert table.exit_code == 0, table.output
+    assert "charge per run (approx_dp): epsilon 1, delta 4e-07;" in table.output
+    assert "has epsilon 6 and delta 1e-06 left: 2 more run(s) (limited by delta)" in table.output
+    assert "6 more run(s)" not in table.output
+    for run in range(2):
+        _reserve_run(ledger, run, charge, delta)
+    with pytest.raises(BudgetExhaustedError, match="delta"):
+        _reserve_run(ledger, 2, charge, delta)
+    after = json.loads(runner.invoke(app, ["spec", "plan", spec, "--url", url, "--json"]).output)
+    assert (after["runs_remaining"], after["runs_limited_by"], after["remaining"]) == (0, "delta", "4")
+
+
+def test_plan_counts_runs_in_epsilon_when_epsilon_admits_fewer(tmp_path):
+    """Negative control: the same spec on an account with epsilon 1.5 left: epsilon funds 1 run, delta 2; the plan
+    says 1 and does not blame delta."""
+    make_ledger(tmp_path / "approx.db", accountant="approx_dp", cap="3/2")
+    url = f"sqlite:///{tmp_path / 'approx.db'}"
+    spec = _count_spec(tmp_path)
+    plan = json.loads(runner.invoke(app, ["spec", "plan", spec, "--url", url, "--json"]).output)
+    assert Fraction(plan["delta_remaining"]) // Fraction(plan["delta_per_run"]) == 2
+    assert plan["runs_remaining"] == 1 and plan["runs_limited_by"] == "epsilon"
+    table = runner.invoke(app, ["spec", "plan", spec, "--url", url])
+    assert table.exit_code == 0, table.output
+    assert "left: 1 more run(s)" in table.output and "limited by" not in table.output
+
+
+def test_plan_a_pure_spec_is_not_limited_by_spent_delta(tmp_path):
+    """A dimension a run does not charge does not limit: with the whole delta cap spent, a Laplace-only spec (delta 0
+    per run) still has its epsilon runs, while a spec that spends delta has none."""
+    ledger = make_ledger(tmp_path / "approx.db", accountant="approx_dp", cap="6")
+    url = f"sqlite:///{tmp_path / 'approx.db'}"
+    _reserve_run(ledger, 0, Fraction(1), Fraction(1, 10**6))
+    pure = _count_spec(tmp_path, "mechanism: discrete_laplace, budget: {epsilon: 1}", "laplace.yaml")
+    plan = json.loads(runner.invoke(app, ["spec", "plan", pure, "--url", url, "--json"]).output)
+    assert (plan["delta_per_run"], plan["delta_remaining"]) == ("0", "0")
+    assert plan["runs_remaining"] == 5 and plan["runs_limited_by"] == "epsilon"
+    spending = json.loads(runner.invoke(app, ["spec", "plan", _count_spec(tmp_path), "--url", url, "--json"]).output)
+    assert spending["runs_remaining"] == 0 and spending["runs_limited_by"] == "delta"

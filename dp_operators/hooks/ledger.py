@@ -1,10 +1,19 @@
-"""Airflow hook turning a Connection into a :class:`~dp_operators.ledger.Ledger`.
+"""Airflow hook turning a Connection into the spender's :class:`~dp_operators.ledger.Ledger`.
 
 Connection forms (https://airflow.apache.org/docs/apache-airflow/stable/howto/connection.html):
 
-* ``conn_type`` ``dp_ledger``: ``extra`` holds ``{"url": "<SQLAlchemy URL>"}``, e.g. ``sqlite:////srv/ledger.db``
-  or ``postgresql+psycopg://user@host:5432/ledger``; or ``host`` holds a SQLite file path.
-* ``conn_type`` ``postgres``: host, port, login, password and schema (the database) of a PostgreSQL server.
+* ``conn_type`` ``dp_ledger``: ``extra`` holds ``{"url": "<SQLAlchemy URL>", "audit_key": "<spend key>"}``, e.g.
+  ``sqlite:////srv/ledger.db`` or ``postgresql+psycopg://spender@host:5432/ledger``; or ``host`` holds a SQLite
+  file path.
+* ``conn_type`` ``postgres``: host, port, login, password and schema (the database) of a PostgreSQL server; the
+  spend key still goes in ``extra`` as ``audit_key`` (the password is the database's).
+
+The spend key (``audit_key``, made by ``dpctl ledger keygen`` and given to the accounts by the privacy officer's
+``dpctl ledger apply``) signs the tasks' spend events (docs/adr/0020). Keeping it in the connection's extra lets a
+secrets backend (Vault, AWS Secrets Manager, ...) hold it with the rest of the connection. The *governor* key never
+belongs in the workers' connection: tasks can read their connection, and whoever holds the governor key can sign
+cap changes. ``dpctl`` may read it from a separate connection only the privacy officer uses (extra
+``governor_key``, see :func:`governor_key_from_connection`).
 
 Tasks cannot reach Airflow's own metadata database (Airflow 3), so the ledger always lives behind its own
 Connection.
@@ -12,12 +21,20 @@ Connection.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sqlalchemy.engine import URL
 
 from airflow.sdk import BaseHook
-from dp_operators.ledger import Ledger
+from dp_operators.ledger import AuditKey, Ledger
+
+log = logging.getLogger(__name__)
+
+#: The connection extra holding the spend key (workers' connection).
+AUDIT_KEY_EXTRA = "audit_key"
+#: The connection extra holding the governor key (the privacy officer's connection, read by dpctl only).
+GOVERNOR_KEY_EXTRA = "governor_key"
 
 
 def ledger_url_from_connection(conn: Any) -> str:
@@ -46,8 +63,56 @@ def ledger_url_from_connection(conn: Any) -> str:
     )
 
 
+def _key_from_extra(conn: Any, name: str) -> AuditKey | None:
+    value = (conn.extra_dejson or {}).get(name)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"connection {conn.conn_id!r}: extra {name!r} must be a string (the key's text)")
+    try:
+        key = AuditKey.from_text(value)
+    except ValueError as error:  # the message never contains the key
+        raise ValueError(f"connection {conn.conn_id!r}, extra {name!r}: {error}") from None
+    _mask(key)
+    return key
+
+
+def _mask(key: AuditKey) -> None:
+    """Redact the key from task logs (Airflow masks extras by name, and ``audit_key`` is not one of its names)."""
+    try:
+        from airflow.sdk.log import mask_secret
+    except ImportError:  # pragma: no cover - older Airflow
+        return
+    mask_secret(key.text)
+
+
+def audit_key_from_connection(conn: Any) -> AuditKey | None:
+    """The spend key in a connection's extra ``audit_key``, or ``None`` if it has none.
+
+    Raises:
+        ValueError: the value is not text of at least 32 characters (the message names the connection, never the
+            value).
+    """
+    return _key_from_extra(conn, AUDIT_KEY_EXTRA)
+
+
+def governor_key_from_connection(conn: Any) -> AuditKey | None:
+    """The governor key in a connection's extra ``governor_key`` (a connection only the privacy officer's
+    ``dpctl`` uses), or ``None``. :meth:`DPLedgerHook.get_ledger` never reads it.
+
+    Raises:
+        ValueError: as :func:`audit_key_from_connection`.
+    """
+    return _key_from_extra(conn, GOVERNOR_KEY_EXTRA)
+
+
 class DPLedgerHook(BaseHook):
-    """Hook for the privacy-budget ledger.
+    """Hook for the privacy-budget ledger: what release tasks use to spend.
+
+    The connection says where the ledger is (extra ``url``, a SQLite path in ``host``, or a ``postgres``
+    connection's fields) and holds the spend key in extra ``audit_key``; the key can come from a secrets backend
+    like any connection. Without ``audit_key`` the ledger can still be read, but a reservation raises
+    :class:`~dp_operators.ledger.LedgerKeyError` saying to set it. Never put the governor key in this connection.
 
     Args:
         ledger_conn_id: the Airflow connection id (default ``dp_ledger_default``).
@@ -64,24 +129,51 @@ class DPLedgerHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        """Connection form: the SQLAlchemy URL goes in ``extra``; a SQLite path may go in ``host``."""
+        """Connection form: the SQLAlchemy URL and the spend key go in ``extra``; a SQLite path may go in ``host``."""
         return {
             "hidden_fields": ["port", "login", "password", "schema"],
             "relabeling": {"host": "SQLite file path (or leave empty and set extra url)"},
-            "placeholders": {"extra": '{"url": "postgresql+psycopg://user@db:5432/ledger"}'},
+            "placeholders": {
+                "extra": '{"url": "postgresql+psycopg://spender@db:5432/ledger", '
+                '"audit_key": "<the spend key from dpctl ledger keygen>"}',
+            },
         }
 
     def get_url(self) -> str:
         return ledger_url_from_connection(self.get_connection(self.ledger_conn_id))
 
-    def get_ledger(self) -> Ledger:
-        """A :class:`Ledger` on the connection's database (the schema must already exist: ``dpctl ledger init``)."""
-        return Ledger(self.get_url())
+    def get_audit_key(self) -> AuditKey | None:
+        """The spend key in the connection's extra ``audit_key`` (``None`` if unset; ``ValueError`` if too short)."""
+        return audit_key_from_connection(self.get_connection(self.ledger_conn_id))
+
+    def get_ledger(self, **kwargs: Any) -> Ledger:
+        """The spender's :class:`Ledger` on the connection's database, signing with the connection's ``audit_key``
+        (the schema must already exist: ``dpctl ledger init``). ``kwargs`` go to :class:`Ledger` (e.g.
+        ``lease_seconds``).
+
+        Raises:
+            ValueError: the connection names no ledger, or its ``audit_key`` is not a valid key.
+        """
+        conn = self.get_connection(self.ledger_conn_id)
+        if (conn.extra_dejson or {}).get(GOVERNOR_KEY_EXTRA):
+            log.warning(
+                "connection %r holds a governor_key: every task using it can sign governance events (raise caps). "
+                "Keep the governor key in a connection only the privacy officer's dpctl uses.",
+                self.ledger_conn_id,
+            )
+        return Ledger(ledger_url_from_connection(conn), audit_key=audit_key_from_connection(conn), **kwargs)
 
     def test_connection(self) -> tuple[bool, str]:
-        """Connect and check the ledger schema; used by the UI's "Test" button."""
+        """Connect and check the ledger schema; used by the UI's "Test" button. Says so when the connection has no
+        ``audit_key`` (tasks could read the ledger but not spend)."""
         try:
             self.get_ledger().check_schema()
+            has_key = self.get_audit_key() is not None
         except Exception as error:  # the UI shows the message
             return False, str(error)
+        if not has_key:
+            return True, (
+                "ledger reachable, schema up to date; but the connection has no extra 'audit_key', so tasks "
+                "cannot reserve budget"
+            )
         return True, "ledger reachable, schema up to date"

@@ -49,3 +49,21 @@ def _show(value: Fraction) -> str:
     exact = str(value)
     decimal = f"{float(value):.6g}"
     return decimal if Fraction(decimal) == value else f"{exact} (~{decimal})"
+
+
+class LeaseHeldError(LedgerError):
+    """Another attempt of the same release key holds a live lease on its reservation (it is still drawing).
+    Nothing was charged. Transient: retry after ``expires_at`` (the owner renews the lease while it runs; a dead
+    owner's lease expires and the next attempt takes the release over).
+
+    Attributes:
+        attempt: the holding attempt's number; expires_at: when its lease ends unless renewed (UTC).
+    """
+
+    def __init__(self, message: str, *, attempt: int, expires_at) -> None:
+        super().__init__(message)
+        self.attempt, self.expires_at = attempt, expires_at
+
+
+class LedgerKeyError(LedgerError):
+    """The audit key is missing or is not the key the account accepts (rotated); nothing was changed."""

@@ -9,7 +9,14 @@ triggers refuse UPDATE and DELETE on it (:func:`audit_trigger_ddl`), and each ro
 previous row of its account's chain.
 
 Version history (``dp_schema_version``): 1 — accounts and charges (the first cut); 2 — delta totals, charge
-context, the audit event table and its triggers. :mod:`dp_operators.ledger.store` upgrades 1 to 2 in place.
+context, the audit event table and its triggers; 3 — keyed audit chain (``key_id``, ``spend_key_id``), reservation
+tokens and leases (``token_hash``, ``proof``, ``lease_expires_at``), guard triggers on charges and accounts.
+:mod:`dp_operators.ledger.govern` upgrades older versions in place.
+
+Database triggers (both dialects, :func:`trigger_ddl`) make ``dp_audit_events`` append-only, keep every charge
+and account row (no DELETE), and let a charge change only its state (``reserved`` to ``committed``, ``released``
+or ``abandoned``, once), its output and its lease. The tables are owned by the role that ran ``dpctl ledger init``,
+so the spender and governor roles cannot drop or disable them (docs/adr/0020).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from sqlalchemy import (
 )
 
 #: Bumped when the tables change; ``dpctl ledger init`` records it and the ledger refuses other versions.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = MetaData()
 
@@ -56,6 +63,7 @@ accounts = Table(
     Column("owner", String(200), nullable=True),
     Column("description", Text, nullable=True),
     Column("config", Text, nullable=True),
+    Column("spend_key_id", String(16), nullable=True),
     Column("audit_seq", Integer, nullable=False, server_default="0"),
     Column("audit_head", String(64), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
@@ -82,14 +90,16 @@ charges = Table(
     Column("context", Text, nullable=True),
     Column("output", Text, nullable=True),
     Column("output_digest", String(64), nullable=True),
+    Column("token_hash", String(64), nullable=True),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("dag_id", "run_id", "task_id", "map_index", "release_name", "attempt", name="uq_release_attempt"),
     Index("ix_dp_charges_account_state", "account", "state"),
 )
 
-#: Every column except ``id`` and ``row_hash`` enters the row's hash; values are text or integers so they
-#: read back from either database exactly as they were written.
+#: Every column except ``id`` and ``row_hash`` enters the row's MAC; values are text or integers so they read back
+#: from either database exactly as they were written.
 audit_events = Table(
     "dp_audit_events",
     metadata,
@@ -115,46 +125,174 @@ audit_events = Table(
     Column("context", Text, nullable=False),
     Column("details", Text, nullable=True),
     Column("created_at", String(40), nullable=False),
+    Column("token_hash", String(64), nullable=True),
+    Column("proof", String(100), nullable=True),
+    Column("key_id", String(16), nullable=True),
     Column("prev_hash", String(64), nullable=False),
     Column("row_hash", String(64), nullable=False),
     UniqueConstraint("account", "account_seq", name="uq_audit_account_seq"),
 )
 
-#: The hashed columns of an audit row, in a fixed order (the canonical form is sorted JSON of these).
+#: The MAC'd columns of an audit row, in a fixed order (the canonical form is sorted JSON of these).
 AUDIT_HASHED_COLUMNS = tuple(c.name for c in audit_events.c if c.name not in ("id", "row_hash"))
 
+#: The hashed columns of a schema-2 row (plain SHA-256, no key): legacy rows keep verifying after the upgrade.
+LEGACY_HASHED_COLUMNS = tuple(c for c in AUDIT_HASHED_COLUMNS if c not in ("token_hash", "proof", "key_id"))
+
+#: Columns of a charge fixed at reservation (the guard trigger refuses to change them; verify compares each with
+#: the charge's ``reserved`` event).
+CHARGE_FIXED_COLUMNS = (
+    "id", "account", "dag_id", "run_id", "task_id", "map_index", "release_name", "attempt", "amount",
+    "delta_amount", "mechanisms", "spec_hash", "try_number", "context", "token_hash", "created_at",
+)
+
+#: Governed columns of an account: only governance events (``dpctl ledger apply``) change them.
+ACCOUNT_GOVERNED_COLUMNS = ("accountant", "cap", "delta", "privacy_unit", "allowed_dags", "spend_key_id")
+
+#: Columns of ``dp_charges`` and ``dp_budget_accounts`` a spender may update (PostgreSQL column privileges).
+SPENDER_CHARGE_COLUMNS = ("state", "output", "output_digest", "updated_at", "lease_expires_at")
+SPENDER_ACCOUNT_COLUMNS = ("spent", "delta_spent", "audit_seq", "audit_head", "updated_at")
+
+_TERMINAL_OK = "('committed', 'released', 'abandoned')"
+
+
+def _sqlite_triggers() -> dict[str, str]:
+    fixed_changed = " OR ".join(f"NEW.{c} IS NOT OLD.{c}" for c in CHARGE_FIXED_COLUMNS)
+    refuse = "BEGIN SELECT RAISE(ABORT, '{}'); END"
+    return {
+        "dp_audit_no_update": "CREATE TRIGGER dp_audit_no_update BEFORE UPDATE ON dp_audit_events "
+        + refuse.format("dp_audit_events is append-only: UPDATE refused"),
+        "dp_audit_no_delete": "CREATE TRIGGER dp_audit_no_delete BEFORE DELETE ON dp_audit_events "
+        + refuse.format("dp_audit_events is append-only: DELETE refused"),
+        "dp_charges_no_delete": "CREATE TRIGGER dp_charges_no_delete BEFORE DELETE ON dp_charges "
+        + refuse.format("dp_charges rows are kept: DELETE refused"),
+        "dp_charges_guard": "CREATE TRIGGER dp_charges_guard BEFORE UPDATE ON dp_charges WHEN "
+        f"OLD.state <> 'reserved' OR NEW.state NOT IN ('reserved', 'committed', 'released', 'abandoned') "
+        f"OR {fixed_changed} "
+        + refuse.format(
+            "dp_charges: only a reserved charge may change, and only its state (to committed, released or "
+            "abandoned), output and lease"
+        ),
+        "dp_accounts_no_delete": "CREATE TRIGGER dp_accounts_no_delete BEFORE DELETE ON dp_budget_accounts "
+        + refuse.format("dp_budget_accounts rows are kept: DELETE refused"),
+    }
+
+
+_PG_FUNCTIONS = {
+    "dp_audit_append_only": " BEGIN RAISE EXCEPTION 'dp_audit_events is append-only: %% refused', TG_OP; END ",
+    "dp_rows_kept": " BEGIN RAISE EXCEPTION '%% rows are kept: %% refused', TG_TABLE_NAME, TG_OP; END ",
+    "dp_charges_guard": (
+        " BEGIN "
+        "IF OLD.state <> 'reserved' OR NEW.state NOT IN ('reserved', 'committed', 'released', 'abandoned') "
+        "OR (" + ", ".join(f"NEW.{c}" for c in CHARGE_FIXED_COLUMNS) + ") IS DISTINCT FROM ("
+        + ", ".join(f"OLD.{c}" for c in CHARGE_FIXED_COLUMNS) + ") THEN "
+        "RAISE EXCEPTION 'dp_charges: only a reserved charge may change, and only its state (to committed, "
+        "released or abandoned), output and lease'; END IF; RETURN NEW; END "
+    ),
+}
+
+#: PostgreSQL triggers: name -> (table, timing and events, level, function).
+_PG_TRIGGERS = {
+    "dp_audit_no_update": ("dp_audit_events", "BEFORE UPDATE", "ROW", "dp_audit_append_only"),
+    "dp_audit_no_delete": ("dp_audit_events", "BEFORE DELETE", "ROW", "dp_audit_append_only"),
+    "dp_audit_no_truncate": ("dp_audit_events", "BEFORE TRUNCATE", "STATEMENT", "dp_audit_append_only"),
+    "dp_charges_no_delete": ("dp_charges", "BEFORE DELETE", "ROW", "dp_rows_kept"),
+    "dp_charges_no_truncate": ("dp_charges", "BEFORE TRUNCATE", "STATEMENT", "dp_rows_kept"),
+    "dp_charges_guard": ("dp_charges", "BEFORE UPDATE", "ROW", "dp_charges_guard"),
+    "dp_accounts_no_delete": ("dp_budget_accounts", "BEFORE DELETE", "ROW", "dp_rows_kept"),
+    "dp_accounts_no_truncate": ("dp_budget_accounts", "BEFORE TRUNCATE", "STATEMENT", "dp_rows_kept"),
+}
+
+#: Names of every guard trigger (both dialects share the first five).
 AUDIT_TRIGGER_NAMES = ("dp_audit_no_update", "dp_audit_no_delete")
 
 
-def audit_trigger_ddl(dialect: str) -> list[str]:
-    """DDL statements making ``dp_audit_events`` append-only on ``dialect`` (``sqlite`` or ``postgresql``)."""
+def trigger_ddl(dialect: str) -> list[str]:
+    """DDL statements (re)creating the guard triggers on ``dialect`` (``sqlite`` or ``postgresql``); idempotent.
+
+    Raises:
+        ValueError: another dialect.
+    """
     if dialect == "sqlite":
-        return [
-            f"CREATE TRIGGER IF NOT EXISTS dp_audit_no_{op.lower()} BEFORE {op} ON dp_audit_events "
-            f"BEGIN SELECT RAISE(ABORT, 'dp_audit_events is append-only: {op} refused'); END"
-            for op in ("UPDATE", "DELETE")
-        ]
+        statements = []
+        for name, ddl in _sqlite_triggers().items():
+            statements += [f"DROP TRIGGER IF EXISTS {name}", ddl]
+        return statements
     if dialect == "postgresql":
-        return [
-            "CREATE OR REPLACE FUNCTION dp_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            "BEGIN RAISE EXCEPTION 'dp_audit_events is append-only: %% refused', TG_OP; END $$",
-            "DROP TRIGGER IF EXISTS dp_audit_no_update ON dp_audit_events",
-            "CREATE TRIGGER dp_audit_no_update BEFORE UPDATE ON dp_audit_events "
-            "FOR EACH ROW EXECUTE FUNCTION dp_audit_append_only()",
-            "DROP TRIGGER IF EXISTS dp_audit_no_delete ON dp_audit_events",
-            "CREATE TRIGGER dp_audit_no_delete BEFORE DELETE ON dp_audit_events "
-            "FOR EACH ROW EXECUTE FUNCTION dp_audit_append_only()",
-            "DROP TRIGGER IF EXISTS dp_audit_no_truncate ON dp_audit_events",
-            "CREATE TRIGGER dp_audit_no_truncate BEFORE TRUNCATE ON dp_audit_events "
-            "FOR EACH STATEMENT EXECUTE FUNCTION dp_audit_append_only()",
+        statements = [
+            f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $${body}$$"
+            for name, body in _PG_FUNCTIONS.items()
         ]
+        for name, (table, when, level, function) in _PG_TRIGGERS.items():
+            statements += [
+                f"DROP TRIGGER IF EXISTS {name} ON {table}",
+                f"CREATE TRIGGER {name} {when} ON {table} FOR EACH {level} EXECUTE FUNCTION {function}()",
+            ]
+        return statements
     raise ValueError(f"unsupported ledger database {dialect!r}: use SQLite or PostgreSQL")
 
 
-def audit_trigger_query(dialect: str) -> str:
-    """A query returning the names of the append-only triggers present on ``dp_audit_events``."""
+_PG_TRIGGER_QUERY = """
+SELECT t.tgname, t.tgenabled, pg_get_triggerdef(t.oid), p.proname, p.prosrc
+FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+WHERE NOT t.tgisinternal
+  AND t.tgrelid IN ('dp_audit_events'::regclass, 'dp_charges'::regclass, 'dp_budget_accounts'::regclass)
+"""
+
+
+def _normalise(sql: str) -> str:
+    return " ".join(sql.replace("IF NOT EXISTS ", "").split())
+
+
+def trigger_problems(conn) -> list[str]:
+    """Compare the guard triggers in the database with their expected definitions: each must exist, be enabled
+    (PostgreSQL ``tgenabled = 'O'``) and run the expected body (SQLite: the stored ``CREATE TRIGGER`` text;
+    PostgreSQL: ``pg_get_triggerdef`` and the trigger function's source). Returns one line per problem.
+
+    Args:
+        conn: a SQLAlchemy connection to the ledger database.
+    """
+    dialect = conn.dialect.name
+    problems = []
     if dialect == "sqlite":
-        return "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'dp_audit_events'"
-    return (
-        "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal AND tgrelid = 'dp_audit_events'::regclass"
-    )
+        found = {
+            name: sql
+            for name, sql in conn.exec_driver_sql(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name IN "
+                "('dp_audit_events', 'dp_charges', 'dp_budget_accounts')"
+            )
+        }
+        for name, ddl in _sqlite_triggers().items():
+            if name not in found:
+                problems.append(f"trigger {name} is missing (dropped)")
+            elif _normalise(found[name]) != _normalise(ddl):
+                problems.append(f"trigger {name} does not have its expected definition (replaced)")
+        for name in sorted(set(found) - set(_sqlite_triggers())):
+            problems.append(f"trigger {name} is not one of the ledger's (added outside 'dpctl ledger init')")
+        return problems
+    rows = {row[0]: row for row in conn.exec_driver_sql(_PG_TRIGGER_QUERY)}
+    for name, (table, when, level, function) in _PG_TRIGGERS.items():
+        row = rows.get(name)
+        if row is None:
+            problems.append(f"trigger {name} on {table} is missing (dropped)")
+            continue
+        _, enabled, definition, proname, prosrc = row
+        expected = f"CREATE TRIGGER {name} {when} ON {table} FOR EACH {level} EXECUTE FUNCTION {function}()"
+        unqualified = " ".join(definition.split()).replace(f" ON {_schema_prefix(definition, table)}{table} ", f" ON {table} ")
+        if enabled != "O":
+            problems.append(f"trigger {name} on {table} is disabled (tgenabled={enabled!r})")
+        if unqualified != expected or proname != function:
+            problems.append(f"trigger {name} on {table} does not have its expected definition (replaced)")
+        elif " ".join(prosrc.split()) != " ".join(_PG_FUNCTIONS[function].replace("%%", "%").split()):
+            problems.append(f"trigger function {function}() of {name} was replaced (its body differs)")
+    for name in sorted(set(rows) - set(_PG_TRIGGERS)):
+        problems.append(f"trigger {name} is not one of the ledger's (added outside 'dpctl ledger init')")
+    return problems
+
+
+def _schema_prefix(definition: str, table: str) -> str:
+    marker = f".{table} "
+    if marker not in definition:
+        return ""
+    before = definition[: definition.index(marker)]
+    return before.rsplit(" ", 1)[-1] + "."

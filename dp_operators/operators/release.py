@@ -20,7 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from dp_operators.accounting import IncompatibleAccountantError
 from dp_operators.hooks.ledger import DPLedgerHook
-from dp_operators.ledger import LedgerError, ReleaseKey
+from dp_operators.ledger import LeaseHeldError, LedgerError, ReleaseKey
 from dp_operators.release import (
     DiagnosticsReport,
     ReleaseAbortedError,
@@ -35,7 +35,10 @@ from dp_operators.spec import SpecError, load_spec_with_hash
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-#: Refusals no retry can fix: Airflow must fail the task at once (DESIGN.md 7).
+#: Refusals no retry can fix: Airflow must fail the task at once (DESIGN.md 7). Every ledger refusal is one
+#: (budget exhausted, DAG not allowed, unknown account, no schema, wrong spend key: configuration), except
+#: :class:`LeaseHeldError`, which is caught first: another try of the same release still holds its lease, and a
+#: later retry replays that try's output or takes over once the lease has expired.
 _PERMANENT = (LedgerError, ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError)
 
 
@@ -64,10 +67,15 @@ class DPReleaseOperator(BaseOperator):
     Returns (XCom ``return_value``): the published release, plain JSON; identical, byte for byte, on every retry.
 
     Raises:
-        AirflowFailException: budget exhausted, DAG not allowed, unknown account, ledger not initialised,
-            malformed upstream aggregates: refusals that retrying cannot fix; and any failure after the budget was
-            reserved (:class:`~dp_operators.release.ReleaseAbortedError`), which a retry would repeat while
-            charging again.
+        AirflowFailException: budget exhausted, DAG not allowed, unknown account, ledger not initialised, a
+            missing or rotated spend key, malformed upstream aggregates: refusals that retrying cannot fix; and any
+            failure after the budget was reserved (:class:`~dp_operators.release.ReleaseAbortedError`), which a
+            retry would repeat while charging again.
+        AirflowException: retryable. Another try of this release is still running and holds the ledger's lease
+            on its reservation (Airflow can start try 2 while try 1 still runs): nothing was charged, and a retry
+            replays that try's committed output, or takes the release over once the lease has expired (that try
+            died; its charge stays spent). Also the ledger's database failing, and unexpected errors before any
+            reservation (their text withheld).
     """
 
     template_fields: Sequence[str] = ("output_uri", "diagnostics_uri")
@@ -125,6 +133,8 @@ class DPReleaseOperator(BaseOperator):
         except ReleaseAbortedError as error:
             # the original exception's text is not audited for data: it stays out of the task log
             raise AirflowFailException(str(error)) from None
+        except LeaseHeldError as error:  # before _PERMANENT: a live try of the same release, not a refusal
+            raise AirflowException(lease_held_message(key, error)) from None
         except _PERMANENT as error:
             # the messages are self-contained; the chain's frames hold the true aggregates in their locals, which
             # error reporters (Sentry) capture
@@ -195,6 +205,18 @@ def _release_path(base_uri: str, key: ReleaseKey, suffix: str) -> ObjectStorageP
     folder.mkdir(parents=True, exist_ok=True)
     stem = key.task_id if key.map_index < 0 else f"{key.task_id}_{key.map_index}"
     return folder / f"{stem}{suffix}"
+
+
+def lease_held_message(key: ReleaseKey, error: LeaseHeldError) -> str:
+    """The retryable task error for :class:`LeaseHeldError`: which try holds the lease, until when (UTC), and what
+    Airflow's retry will do. Public parameters only."""
+    until = error.expires_at.isoformat(timespec="seconds") if error.expires_at is not None else "it expires"
+    return (
+        f"another try of release {key.release_name!r} (run {key.run_id!r}, ledger attempt {error.attempt}) is still "
+        f"running and holds the budget lease until {until}; nothing was charged. Airflow's retry will replay its "
+        "committed output, or take the release over after the lease expires if that try died (its charge stays "
+        "spent)"
+    )
 
 
 def _audit_context(context: Context) -> dict[str, Any]:

@@ -9,11 +9,16 @@ Order of one release (DESIGN.md section 2, invariant 1):
    NaN/inf follow the spec's ``non_finite`` policy, negative counts are clamped to 0, keys outside the public
    domain are ignored. Nothing computed from the data is logged; an optional ``diagnostics`` callback receives
    the exact data-quality report (docs/adr/0016);
-4. reserve the charge in the ledger (atomic check-and-charge);
-5. draw noise from the exact samplers (OS CSPRNG);
+4. reserve the charge in the ledger (atomic check-and-charge). The reservation carries a lease: while another
+   attempt of the same key (Airflow may start try 2 while try 1 still runs) holds a live lease, the ledger refuses
+   with :class:`~dp_operators.ledger.LeaseHeldError` and charges nothing;
+5. draw noise from the exact samplers (OS CSPRNG), inside :meth:`Ledger.lease <dp_operators.ledger.Ledger.lease>`
+   so a long draw keeps renewing its lease and no other attempt takes the release over meanwhile;
 6. build the output and check it is plain, finite JSON; any failure in 5-6 becomes a permanent
-   :class:`~dp_operators.release.errors.ReleaseAbortedError` (a retry would charge again);
-7. commit it to the ledger under the release key and return it for publication.
+   :class:`~dp_operators.release.errors.ReleaseAbortedError` (a retry would charge again), and the reservation is
+   released if no sampler was entered, else abandoned (still spent; the next attempt need not wait for its lease);
+7. commit it to the ledger under the release key (the token proves this attempt still owns the reservation) and
+   return it for publication.
 
 Neighbouring relation: add or remove one privacy unit, which contributes to at most ``max_partitions_contributed``
 partitions of each aggregate, at most ``max_contributions_per_partition`` times each, every value clipped to the
@@ -125,9 +130,17 @@ def run_release(
     Raises:
         ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError: before anything is reserved.
         AccountNotFoundError, DagNotAllowedError, BudgetExhaustedError: refusals from the ledger; nothing reserved.
-        ReleaseAbortedError: an exception after the reservation and before the commit (chained as its cause);
-            the charge stays spent unless no sampler was entered. Permanent: do not retry.
-        ChargeStateError: another attempt took over this release key; the charge stays spent.
+        LeaseHeldError: another attempt of ``key`` is still running and holds the lease on its reservation
+            (``.attempt``, ``.expires_at``, UTC); nothing was charged and no aggregate was noised. Transient: a
+            retry replays that attempt's output once it commits, or takes the release over (charging again,
+            the dead attempt's charge staying spent) once its lease has expired.
+        LedgerKeyError: the ledger has no spend key, or not the one the account accepts; nothing reserved.
+        ReleaseAbortedError: an exception after the reservation and before the commit (chained as its cause).
+            The reservation is released if no sampler was entered, else abandoned (it stays spent, and its lease
+            ends at once). Permanent: do not retry.
+        ChargeStateError: at the commit, this attempt no longer owns the reservation (its lease lapsed, e.g. the
+            renewals failed, and another attempt took the release over); the output is not returned and the
+            charge stays spent.
     """
     if key.release_name != spec.release:
         raise ReleaseConfigError(f"release key names {key.release_name!r} but the spec releases {spec.release!r}")
@@ -180,33 +193,43 @@ def run_release(
 
     # From here on a failure keeps the charge spent unless no sampler was entered (DESIGN.md 2.1, ADR 1), and is
     # permanent: every check that can fail ran before the reservation, so a failure here is a bug a retry would
-    # repeat, charging again each time.
+    # repeat, charging again each time. The lease is renewed in the background while the noise is drawn, so a
+    # concurrent attempt of the same key is refused (not charged) however long the draw takes; the renewals stop
+    # before the commit, which the lease's remaining two thirds or more cover.
     drawn: list[str] = []
     try:
-        output = _noised_output(plan, prepared, drawn, key, account, charge, delta_spent, mechanisms, spec_hash)
+        with ledger.lease(reservation):
+            output = _noised_output(plan, prepared, drawn, key, account, charge, delta_spent, mechanisms, spec_hash)
     except Exception as error:
-        returned = not drawn and _release_quietly(ledger, reservation)
+        returned = _give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=returned) from error
     except BaseException:  # interrupts and task timeouts: not a deterministic failure, keep their meaning
-        if not drawn:
-            _release_quietly(ledger, reservation)
+        _give_up(ledger, reservation, drawn)
         raise
     try:
         ledger.commit(reservation, output)
-    except LedgerError:  # a refusal of the ledger's own (ChargeStateError: another attempt took over the key)
-        raise
+    except LedgerError:  # a refusal of the ledger's own (ChargeStateError: this attempt lost its lease and another
+        raise  # took the release over); the charge stays spent and this output is never published
     except Exception as error:  # the noise exists: the charge stays spent, and a retry must not charge again
+        _give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=False) from error
     return ReleaseResult(output=output, replayed=False)
 
 
-def _release_quietly(ledger: Ledger, reservation: Any) -> bool:
-    """Return a reservation whose noise was never drawn; False if the ledger could not (the charge then stays
-    spent, which is safe, and the abort stays permanent instead of becoming the ledger's retryable error)."""
+def _give_up(ledger: Ledger, reservation: Any, drawn: list[str]) -> bool:
+    """End a failed attempt's reservation so the next attempt of the key need not wait for its lease: released
+    (the budget comes back) if no sampler was entered, else abandoned (it stays spent: noise may exist). Returns
+    True iff the budget came back. A ledger failure here is logged (its type only) and leaves the charge reserved
+    and spent until its lease expires, which is safe; the abort stays permanent instead of becoming the ledger's
+    error."""
     try:
+        if drawn:
+            ledger.abandon(reservation)
+            return False
         ledger.release(reservation)
-    except Exception as failure:  # noqa: BLE001 - any failure here only wastes budget, never leaks
-        log.warning("the reservation could not be returned (%s); it stays spent", type(failure).__name__)
+    except Exception as failure:  # noqa: BLE001 - any failure here only wastes budget or time, never leaks
+        log.warning("the failed attempt's reservation could not be ended (%s); it stays spent until its lease "
+                    "expires", type(failure).__name__)
         return False
     return True
 

@@ -18,9 +18,9 @@ from dp_operators.accounting import (
     gdp_epsilon,
     gdp_mu_squared_for_approx_dp,
 )
-from dp_operators.ledger import BudgetExhaustedError, Ledger, LedgerConfig, ReleaseKey
+from dp_operators.ledger import BudgetExhaustedError, ReleaseKey
 from dp_operators.mechanisms import rho_to_epsilon
-from ledger_backends import account_config
+from ledger_backends import account_config, ledger_with
 
 DELTA = Fraction(1, 10**6)
 SIGMA = 20
@@ -38,9 +38,7 @@ def classical_gaussian_epsilon(sigma: int, delta: Fraction) -> Fraction:
 
 def admitted(tmp_path, name: str, accountant: str, loss_for_release, **cap) -> int:
     """How many releases an account configured with ``cap`` admits before the first refusal."""
-    ledger = Ledger(f"sqlite:///{tmp_path / name}.db")
-    ledger.init_schema()
-    ledger.apply_config(LedgerConfig(version=1, accounts={"a": account_config(accountant, **cap)}))
+    ledger = ledger_with(f"sqlite:///{tmp_path / name}.db", a=account_config(accountant, **cap))
     for count in range(1000):
         charge = account_charge([loss_for_release], accountant)
         try:

@@ -1,15 +1,18 @@
-"""``DPLedgerHook``: from an Airflow Connection to a ledger, on SQLite and PostgreSQL."""
+"""``DPLedgerHook``: from an Airflow Connection to the spender's ledger and its spend key, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
 import json
+import logging
+from fractions import Fraction
 
 import pytest
 from airflow.sdk import Connection
 
 from dp_operators.get_provider_info import get_provider_info
-from dp_operators.hooks.ledger import DPLedgerHook, ledger_url_from_connection
-from dp_operators.ledger import Ledger
+from dp_operators.hooks.ledger import DPLedgerHook, audit_key_from_connection, ledger_url_from_connection
+from dp_operators.ledger import Ledger, LedgerKeyError, ReleaseKey
+from support import GOVERNOR_KEY, SPEND_KEY, governor, make_ledger
 
 
 def connection_env(monkeypatch, conn_id: str, **fields) -> None:
@@ -38,13 +41,70 @@ def test_a_connection_that_says_nothing_is_refused():
 
 
 def test_hook_reads_an_environment_connection_and_tests_it(ledger_url, monkeypatch):
-    connection_env(monkeypatch, "my_ledger", conn_type="dp_ledger", extra={"url": ledger_url})
+    connection_env(monkeypatch, "my_ledger", conn_type="dp_ledger", extra={"url": ledger_url,
+                                                                           "audit_key": SPEND_KEY.text})
     hook = DPLedgerHook(ledger_conn_id="my_ledger")
     ok, message = hook.test_connection()
     assert not ok and "dpctl ledger init" in message
-    Ledger(ledger_url).init_schema()
+    governor(ledger_url).init_schema()
     assert hook.test_connection() == (True, "ledger reachable, schema up to date")
     assert hook.get_ledger().accounts() == []
+
+
+def reserve(ledger: Ledger):
+    return ledger.reserve(ReleaseKey("adult_census_release", "run", "t", -1, "r"), account="census_adult",
+                          amount=Fraction(1, 100), mechanisms=[], spec_hash="0" * 64)
+
+
+def test_the_spend_key_comes_from_the_connections_extra(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    make_ledger(tmp_path / "ledger.db")
+    connection_env(monkeypatch, "workers", conn_type="dp_ledger", extra={"url": url, "audit_key": SPEND_KEY.text})
+    ledger = DPLedgerHook(ledger_conn_id="workers").get_ledger(lease_seconds=30)
+    reservation = reserve(ledger)
+    assert reservation.charge_id and ledger.lease_seconds == 30
+    event = list(Ledger(url).events("census_adult"))[-1]
+    assert event["event"] == "reserved" and event["key_id"] == SPEND_KEY.key_id
+
+
+def test_a_connection_without_audit_key_can_read_but_not_reserve(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    make_ledger(tmp_path / "ledger.db")
+    connection_env(monkeypatch, "readers", conn_type="dp_ledger", extra={"url": url})
+    hook = DPLedgerHook(ledger_conn_id="readers")
+    ledger = hook.get_ledger()
+    assert [a.name for a in ledger.accounts()] == ["census_adult"]
+    with pytest.raises(LedgerKeyError, match="set the extra 'audit_key' of the ledger connection"):
+        reserve(ledger)
+    assert list(ledger.charges()) == []
+    ok, message = hook.test_connection()
+    assert ok and "no extra 'audit_key', so tasks cannot reserve budget" in message
+
+
+def test_a_key_too_short_is_refused_without_showing_it():
+    extra = json.dumps({"url": "sqlite://", "audit_key": "hunter2"})
+    conn = Connection(conn_id="x", conn_type="dp_ledger", extra=extra)
+    with pytest.raises(ValueError, match="connection 'x', extra 'audit_key': an audit key needs at least") as error:
+        audit_key_from_connection(conn)
+    assert "hunter2" not in str(error.value)
+
+
+def test_a_governor_key_in_the_workers_connection_is_warned_about_and_not_used(tmp_path, monkeypatch, caplog):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    make_ledger(tmp_path / "ledger.db")
+    connection_env(monkeypatch, "workers", conn_type="dp_ledger",
+                   extra={"url": url, "governor_key": GOVERNOR_KEY.text})
+    with caplog.at_level(logging.WARNING, logger="dp_operators.hooks.ledger"):
+        ledger = DPLedgerHook(ledger_conn_id="workers").get_ledger()
+    assert "holds a governor_key" in caplog.text and GOVERNOR_KEY.text not in caplog.text
+    with pytest.raises(LedgerKeyError):  # the governor key is never the spender's key
+        reserve(ledger)
+
+
+def test_the_connection_form_says_where_the_spend_key_goes():
+    behaviour = DPLedgerHook.get_ui_field_behaviour()
+    assert '"audit_key"' in behaviour["placeholders"]["extra"]
+    assert "audit_key" in DPLedgerHook.__doc__ and "governor key" in DPLedgerHook.__doc__
 
 
 def test_the_hook_is_registered_as_a_connection_type():

@@ -16,7 +16,7 @@ import pytest
 from dp_operators.ledger import Ledger, load_ledger_config
 from dp_operators.release import plan_release
 
-from support import EXAMPLE_SPEC, REPO, example_charge
+from support import EXAMPLE_SPEC, GOVERNOR_KEY, REPO, SPEND_KEY, example_charge
 
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
@@ -38,8 +38,10 @@ def airflow_env(tmp_path_factory, adult_csv):
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
         "AIRFLOW_CONN_DP_LEDGER_DEFAULT": json.dumps(
-            {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{ledger_path}"}}
+            {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{ledger_path}", "audit_key": SPEND_KEY.text}}
         ),
+        "DP_LEDGER_GOVERNOR_KEY": GOVERNOR_KEY.text,
+        "DP_LEDGER_AUDIT_KEY": SPEND_KEY.text,
         "DP_LEDGER_URL": f"sqlite:///{ledger_path}",
         "DP_OPERATORS_ADULT_CSV": str(adult_csv),
         "DP_OPERATORS_OUTPUT_URI": f"file://{home / 'releases'}",
@@ -47,7 +49,7 @@ def airflow_env(tmp_path_factory, adult_csv):
     for command in (["airflow", "db", "migrate"], ["dpctl", "ledger", "init"], ["dpctl", "ledger", "apply", str(config)]):
         subprocess.run([str(BIN / command[0]), *command[1:]], env=env, check=True, capture_output=True, timeout=300)
     assert load_ledger_config(config).accounts["census_adult"].cap == 2 * example_charge()
-    return {"home": home, "env": env, "ledger": Ledger(f"sqlite:///{ledger_path}"), "ledger_path": ledger_path}
+    return {"home": home, "env": env, "ledger": Ledger(f"sqlite:///{ledger_path}", audit_key=SPEND_KEY), "ledger_path": ledger_path}
 
 
 def dags_test(airflow_env) -> subprocess.CompletedProcess:

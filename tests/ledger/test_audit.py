@@ -1,4 +1,5 @@
-"""The audit log: append-only triggers, tamper detection by ``dpctl ledger verify``, and the schema upgrade."""
+"""The audit log: append-only triggers, tamper detection by ``dpctl ledger verify``, and the schema upgrades
+(1 -> 3 and 2 -> 3: the old history is closed by a governor-signed event and keeps verifying)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from dp_operators.cli import app
-from dp_operators.ledger import Ledger, ReleaseKey, schema
+from dp_operators.ledger import Ledger, LedgerKeyError, ReleaseKey, schema
+from dp_operators.ledger.chain import GENESIS_HASH, canonical_json, legacy_row_hash, timestamp_text
 from ledger_backends import account_config, ledger_with
+from support import GOVERNOR_KEY, SPEND_KEY, governor, spender
+
+KEYS = {"DP_LEDGER_GOVERNOR_KEY": GOVERNOR_KEY.text, "DP_LEDGER_AUDIT_KEY": SPEND_KEY.text}
 
 
 def history(url: str) -> Ledger:
@@ -36,13 +41,18 @@ def raw(url: str, *statements: str) -> None:
     engine.dispose()
 
 
-def drop_triggers(url: str) -> str:
-    suffix = "" if url.startswith("sqlite") else " ON dp_audit_events"
-    return [f"DROP TRIGGER dp_audit_no_update{suffix}", f"DROP TRIGGER dp_audit_no_delete{suffix}"]
+def drop_triggers(url: str) -> list[str]:
+    """Statements an owner runs to get past the guard triggers (verify then also reports them missing)."""
+    if url.startswith("sqlite"):
+        return [f"DROP TRIGGER {name}" for name in ("dp_audit_no_update", "dp_audit_no_delete", "dp_charges_guard",
+                                                     "dp_charges_no_delete")]
+    return [f"DROP TRIGGER {name} ON {table}" for name, table in (
+        ("dp_audit_no_update", "dp_audit_events"), ("dp_audit_no_delete", "dp_audit_events"),
+        ("dp_charges_guard", "dp_charges"), ("dp_charges_no_delete", "dp_charges"))]
 
 
 def verify(url: str):
-    return CliRunner().invoke(app, ["ledger", "verify", "--url", url])
+    return CliRunner().invoke(app, ["ledger", "verify", "--url", url], env=KEYS)
 
 
 def event_id(url: str, account: str, seq: int) -> int:
@@ -62,6 +72,7 @@ def test_an_untouched_ledger_verifies(ledger_url):
     result = verify(ledger_url)
     assert result.exit_code == 0, result.output
     assert "ledger consistent: 10 audit events, 2 accounts, 4 charges" in result.output
+    assert "authenticated" in result.output
 
 
 @pytest.mark.parametrize("statement", ["UPDATE dp_audit_events SET amount = '1/1000'", "DELETE FROM dp_audit_events"])
@@ -76,7 +87,7 @@ def test_triggers_refuse_update_and_delete_of_audit_rows(ledger_url, statement):
     ("tamper", "expected"),
     [
         pytest.param(lambda id_: f"UPDATE dp_audit_events SET amount = '1/1000' WHERE id = {id_}",
-                     "content does not match its row_hash (the row was edited)", id="edit an audit row"),
+                     "MAC does not match under key id", id="edit an audit row"),
         pytest.param(lambda id_: f"DELETE FROM dp_audit_events WHERE id = {id_}",
                      "expected seq 3; the rows in between were deleted", id="delete an audit row"),
     ],
@@ -88,31 +99,32 @@ def test_verify_names_the_first_broken_audit_row(ledger_url, tamper, expected):
     result = verify(ledger_url)
     assert result.exit_code == 3
     first = result.stderr.splitlines()[0]
-    broken = target if "edited" in expected else event_id(ledger_url, "a", 4)
+    broken = target if "MAC" in expected else event_id(ledger_url, "a", 4)
     assert f"first broken: dp_audit_events id={broken} (account 'a', seq" in first
     assert expected in first
-    assert "append-only trigger(s) ['dp_audit_no_delete', 'dp_audit_no_update'] are missing" in result.stderr
+    assert "trigger dp_audit_no_update" in result.stderr and "is missing (dropped)" in result.stderr
 
 
 @pytest.mark.parametrize(
     ("tamper", "expected"),
     [
         pytest.param("UPDATE dp_budget_accounts SET cap = '100' WHERE name = 'a'",
-                     "dp_budget_accounts 'a': cap/accountant/delta/privacy unit/allowed DAGs differ", id="raise a cap"),
+                     "dp_budget_accounts 'a': cap differs from the last governance event", id="raise a cap"),
         pytest.param("UPDATE dp_budget_accounts SET spent = '0' WHERE name = 'a'",
                      "dp_budget_accounts 'a': spent 0 (delta 0) but the audit events add up to 3/10",
                      id="zero the spend"),
         pytest.param("UPDATE dp_charges SET state = 'released' WHERE id = 1",
-                     "state 'released' but the audit log says 'committed'", id="release a committed charge"),
+                     "state 'released', but its audit events end in 'committed'", id="release a committed charge"),
         pytest.param("UPDATE dp_charges SET output = '{\"value\":42}' WHERE id = 1",
-                     "stored output does not match the digest", id="edit a published output"),
+                     "the stored output does not hash to the digest in its 'committed' event",
+                     id="edit a published output"),
         pytest.param("DELETE FROM dp_charges WHERE id = 2",
-                     "dp_charges id=2: has audit events but the charge row is missing", id="delete a charge"),
+                     "names charge id=2, which has no dp_charges row", id="delete a charge"),
     ],
 )
 def test_verify_cross_checks_the_mutable_tables_against_the_log(ledger_url, tamper, expected):
     history(ledger_url)
-    raw(ledger_url, tamper)
+    raw(ledger_url, *drop_triggers(ledger_url), tamper)
     result = verify(ledger_url)
     assert result.exit_code == 3
     assert expected in result.stderr
@@ -127,20 +139,29 @@ def test_deleting_the_end_of_a_chain_is_caught_by_the_head(ledger_url):
     assert "dp_budget_accounts 'b': chain head is seq 3 but the last event is seq 2" in result.stderr
 
 
-def _v1_metadata() -> sa.MetaData:
-    """The tables of schema version 1 (the first cut), for the upgrade test."""
-    new = {"dp_budget_accounts": {"delta_spent", "config", "audit_seq", "audit_head"},
-           "dp_charges": {"delta_amount", "context"}}
+V3_COLUMNS = {"dp_budget_accounts": {"spend_key_id"}, "dp_charges": {"token_hash", "lease_expires_at"},
+              "dp_audit_events": {"token_hash", "proof", "key_id"}}
+V2_COLUMNS = {"dp_budget_accounts": {"delta_spent", "config", "audit_seq", "audit_head"},
+              "dp_charges": {"delta_amount", "context"}}
+
+
+def _old_metadata(version: int) -> sa.MetaData:
+    """The tables of schema ``version`` (1 or 2), for the upgrade tests."""
+    dropped = {name: V3_COLUMNS.get(name, set()) | (V2_COLUMNS.get(name, set()) if version == 1 else set())
+               for name in ("dp_budget_accounts", "dp_charges", "dp_audit_events")}
+    tables = [schema.schema_version, schema.accounts, schema.charges] + ([schema.audit_events] if version == 2 else [])
     metadata = sa.MetaData()
-    for table in (schema.schema_version, schema.accounts, schema.charges):
+    for table in tables:
+        unique = [sa.UniqueConstraint(*[c.name for c in constraint.columns], name=constraint.name)
+                  for constraint in list(table.constraints) if isinstance(constraint, sa.UniqueConstraint)]
         sa.Table(table.name, metadata,
-                 *[c._copy() for c in table.columns if c.name not in new.get(table.name, set())])
+                 *[c._copy() for c in table.columns if c.name not in dropped.get(table.name, set())], *unique)
     return metadata
 
 
 def test_init_upgrades_a_version_1_ledger_in_place(ledger_url):
     engine = sa.create_engine(ledger_url)
-    v1 = _v1_metadata()
+    v1 = _old_metadata(1)
     v1.create_all(engine)
     now = dt.datetime.now(dt.timezone.utc)
     with engine.begin() as conn:
@@ -153,14 +174,85 @@ def test_init_upgrades_a_version_1_ledger_in_place(ledger_url):
             state="reserved", amount="3/10", mechanisms="[]", spec_hash="0" * 64, created_at=now, updated_at=now))
     engine.dispose()
 
-    ledger = Ledger(ledger_url)
-    assert ledger.init_schema() == 2
-    assert ledger.account("a").spent == Fraction(3, 10)
-    # the old reservation is abandoned by a rerun of its key, and stays spent
+    with pytest.raises(LedgerKeyError, match="governor key"):
+        spender_free_governor = type(governor(ledger_url))(ledger_url)  # no keys: an upgrade writes signed events
+        spender_free_governor.init_schema()
+    assert governor(ledger_url).init_schema() == 3
+    ledger = spender(ledger_url)
+    assert ledger.account("a").spent == Fraction(3, 10) and ledger.account("a").spend_key_id == SPEND_KEY.key_id
+    # the old reservation has no lease: a rerun of its key abandons it (it stays spent) and is charged again
     rerun = ledger.reserve(ReleaseKey("d", "old", "t", -1, "r"), account="a", amount=Fraction(1, 10),
                            mechanisms=[], spec_hash="0" * 64)
     assert rerun.attempt == 2 and ledger.account("a").spent == Fraction(4, 10)
     assert [e["event"] for e in ledger.events("a")] == ["account_migrated", "abandoned", "reserved"]
-    report = ledger.verify()
-    assert report.ok, report.problems
-    assert Ledger(ledger_url).init_schema() == 2
+    report = governor(ledger_url).verify()
+    assert report.ok and report.authenticated, report.problems
+    assert governor(ledger_url).init_schema() == 3
+
+
+def _legacy_event(conn, table, chain: dict, **fields) -> None:
+    """Append a schema-2 audit row (plain SHA-256, no key) to ``chain`` as the old code wrote it."""
+    values = {name: None for name in schema.LEGACY_HASHED_COLUMNS}
+    values.update(fields)
+    chain["seq"] += 1
+    values.update(account="a", account_seq=chain["seq"], spent_after=str(chain["spent"]), delta_spent_after="0",
+                  context=canonical_json({"host": "old"}), created_at=timestamp_text(dt.datetime.now(dt.timezone.utc)),
+                  prev_hash=chain["head"])
+    values["row_hash"] = chain["head"] = legacy_row_hash(values)
+    conn.execute(table.insert().values(**values))
+
+
+def _version_2_ledger(url: str) -> None:
+    """A schema-2 ledger: account 'a' (pure_dp, cap 1) with one committed charge of 1/4, chain unkeyed."""
+    engine = sa.create_engine(url)
+    v2 = _old_metadata(2)
+    v2.create_all(engine)
+    now = dt.datetime.now(dt.timezone.utc)
+    stored = {"accountant": "pure_dp", "cap": "1", "delta": None, "privacy_unit": "person",
+              "allowed_dags": json.dumps(["d"])}
+    output = canonical_json({"value": 1})
+    digest = __import__("hashlib").sha256(output.encode()).hexdigest()
+    chain = {"seq": 0, "head": GENESIS_HASH, "spent": Fraction(0)}
+    events = v2.tables["dp_audit_events"]
+    charge = {"charge_id": 1, "dag_id": "d", "run_id": "old", "task_id": "t", "map_index": -1, "release_name": "r",
+              "attempt": 1, "try_number": None, "spec_hash": "0" * 64, "amount": "1/4", "delta_amount": "0",
+              "mechanisms": "[]"}
+    with engine.begin() as conn:
+        conn.execute(v2.tables["dp_schema_version"].insert().values(version=2, applied_at=now))
+        conn.execute(v2.tables["dp_budget_accounts"].insert().values(
+            name="a", spent="0", delta_spent="0", audit_seq=0, owner=None, description=None, config="{}",
+            created_at=now, updated_at=now, **stored))
+        _legacy_event(conn, events, chain, event="account_created", details=canonical_json({"stored": stored}))
+        conn.execute(v2.tables["dp_charges"].insert().values(
+            account="a", dag_id="d", run_id="old", task_id="t", map_index=-1, release_name="r", attempt=1,
+            state="committed", amount="1/4", delta_amount="0", mechanisms="[]", spec_hash="0" * 64,
+            context=canonical_json({"host": "old"}), output=output, output_digest=digest, created_at=now,
+            updated_at=now))
+        chain["spent"] = Fraction(1, 4)
+        _legacy_event(conn, events, chain, event="reserved", **charge)
+        _legacy_event(conn, events, chain, event="committed", output_digest=digest, **charge)
+        conn.execute(v2.tables["dp_budget_accounts"].update().values(
+            spent="1/4", audit_seq=chain["seq"], audit_head=chain["head"]))
+    engine.dispose()
+
+
+def test_init_upgrades_a_version_2_ledger_and_signs_the_head_of_its_unkeyed_chain(ledger_url):
+    _version_2_ledger(ledger_url)
+    assert governor(ledger_url).init_schema() == 3
+    ledger = spender(ledger_url)
+    assert [e["event"] for e in ledger.events("a")] == ["account_created", "reserved", "committed", "chain_keyed"]
+    assert ledger.stored_output(ReleaseKey("d", "old", "t", -1, "r")) == {"value": 1}  # replays survive
+    ledger.commit(ledger.reserve(ReleaseKey("d", "new", "t", -1, "r"), account="a", amount=Fraction(1, 4),
+                                 mechanisms=[], spec_hash="0" * 64), {"value": 2})
+    report = governor(ledger_url).verify()
+    assert report.ok and report.authenticated, report.problems
+    assert ledger.account("a").spent == Fraction(1, 2)
+
+
+def test_an_edit_of_the_unkeyed_prefix_is_caught_after_the_upgrade(ledger_url):
+    _version_2_ledger(ledger_url)
+    governor(ledger_url).init_schema()
+    raw(ledger_url, *drop_triggers(ledger_url), "UPDATE dp_audit_events SET amount = '1/100' WHERE account_seq = 2")
+    result = verify(ledger_url)
+    assert result.exit_code == 3
+    assert "seq 2" in result.stderr.splitlines()[0]

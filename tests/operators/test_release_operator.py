@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
+import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +18,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from dp_operators.operators.release import DPReleaseOperator, release_csv
 from dp_operators.spec import SpecError
 
-from support import EXAMPLE_SPEC, example_charge, make_ledger
+from support import EXAMPLE_SPEC, SPEND_KEY, example_charge, make_ledger, spender
 
 
 @dataclass
@@ -45,7 +48,7 @@ def ledger_conn(tmp_path: Path, monkeypatch):
     ledger = make_ledger(path, cap=str(2 * example_charge()))
     monkeypatch.setenv(
         "AIRFLOW_CONN_DP_LEDGER_TEST",
-        json.dumps({"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}"}}),
+        json.dumps({"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}),
     )
     return ledger
 
@@ -86,7 +89,7 @@ def test_retry_returns_the_stored_release_byte_for_byte(tmp_path, ledger_conn, a
     retry = operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, try_number=2)))
     assert json.dumps(retry, sort_keys=True) == json.dumps(first, sort_keys=True)
     assert (folder / "release.json").read_bytes() == first_bytes
-    assert len(ledger_conn.charges()) == 1
+    assert len(list(ledger_conn.charges())) == 1
 
 
 def test_exhaustion_fails_the_task_without_retry_and_publishes_nothing(tmp_path, ledger_conn, adult_aggregates):
@@ -95,7 +98,7 @@ def test_exhaustion_fails_the_task_without_retry_and_publishes_nothing(tmp_path,
     with pytest.raises(AirflowFailException, match="remaining 0, short by"):
         operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, run_id="c")))
     assert not (tmp_path / "out" / "adult_census_statistics" / "c").exists()
-    assert len(ledger_conn.charges()) == 2
+    assert len(list(ledger_conn.charges())) == 2
 
 
 def test_missing_upstream_value_fails_clearly(tmp_path, ledger_conn):
@@ -103,14 +106,14 @@ def test_missing_upstream_value_fails_clearly(tmp_path, ledger_conn):
         operator(tmp_path).execute(context_for(FakeTaskInstance(None)))
     with pytest.raises(AirflowFailException, match="did not provide"):
         operator(tmp_path).execute(context_for(FakeTaskInstance({"people_by_age_band": []})))
-    assert ledger_conn.charges() == []
+    assert list(ledger_conn.charges()) == []
 
 
 def test_a_dag_not_allowed_on_the_account_is_refused(tmp_path, ledger_conn, adult_aggregates):
     ti = FakeTaskInstance(adult_aggregates, dag_id="someone_elses_dag")
     with pytest.raises(AirflowFailException, match="may not spend from budget account 'census_adult'"):
         operator(tmp_path).execute(context_for(ti))
-    assert ledger_conn.charges() == []
+    assert list(ledger_conn.charges()) == []
 
 
 def test_bad_spec_fails_at_construction_with_file_and_field(tmp_path):
@@ -136,7 +139,7 @@ def test_aggregates_can_be_passed_by_reference(tmp_path, ledger_conn, adult_aggr
     assert len(output["aggregates"]["people_by_education_sex"]["rows"]) == 32
     with pytest.raises(AirflowFailException, match="not a readable JSON file"):
         operator(tmp_path).execute(context_for(FakeTaskInstance(f"file://{tmp_path}/absent.json", run_id="x")))
-    assert len(ledger_conn.charges()) == 1
+    assert len(list(ledger_conn.charges())) == 1
 
 
 def test_retry_replays_even_when_the_upstream_value_is_gone(tmp_path, ledger_conn, adult_aggregates):
@@ -144,7 +147,7 @@ def test_retry_replays_even_when_the_upstream_value_is_gone(tmp_path, ledger_con
     ti = FakeTaskInstance(None, try_number=2)
     assert operator(tmp_path).execute(context_for(ti)) == first
     assert ti.pulls == []  # a replay never reads the true aggregates
-    assert len(ledger_conn.charges()) == 1
+    assert len(list(ledger_conn.charges())) == 1
 
 
 def diagnosed_operator(tmp_path: Path) -> DPReleaseOperator:
@@ -195,7 +198,7 @@ def test_diagnostics_are_written_when_the_release_is_refused(tmp_path, ledger_co
     (written,) = (tmp_path / "private").rglob("release.diagnostics.json")
     problems = json.loads(written.read_text())["aggregates"]["people_by_age_band"]["problems"]
     assert [(p["row"], p["field"]) for p in problems] == [(3, "count")]
-    assert ledger_conn.charges() == []
+    assert list(ledger_conn.charges()) == []
 
 
 def test_a_failure_after_the_reservation_fails_the_task_without_retry_or_the_causes_text(
@@ -214,7 +217,8 @@ def test_a_failure_after_the_reservation_fails_the_task_without_retry_or_the_cau
     assert "failed after its budget was reserved (TypeError)" in str(failed.value)
     assert "Preschool" not in str(failed.value)
     assert failed.value.__cause__ is None and failed.value.__suppress_context__
-    assert [charge["state"] for charge in ledger_conn.charges()] == ["reserved"]
+    # noise was drawn: the charge stays spent, and its lease is given up so a rerun need not wait for it
+    assert [charge["state"] for charge in ledger_conn.charges()] == ["abandoned"]
 
 
 @pytest.mark.parametrize("neighbour", [
@@ -249,4 +253,97 @@ def test_an_unexpected_error_is_retryable_and_carries_no_frames_or_text(tmp_path
     assert not isinstance(failed.value, AirflowFailException)
     assert "OSError" in str(failed.value) and "12345" not in str(failed.value)
     assert failed.value.__suppress_context__ and failed.value.__cause__ is None
-    assert ledger_conn.charges() == []
+    assert list(ledger_conn.charges()) == []
+
+
+def _states(ledger) -> list[tuple[int, str]]:
+    return [(charge["attempt"], charge["state"]) for charge in ledger.charges()]
+
+
+def test_a_second_try_while_the_first_holds_the_lease_is_retryable_and_a_later_one_replays(
+    tmp_path, ledger_conn, adult_aggregates, monkeypatch
+):
+    """Airflow can start try 2 while try 1 still draws (a zombie, a lost heartbeat). Try 2 must not be charged,
+    must not fail the task for good, and must say who holds the lease until when; once try 1 has committed, the
+    next try replays its output without reading the aggregates or charging. The lease is 0.6 s here and try 1
+    draws for far longer: it holds the release only because the engine renews the lease while it draws."""
+    import dp_operators.release.run as engine
+    from dp_operators.hooks.ledger import DPLedgerHook
+
+    connection_ledger = DPLedgerHook.get_ledger
+
+    def short_lease(self):
+        ledger = connection_ledger(self)
+        ledger.lease_seconds = 0.6
+        return ledger
+
+    monkeypatch.setattr(DPLedgerHook, "get_ledger", short_lease)
+
+    drawing, finish = threading.Event(), threading.Event()
+    real_draw = engine.draw_noise
+    calls = []
+
+    def slow_first_draw(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:  # try 1 only: it holds its lease while "drawing"
+            drawing.set()
+            assert finish.wait(60)
+        return real_draw(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "draw_noise", slow_first_draw)
+    first: dict = {}
+
+    def try_one() -> None:
+        try:
+            first["output"] = operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates)))
+        except BaseException as error:  # reported by the assertion below
+            first["error"] = error
+
+    thread = threading.Thread(target=try_one, name="try-1")
+    thread.start()
+    try:
+        assert drawing.wait(60), first
+        time.sleep(1.5)  # two and a half unrenewed leases
+        before = dt.datetime.now(dt.timezone.utc)
+        with pytest.raises(AirflowException) as refused:
+            operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, try_number=2)))
+        assert not isinstance(refused.value, AirflowFailException)  # Airflow retries it
+        message = str(refused.value)
+        assert message.startswith("another try of release 'adult_census_statistics'"), message
+        assert "ledger attempt 1) is still running" in message and "nothing was charged" in message
+        assert "will replay its committed output, or take the release over after the lease expires" in message
+        until = dt.datetime.fromisoformat(re.search(r"holds the budget lease until (\S+);", message).group(1))
+        assert until >= before.replace(microsecond=0)  # renewed: an unrenewed lease ended a second ago
+        assert refused.value.__cause__ is None and refused.value.__suppress_context__
+        # nothing charged, refused or published for try 2; try 1 still holds its reservation
+        assert _states(ledger_conn) == [(1, "reserved")]
+        assert [e["event"] for e in ledger_conn.events("census_adult")] == ["account_created", "reserved"]
+        assert ledger_conn.account("census_adult").spent == example_charge()
+        assert not (tmp_path / "out").exists()
+        assert calls == ["try-1"]
+    finally:
+        finish.set()
+        thread.join(60)
+    assert "error" not in first, first.get("error")
+
+    ti = FakeTaskInstance(None, try_number=3)  # the retry after try 1 committed: a replay
+    assert operator(tmp_path).execute(context_for(ti)) == first["output"]
+    assert ti.pulls == [] and calls == ["try-1"]
+    assert _states(ledger_conn) == [(1, "committed")]
+    assert ledger_conn.account("census_adult").spent == example_charge()
+
+
+def test_a_try_after_a_dead_tries_lease_expired_takes_the_release_over(tmp_path, ledger_conn, adult_aggregates):
+    """Try 1 reserved and died (its lease was not renewed): the next try abandons its charge (still spent) and is
+    charged again, as a try that cannot know whether noise was drawn must be."""
+    from dp_operators.ledger import ReleaseKey
+
+    dead = spender(str(ledger_conn.engine.url), lease_seconds=0.2)
+    ti = FakeTaskInstance(adult_aggregates, try_number=2)
+    key = ReleaseKey(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, "adult_census_statistics")
+    dead.reserve(key, account="census_adult", amount=example_charge(), mechanisms=[], spec_hash="0" * 64)
+    time.sleep(0.3)
+    output = operator(tmp_path).execute(context_for(ti))
+    assert output["release_key"]["run_id"] == ti.run_id
+    assert _states(ledger_conn) == [(1, "abandoned"), (2, "committed")]
+    assert ledger_conn.account("census_adult").spent == 2 * example_charge()

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dp_operators.ledger import AccountConfig, Ledger, LedgerConfig, ReleaseKey
+from dp_operators.ledger import AccountConfig, Ledger, LedgerConfig, ReleaseKey  # noqa: F401
 from dp_operators.release import run_release
 from dp_operators.spec import ReleaseSpec
+from support import governor, spender
 
 DAG = "input_types"
 PUBLIC_KEYS = ["a", 1, "2024-01-31", "2024-01-31T12:00:00"]
@@ -34,12 +35,12 @@ def _build_spec(kind: str = "count", *, selection: bool = False, per_partition: 
 
 
 def _make_approx_ledger(path: Path) -> Ledger:
-    ledger = Ledger(f"sqlite:///{path}")
-    ledger.init_schema()
-    ledger.apply_config(LedgerConfig(version=1, accounts={"acct": AccountConfig(
+    url = f"sqlite:///{path}"
+    governor(url).init_schema()
+    governor(url).apply_config(LedgerConfig(version=1, accounts={"acct": AccountConfig(
         accountant="approx_dp", cap=Fraction(1000), delta=Fraction(1, 1000), privacy_unit="person",
         allowed_dags=[DAG])}))
-    return ledger
+    return spender(url)
 
 
 def _release_key(run: str = "run-1") -> ReleaseKey:
@@ -84,6 +85,6 @@ def observe(tmp_path: Path, caplog):
             except Exception as caught:  # noqa: BLE001 - the text is what is compared
                 error = f"{type(caught).__name__}: {caught}"
         records = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
-        return error, records, ledger.charges(), output
+        return error, records, list(ledger.charges()), output
 
     return run

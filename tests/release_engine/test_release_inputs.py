@@ -132,7 +132,7 @@ def without_noise(output: dict | None, selection: bool) -> dict | None:
 
 def ledger_rows(charges: list[dict]) -> list[dict]:
     """The ledger's charge rows less the digest of the noised output and the clock."""
-    return [{k: v for k, v in c.items() if k not in ("output_digest", "created_at", "updated_at")} for c in charges]
+    return [{k: v for k, v in c.items() if k not in ("output_digest", "created_at", "updated_at", "lease_expires_at")} for c in charges]
 
 
 def neighbour_row(kind: str, added: dict) -> dict:

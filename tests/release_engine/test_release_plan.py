@@ -253,7 +253,7 @@ def test_plan_time_refusals_come_before_any_budget_is_reserved(tmp_path):
     key = ReleaseKey(dag_id="adult_census_release", run_id="r", task_id="t", map_index=-1, release_name="plan")
     with pytest.raises(ReleaseConfigError):
         run_release(spec, {"x": 0.5}, ledger, key, spec_hash="0" * 64)
-    assert ledger.charges() == [] and ledger.account("census_adult").spent == 0
+    assert list(ledger.charges()) == [] and ledger.account("census_adult").spent == 0
 
 
 # -- item 6: L0 capped by the number of partitions ---------------------------------------------------------------
@@ -456,7 +456,7 @@ def test_unrepresentable_noise_is_refused_before_any_budget_is_reserved(tmp_path
     key = ReleaseKey(dag_id="adult_census_release", run_id="r", task_id="t", map_index=-1, release_name="plan")
     with pytest.raises(ReleaseConfigError, match=r"2\^62"):
         run_release(spec, {"x": [{"k": "a", "sum": 1}]}, ledger, key, spec_hash="0" * 64)
-    assert ledger.charges() == [] and ledger.account("census_adult").spent == 0
+    assert list(ledger.charges()) == [] and ledger.account("census_adult").spent == 0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,219 @@
+"""The authenticated audit chain: one chain of events per budget account, each row MAC'd with a key.
+
+Each row of ``dp_audit_events`` holds ``prev_hash`` (the previous row's ``row_hash`` in its account's chain; the
+first row holds :data:`GENESIS_HASH`) and ``row_hash`` = HMAC-SHA256(key, canonical JSON of every column but
+``id`` and ``row_hash``), the key's id included (:func:`audit_row_mac`). Rows written by schema 2 and older have no
+key (``key_id`` NULL) and a plain SHA-256 over the schema-2 columns (:func:`legacy_row_hash`); they are legal only
+before a governor-signed ``chain_keyed`` event.
+
+Which key signs what (docs/adr/0020): governance events need the governor key; spend events the account's spend
+key (or the governor key). Events carry who/what/when, mechanisms, charges and output digests; never data values.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from dp_operators import __version__
+from dp_operators.ledger import schema
+from dp_operators.ledger.errors import LedgerError
+from dp_operators.ledger.keys import AuditKey
+
+#: ``prev_hash`` of the first event of every account's chain.
+GENESIS_HASH = "0" * 64
+
+#: Events only a governor key may sign.
+GOVERNANCE_EVENTS = frozenset({"account_created", "account_updated", "account_migrated", "chain_keyed"})
+
+#: Events a spend key may sign.
+SPEND_EVENTS = frozenset({"reserved", "committed", "released", "abandoned", "refused"})
+
+#: Keys an ``audit`` context may carry (anything else is refused, so no data value can slip into the log).
+AUDIT_CONTEXT_KEYS = frozenset(
+    {"run_type", "triggering_user", "host", "package_version", "user", "pid", "db_role", "command"}
+)
+
+
+class AuditChainError(LedgerError):
+    """The account's audit chain holds a row the ledger did not write (a row at the next sequence number, or a
+    head that does not match): nothing was changed; a privacy officer runs ``dpctl ledger verify``."""
+
+
+def canonical_json(value: Any) -> str:
+    """The canonical JSON text stored for outputs and MAC'd in events: sorted keys, no whitespace, NaN refused."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+
+def _canonical_row(row: Mapping[str, Any], columns: tuple[str, ...]) -> bytes:
+    return canonical_json({name: row[name] for name in columns}).encode("utf-8")
+
+
+def audit_row_mac(row: Mapping[str, Any], key: AuditKey) -> str:
+    """HMAC-SHA256 (hex) under ``key`` of an audit row's canonical form: the canonical JSON of every column but
+    ``id`` and ``row_hash`` (:data:`~dp_operators.ledger.schema.AUDIT_HASHED_COLUMNS`, ``prev_hash`` and
+    ``key_id`` included). Values are text, integers or null, so the form is the same on either database."""
+    return key.mac(_canonical_row(row, schema.AUDIT_HASHED_COLUMNS))
+
+
+def legacy_row_hash(row: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of a schema-2 audit row (no key): the form rows written before schema 3 carry."""
+    return hashlib.sha256(_canonical_row(row, schema.LEGACY_HASHED_COLUMNS)).hexdigest()
+
+
+def audit_context(audit: Mapping[str, Any] | None = None, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The who/where of an event: ``base`` (e.g. the context stored with the charge), then ``audit``, over the
+    defaults ``host`` (this machine), ``package_version`` and ``pid``.
+
+    Raises:
+        ValueError: a key outside :data:`AUDIT_CONTEXT_KEYS`, or a value that is not a string, integer or None.
+    """
+    context: dict[str, Any] = {"host": socket.gethostname(), "package_version": __version__, "pid": os.getpid()}
+    for source in (base or {}), (audit or {}):
+        for key, value in source.items():
+            if key not in AUDIT_CONTEXT_KEYS:
+                raise ValueError(f"audit context key {key!r} is not one of {sorted(AUDIT_CONTEXT_KEYS)}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int))):
+                raise ValueError(f"audit context {key!r} must be a string, an integer or None")
+            context[key] = value
+    return context
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def timestamp_text(value: dt.datetime) -> str:
+    """The text form of a timestamp in an audit row (UTC, microseconds), also used to compare a charge's
+    ``created_at`` with its ``reserved`` event whichever database stored it."""
+    if value.tzinfo is None:  # SQLite returns naive datetimes; the ledger only writes UTC
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return value.astimezone(dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+@dataclass
+class AccountChain:
+    """An account row locked for this transaction: running totals and the head of its audit chain.
+
+    Appending signs each event with ``key``; :meth:`flush` writes the totals and the head back in the same
+    transaction.
+    """
+
+    row: Any
+    spent: Fraction
+    delta_spent: Fraction
+    seq: int
+    head: str
+    key: AuditKey
+    dirty: bool = False
+
+    @classmethod
+    def lock(cls, conn: Connection, name: str, key: AuditKey) -> AccountChain | None:
+        """Lock account ``name`` (``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` already holds the file)
+        and read its totals; ``None`` if there is no such account.
+
+        Raises:
+            AuditChainError: the account's totals are not numbers (edited outside the ledger).
+        """
+        row = conn.execute(sa.select(schema.accounts).where(schema.accounts.c.name == name).with_for_update()).first()
+        if row is None:
+            return None
+        try:
+            spent, delta_spent = Fraction(row.spent), Fraction(row.delta_spent)
+        except (ValueError, ZeroDivisionError, TypeError):
+            raise AuditChainError(
+                f"budget account {name!r}: its running totals are not numbers (the row was edited outside the "
+                "ledger); nothing was changed. A privacy officer runs 'dpctl ledger verify'"
+            ) from None
+        return cls(row, spent, delta_spent, row.audit_seq, row.audit_head or GENESIS_HASH, key)
+
+    def append(self, conn: Connection, event: str, context: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+        """Append ``event`` to this account's chain (same transaction as the change it records); returns the row.
+
+        Raises:
+            AuditChainError: a row already holds the next sequence number (inserted outside the ledger).
+        """
+        values: dict[str, Any] = {name: None for name in schema.AUDIT_HASHED_COLUMNS}
+        values.update(fields)
+        if isinstance(values.get("mechanisms"), (list, dict)):
+            values["mechanisms"] = canonical_json(values["mechanisms"])
+        if isinstance(values.get("details"), dict):
+            values["details"] = canonical_json(values["details"])
+        for name in ("amount", "delta_amount"):
+            if values[name] is not None:
+                values[name] = str(values[name])
+        if isinstance(values.get("created_at"), dt.datetime):
+            values["created_at"] = timestamp_text(values["created_at"])
+        values.update(
+            account=self.row.name,
+            account_seq=self.seq + 1,
+            event=event,
+            spent_after=str(self.spent),
+            delta_spent_after=str(self.delta_spent),
+            context=canonical_json(dict(context)),
+            created_at=values["created_at"] or timestamp_text(now()),
+            key_id=self.key.key_id,
+            prev_hash=self.head,
+        )
+        values["row_hash"] = audit_row_mac(values, self.key)
+        taken = conn.execute(
+            sa.select(schema.audit_events.c.id).where(
+                schema.audit_events.c.account == self.row.name,
+                schema.audit_events.c.account_seq == self.seq + 1,
+            )
+        ).first()
+        if taken is not None:
+            raise AuditChainError(
+                f"budget account {self.row.name!r}: audit row id={taken.id} already holds sequence number "
+                f"{self.seq + 1}, which the ledger did not write (the account row says the chain ends at "
+                f"{self.seq}); nothing was changed. A privacy officer runs 'dpctl ledger verify'"
+            )
+        conn.execute(schema.audit_events.insert().values(**values))
+        self.seq += 1
+        self.head = values["row_hash"]
+        self.dirty = True
+        return values
+
+    def flush(self, conn: Connection, **extra: Any) -> None:
+        """Write the running totals and chain head back to the account row."""
+        if self.dirty or extra:
+            conn.execute(
+                schema.accounts.update()
+                .where(schema.accounts.c.name == self.row.name)
+                .values(
+                    spent=str(self.spent),
+                    delta_spent=str(self.delta_spent),
+                    audit_seq=self.seq,
+                    audit_head=self.head,
+                    updated_at=now(),
+                    **extra,
+                )
+            )
+
+
+def charge_event_fields(charge: Any) -> dict[str, Any]:
+    """The columns an event about ``charge`` copies from it."""
+    return {
+        "charge_id": charge.id,
+        "dag_id": charge.dag_id,
+        "run_id": charge.run_id,
+        "task_id": charge.task_id,
+        "map_index": charge.map_index,
+        "release_name": charge.release_name,
+        "attempt": charge.attempt,
+        "try_number": charge.try_number,
+        "spec_hash": charge.spec_hash,
+        "amount": charge.amount,
+        "delta_amount": charge.delta_amount,
+        "mechanisms": charge.mechanisms,
+    }

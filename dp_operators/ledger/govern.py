@@ -1,0 +1,347 @@
+"""The governor's ledger: what the privacy officer's ``dpctl ledger init``, ``apply`` and ``verify`` use.
+
+Every governance event (account created, updated, migrated, chain keyed) is signed with the governor key, which
+only the privacy officer holds; ``dpctl ledger verify`` with that key detects any governance event written without
+it. On PostgreSQL the spender's database role has no privilege on the governed columns at all
+(:mod:`dp_operators.ledger.roles`), so a task cannot even try. See docs/adr/0020.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from dp_operators.accounting import unit_of
+from dp_operators.ledger import schema
+from dp_operators.ledger.chain import AccountChain, audit_context, canonical_json, now
+from dp_operators.ledger.config import LedgerConfig
+from dp_operators.ledger.errors import LedgerKeyError, LedgerNotInitialisedError
+from dp_operators.ledger.keys import AuditKey, Keyring, as_key
+from dp_operators.ledger.spend import reconcile_expired
+from dp_operators.ledger.store import LedgerBase, show, stored_config, user_name
+
+#: Columns each schema version added, for in-place upgrades (``ALTER TABLE ... ADD COLUMN``).
+_ADDED_IN = {
+    2: {schema.accounts: ("delta_spent", "config", "audit_seq", "audit_head"), schema.charges: ("delta_amount", "context")},
+    3: {
+        schema.accounts: ("spend_key_id",),
+        schema.charges: ("token_hash", "lease_expires_at"),
+        schema.audit_events: ("token_hash", "proof", "key_id"),
+    },
+}
+
+
+class LedgerGovernor(LedgerBase):
+    """The privacy officer's view of the ledger: schema, accounts and caps, verification.
+
+    Args:
+        url: SQLAlchemy URL of the ledger database, or an existing :class:`~sqlalchemy.engine.Engine`. On
+            PostgreSQL, connect as the governor role (``dpctl ledger roles``); ``init`` as the tables' owner.
+        governor_key: the governor key (:class:`~dp_operators.ledger.keys.AuditKey` or its text); signs every
+            governance event. Required to write; :meth:`verify` needs it (or a keyring holding it) to check
+            authenticity.
+        spend_key: the spend key the workers hold; :meth:`apply_config` records its id as the key accounts
+            accept (required when an account is created; giving a new one rotates it).
+        max_retries: how often a transaction that lost a lock race is retried.
+    """
+
+    def __init__(
+        self,
+        url: str | Engine,
+        *,
+        governor_key: AuditKey | str | None = None,
+        spend_key: AuditKey | str | None = None,
+        max_retries: int = 30,
+    ) -> None:
+        super().__init__(url, max_retries=max_retries)
+        self._key = as_key(governor_key)
+        self._spend_key = as_key(spend_key)
+        if self._key is not None and self._spend_key is not None and self._key.key_id == self._spend_key.key_id:
+            raise ValueError("the governor key and the spend key must differ: workers hold the spend key")
+
+    def _governor_key(self) -> AuditKey:
+        if self._key is None:
+            raise LedgerKeyError(
+                "governance events are signed with the governor key: give it with --governor-key-file or "
+                "DP_LEDGER_GOVERNOR_KEY (make one with 'dpctl ledger keygen'; only the privacy officer holds it)"
+            )
+        return self._key
+
+    @property
+    def key_ids(self) -> dict[str, str | None]:
+        """Ids of the keys this governor holds: ``{"governor": ..., "spend": ...}``."""
+        return {
+            "governor": None if self._key is None else self._key.key_id,
+            "spend": None if self._spend_key is None else self._spend_key.key_id,
+        }
+
+    # -- schema --------------------------------------------------------------------------------------------------
+    def init_schema(self) -> int:
+        """Create the tables and the guard triggers if missing, upgrade an older schema in place, and record the
+        schema version. Explicit (``dpctl ledger init``): never called at import. Idempotent.
+
+        Returns the schema version.
+
+        Raises:
+            LedgerNotInitialisedError: the database holds a newer version.
+            LedgerKeyError: an upgrade (it writes signed events) without the governor key.
+        """
+        dialect = self.dialect
+        found = self._schema_version()
+        if found is not None and found > schema.SCHEMA_VERSION:
+            raise LedgerNotInitialisedError(
+                f"ledger schema version {found} is newer than the version {schema.SCHEMA_VERSION} this package "
+                "uses; upgrade dp-operators"
+            )
+        if found is not None and found < schema.SCHEMA_VERSION:
+            self._governor_key()
+            self._add_columns(found)
+        if dialect == "sqlite":
+            # WAL lets readers proceed while a writer holds the lock; synchronous stays FULL (the default), so a
+            # committed reservation survives a power loss before any noise is drawn. Outside any transaction.
+            raw = self.engine.raw_connection()
+            try:
+                raw.driver_connection.execute("PRAGMA journal_mode=WAL")
+            finally:
+                raw.close()
+        schema.metadata.create_all(self.engine)
+
+        def create(conn: Connection) -> None:
+            for statement in schema.trigger_ddl(dialect):
+                conn.exec_driver_sql(statement)
+            if found is not None and found < schema.SCHEMA_VERSION:
+                self._migrate_chains(conn, found)
+            if found is None or found < schema.SCHEMA_VERSION:
+                conn.execute(schema.schema_version.insert().values(version=schema.SCHEMA_VERSION, applied_at=now()))
+
+        self._write(create)
+        self._schema_checked = False
+        return schema.SCHEMA_VERSION
+
+    def _add_columns(self, found: int) -> None:
+        """``ALTER TABLE ... ADD COLUMN`` for every column added after schema ``found``."""
+        dialect = self.engine.dialect
+        inspector = sa.inspect(self.engine)
+        existing = {
+            table.name: {column["name"] for column in inspector.get_columns(table.name)}
+            for table in (schema.accounts, schema.charges, schema.audit_events)
+            if inspector.has_table(table.name)
+        }
+        with self.engine.begin() as conn:
+            for version in range(found + 1, schema.SCHEMA_VERSION + 1):
+                for table, names in _ADDED_IN[version].items():
+                    if table.name not in existing:
+                        continue  # created whole by create_all
+                    for name in names:
+                        if name in existing[table.name]:
+                            continue
+                        column = table.c[name]
+                        default = (
+                            f" DEFAULT '{column.server_default.arg}'" if column.server_default is not None else ""
+                        )
+                        null = " NOT NULL" if not column.nullable else ""
+                        conn.exec_driver_sql(
+                            f"ALTER TABLE {table.name} ADD COLUMN {name} {column.type.compile(dialect)}{default}{null}"
+                        )
+
+    def _migrate_chains(self, conn: Connection, found: int) -> None:
+        """Close every account's pre-3 history with a governor-signed event: ``account_migrated`` (from schema 1,
+        whose charges had no events: it states the totals) or ``chain_keyed`` (from schema 2: it signs the head of
+        the unkeyed chain, so rewriting that prefix breaks the signature)."""
+        key = self._governor_key()
+        context = audit_context({"user": user_name(), "command": "init"})
+        last_charge = conn.execute(sa.select(sa.func.max(schema.charges.c.id))).scalar() or 0
+        spend_key_id = None if self._spend_key is None else self._spend_key.key_id
+        names = conn.execute(sa.select(schema.accounts.c.name).order_by(schema.accounts.c.name)).scalars().all()
+        for name in names:
+            chain = AccountChain.lock(conn, name, key)
+            assert chain is not None
+            values = {**stored_config(_row_dict(chain.row)), "spend_key_id": spend_key_id}
+            event = "account_migrated" if found == 1 else "chain_keyed"
+            chain.append(
+                conn, event, context,
+                details={"from_schema": found, "last_charge_id": last_charge, "stored": values},
+            )
+            chain.flush(conn, spend_key_id=spend_key_id)
+
+    # -- governance ----------------------------------------------------------------------------------------------
+    def apply_config(self, config: LedgerConfig, *, audit: Mapping[str, Any] | None = None) -> list[str]:
+        """Create or update accounts from a :class:`LedgerConfig`; every change is an audit event signed with the
+        governor key (``account_created``/``account_updated`` with the configuration as written and the values
+        stored). This is the only way a cap, an allowlist or the accepted spend key changes. Returns a line per
+        change made.
+
+        An account's accountant is fixed at creation, and its privacy unit once anything was charged to it; a cap
+        may not go below what is already spent. Accounts in the ledger but not in ``config`` are left as they are
+        (their history stays). With a spend key, every account in ``config`` accepts it from now on (rotation).
+
+        Raises:
+            ValueError: changing an accountant, changing the privacy unit of an account that was charged, or a cap
+                below the spent amount (nothing is changed).
+            LedgerKeyError: no governor key, or creating an account without a spend key.
+            LedgerNotInitialisedError: no schema.
+        """
+        self.check_schema()
+        key = self._governor_key()
+        context = audit_context({"user": user_name(), "command": "apply", **(audit or {})})
+        spend_key_id = None if self._spend_key is None else self._spend_key.key_id
+        prepared = {name: (account, account_values(account)) for name, account in sorted(config.accounts.items())}
+
+        def work(conn: Connection) -> list[str]:
+            changes: list[str] = []
+            for name, (account, values) in prepared.items():
+                chain = AccountChain.lock(conn, name, key)
+                if chain is None:
+                    if spend_key_id is None:
+                        raise LedgerKeyError(
+                            f"account {name!r} is new: give the spend key the workers will hold "
+                            "(--audit-key-file or DP_LEDGER_AUDIT_KEY), so the account knows which key signs its "
+                            "spend events"
+                        )
+                    values = {**values, "spend_key_id": spend_key_id}
+                    created = now()
+                    conn.execute(
+                        schema.accounts.insert().values(
+                            name=name, spent="0", delta_spent="0", audit_seq=0, created_at=created,
+                            updated_at=created, **values,
+                        )
+                    )
+                    chain = AccountChain.lock(conn, name, key)
+                    assert chain is not None
+                    chain.append(
+                        conn, "account_created", context,
+                        details={"config": account.as_record(), "stored": stored_config(values)},
+                    )
+                    chain.flush(conn)
+                    changes.append(
+                        f"created account {name!r} ({account.accountant}, cap {show(Fraction(values['cap']))} "
+                        f"{unit_of(account.accountant)})"
+                    )
+                    continue
+                row = chain.row
+                values = {**values, "spend_key_id": spend_key_id or row.spend_key_id}
+                if row.accountant != account.accountant:
+                    raise ValueError(accountant_fixed(name, row.accountant, account.accountant))
+                if row.privacy_unit != account.privacy_unit and (
+                    chain.spent > 0
+                    or conn.execute(
+                        sa.select(schema.charges.c.id).where(schema.charges.c.account == name).limit(1)
+                    ).first()
+                ):
+                    raise ValueError(
+                        f"account {name!r}: the privacy unit is fixed once budget has been spent "
+                        f"({row.privacy_unit!r}); cannot change it to {account.privacy_unit!r}, since spend "
+                        f"protecting one unit does not compose with releases protecting another. "
+                        "Create a new account instead."
+                    )
+                cap = Fraction(values["cap"])
+                if cap < chain.spent:
+                    raise ValueError(f"account {name!r}: cap {show(cap)} is below the {show(chain.spent)} already spent")
+                if values["delta"] is not None and account.accountant == "approx_dp":
+                    if Fraction(values["delta"]) < chain.delta_spent:
+                        raise ValueError(
+                            f"account {name!r}: delta {values['delta']} is below the {chain.delta_spent} already spent"
+                        )
+                changed = {field: value for field, value in values.items() if getattr(row, field) != value}
+                if not changed:
+                    continue
+                chain.append(
+                    conn, "account_updated", context,
+                    details={
+                        "config": account.as_record(),
+                        "stored": stored_config(values),
+                        "before": stored_config(row),
+                        "changed": sorted(changed),
+                    },
+                )
+                chain.flush(conn, **changed)
+                fields = sorted(k for k in changed if k != "config") or ["configuration as written"]
+                changes.append(f"updated account {name!r}: {', '.join(fields)}")
+            return changes
+
+        return self._write(work)
+
+    def refuse_accountant_changes(self, accountants: Mapping[str, str]) -> None:
+        """Raise the "accountant is fixed" :class:`ValueError` if any existing account in ``accountants``
+        (``{name: accountant}`` as written in a configuration) has another accountant; read-only.
+
+        Raises:
+            ValueError: an accountant would change.
+            LedgerNotInitialisedError: no schema.
+        """
+        self.check_schema()
+        if not accountants:
+            return
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(schema.accounts.c.name, schema.accounts.c.accountant)
+                .where(schema.accounts.c.name.in_(sorted(accountants)))
+                .order_by(schema.accounts.c.name)
+            ).all()
+        for name, stored in rows:
+            if stored != accountants[name]:
+                raise ValueError(accountant_fixed(name, stored, accountants[name]))
+
+    def reconcile(self, *, audit: Mapping[str, Any] | None = None) -> list[dict]:
+        """Mark every reservation whose lease has expired ``abandoned`` (still spent), signed with the governor
+        key; returns them (see :func:`~dp_operators.ledger.spend.reconcile_expired`)."""
+        return reconcile_expired(
+            self, self._governor_key(), {"command": "reconcile", **(audit or {})}, governor=True
+        )
+
+    def verify(
+        self,
+        keyring: Keyring | None = None,
+        config: LedgerConfig | None = None,
+        *,
+        governor_key_ids: set[str] | None = None,
+    ) -> Any:
+        """Replay every account's audit chain and cross-check it with every charge and account row; see
+        :func:`dp_operators.ledger.verify.verify_ledger`.
+
+        Args:
+            keyring: keys to check the MACs with (current and retired keys of both roles); defaults to the keys
+                this governor holds. Without any key, every check but authenticity runs.
+            config: optionally, a ledger configuration the account rows must match.
+            governor_key_ids: which of ``keyring``'s keys are governor keys (default: this governor's key).
+        """
+        from dp_operators.ledger.verify import verify_ledger
+
+        self.check_schema()
+        if keyring is None:
+            keyring = Keyring([self._key, self._spend_key])
+        governor_ids = governor_key_ids
+        if governor_ids is None and self._key is not None:
+            governor_ids = {self._key.key_id}
+        return verify_ledger(self, keyring if len(keyring) else None, config, governor_key_ids=governor_ids)
+
+
+def _row_dict(row: Any) -> dict[str, Any]:
+    return dict(row._mapping)
+
+
+def accountant_fixed(name: str, stored: str, wanted: str) -> str:
+    return (
+        f"account {name!r}: the accountant is fixed at creation ({stored}); cannot change it to {wanted}. "
+        "Create a new account instead."
+    )
+
+
+def account_values(account: Any) -> dict[str, Any]:
+    """The account-row values a configuration stands for (the cap converted to the account's unit); the spend key
+    id is added by :meth:`LedgerGovernor.apply_config`."""
+    return {
+        "accountant": account.accountant,
+        "cap": str(account.cap_in_unit()),
+        "delta": None if account.delta is None else str(account.delta),
+        "privacy_unit": account.privacy_unit,
+        "allowed_dags": json.dumps(sorted(account.allowed_dags)),
+        "owner": account.owner,
+        "description": account.description,
+        "config": canonical_json(account.as_record()),
+    }

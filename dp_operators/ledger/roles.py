@@ -1,0 +1,187 @@
+"""PostgreSQL roles of the ledger: the database, not only the Python API, decides who may spend and who may govern.
+
+Two roles (docs/adr/0020):
+
+* the **spender** (what release tasks connect as) may read every ledger table, insert charges and audit events, and
+  update only what the release path changes: a charge's ``state``, ``output``, ``output_digest``, ``updated_at`` and
+  ``lease_expires_at`` (:data:`~dp_operators.ledger.schema.SPENDER_CHARGE_COLUMNS`), and an account's running
+  totals and chain head (:data:`~dp_operators.ledger.schema.SPENDER_ACCOUNT_COLUMNS`). It has no privilege on caps,
+  allowlists, accountants or spend key ids, cannot create an account, and cannot delete anything.
+* the **governor** (what the privacy officer's ``dpctl ledger apply`` and ``reconcile`` connect as) may read
+  everything, create accounts and update every account column but ``name`` and ``created_at``, insert audit events,
+  and move a charge's ``state`` (reconcile's ``abandoned``).
+
+Neither may own the tables: the owner (the admin role that ran ``dpctl ledger init``) is the only one who can drop,
+disable or replace the guard triggers (PostgreSQL allows ``ALTER TABLE ... DISABLE TRIGGER``, ``DROP TRIGGER`` and
+``CREATE OR REPLACE FUNCTION`` only to the owner of the table or function). The generated SQL refuses to grant to a
+role that owns the tables, is a member of their owner, is a superuser or may create roles.
+
+Row locks: ``SELECT ... FOR UPDATE`` needs the UPDATE privilege on at least one column of the locked table
+(PostgreSQL documentation, SELECT, "The Locking Clause"); both roles' column grants give it on
+``dp_budget_accounts`` and ``dp_charges``.
+
+The statements use unqualified table names and ``current_schema()``: run them with the same ``search_path`` as the
+ledger's connections (``dpctl ledger roles`` uses the ledger's URL).
+"""
+
+from __future__ import annotations
+
+import re
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from dp_operators.ledger import schema
+
+#: The ledger's tables.
+LEDGER_TABLES = (
+    schema.schema_version.name,
+    schema.accounts.name,
+    schema.charges.name,
+    schema.audit_events.name,
+)
+
+#: The sequences behind the tables' serial keys (PostgreSQL names them ``<table>_<column>_seq``).
+CHARGE_ID_SEQUENCE = "dp_charges_id_seq"
+AUDIT_ID_SEQUENCE = "dp_audit_events_id_seq"
+LEDGER_SEQUENCES = (CHARGE_ID_SEQUENCE, AUDIT_ID_SEQUENCE, "dp_schema_version_version_seq")
+
+#: Account columns the governor may update: all but the primary key (charges and events refer to it) and the
+#: creation time.
+GOVERNOR_ACCOUNT_COLUMNS = tuple(c.name for c in schema.accounts.c if c.name not in ("name", "created_at"))
+
+#: Charge columns the governor may update: reconcile marks expired reservations ``abandoned``.
+GOVERNOR_CHARGE_COLUMNS = ("state", "updated_at")
+
+_ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+def _role(name: str, what: str) -> str:
+    """``name`` as a quoted identifier, after checking it is a plain role name.
+
+    Raises:
+        ValueError: not 1-63 letters, digits and underscores starting with a letter or underscore, or a name
+            PostgreSQL reserves (``public``, ``pg_*``).
+    """
+    if not isinstance(name, str) or not _ROLE_NAME.fullmatch(name):
+        raise ValueError(
+            f"{what} role {name!r} is not a plain role name: use 1-63 letters, digits and underscores, starting "
+            "with a letter or an underscore"
+        )
+    if name.lower() == "public" or name.lower().startswith("pg_"):
+        raise ValueError(f"{what} role {name!r} is reserved by PostgreSQL; choose another name")
+    return f'"{name}"'
+
+
+def _literal(name: str) -> str:
+    return f"'{name}'"  # only ever called on a name _role accepted: no quote can occur in it
+
+
+def _columns(names: tuple[str, ...]) -> str:
+    return ", ".join(names)
+
+
+def role_statements(spender_role: str, governor_role: str, *, create: bool = False) -> list[str]:
+    """The SQL (PostgreSQL only) giving ``spender_role`` and ``governor_role`` exactly the ledger's privileges.
+
+    In order: optionally create the roles (``NOLOGIN``: grant them to login roles, or ``ALTER ROLE ... LOGIN``);
+    refuse roles that own the tables, are members of their owner, are superusers or may create roles; revoke every
+    privilege on the ledger's tables and sequences from ``PUBLIC`` and from both roles (so re-running converges on
+    exactly these grants); grant ``USAGE`` on the ledger's schema (``current_schema()``); then the grants of each
+    role (module docstring). Idempotent. Run as the tables' owner (or a superuser), with the ledger's
+    ``search_path``.
+
+    Args:
+        spender_role, governor_role: role names (letters, digits, underscores; case-sensitive, as quoted
+            identifiers). They must differ.
+        create: also create the roles if they do not exist.
+
+    Returns:
+        The statements, each runnable on its own (``DO`` blocks for the conditional parts).
+
+    Raises:
+        ValueError: a role name that is not plain, reserved, or both roles the same.
+    """
+    spender = _role(spender_role, "spender")
+    governor = _role(governor_role, "governor")
+    if spender_role == governor_role:
+        raise ValueError("the spender and the governor must be different roles: tasks connect as the spender")
+    tables = ", ".join(LEDGER_TABLES)
+    sequences = ", ".join(LEDGER_SEQUENCES)
+    statements: list[str] = []
+    if create:
+        for quoted in (spender, governor):
+            statements.append(
+                "DO $$ BEGIN "
+                f"IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = {_literal(quoted[1:-1])}) THEN "
+                f"CREATE ROLE {quoted} NOLOGIN; END IF; END $$"
+            )
+    owned = ", ".join(f"'{table}'::regclass" for table in LEDGER_TABLES)
+    for quoted in (spender, governor):
+        name = _literal(quoted[1:-1])
+        statements.append(
+            "DO $$ BEGIN "
+            f"IF EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = {name} "
+            "AND (r.rolsuper OR r.rolcreaterole)) "
+            f"OR EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid IN ({owned}) "
+            f"AND pg_catalog.pg_has_role({name}, c.relowner, 'MEMBER')) THEN "
+            f"RAISE EXCEPTION 'role % owns the ledger tables (or is a member of their owner, a superuser, or may "
+            "create roles), so it could drop or disable the guard triggers: grant the ledger privileges to a role "
+            f"that is not', {name}; END IF; END $$"
+        )
+    statements += [
+        f"REVOKE ALL ON TABLE {tables} FROM PUBLIC, {spender}, {governor}",
+        f"REVOKE ALL ON SEQUENCE {sequences} FROM PUBLIC, {spender}, {governor}",
+        "DO $$ BEGIN "
+        "IF current_schema() IS NULL THEN RAISE EXCEPTION 'no schema on the search_path: set the search_path of "
+        "the ledger''s connection'; END IF; "
+        f"EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I, %I', current_schema(), {_literal(spender[1:-1])}, "
+        f"{_literal(governor[1:-1])}); END $$",
+        # the spender: read, spend, and nothing that governs
+        f"GRANT SELECT ON TABLE {tables} TO {spender}",
+        f"GRANT INSERT ON TABLE {schema.charges.name}, {schema.audit_events.name} TO {spender}",
+        f"GRANT UPDATE ({_columns(schema.SPENDER_CHARGE_COLUMNS)}) ON TABLE {schema.charges.name} TO {spender}",
+        f"GRANT UPDATE ({_columns(schema.SPENDER_ACCOUNT_COLUMNS)}) ON TABLE {schema.accounts.name} TO {spender}",
+        f"GRANT USAGE ON SEQUENCE {CHARGE_ID_SEQUENCE}, {AUDIT_ID_SEQUENCE} TO {spender}",
+        # the governor: read, govern accounts, sign events, abandon expired reservations
+        f"GRANT SELECT ON TABLE {tables} TO {governor}",
+        f"GRANT INSERT ON TABLE {schema.accounts.name}, {schema.audit_events.name} TO {governor}",
+        f"GRANT UPDATE ({_columns(GOVERNOR_ACCOUNT_COLUMNS)}) ON TABLE {schema.accounts.name} TO {governor}",
+        f"GRANT UPDATE ({_columns(GOVERNOR_CHARGE_COLUMNS)}) ON TABLE {schema.charges.name} TO {governor}",
+        f"GRANT USAGE ON SEQUENCE {AUDIT_ID_SEQUENCE} TO {governor}",
+    ]
+    return statements
+
+
+def apply_roles(engine: Engine | str, spender_role: str, governor_role: str, create: bool = False) -> list[str]:
+    """Run :func:`role_statements` in one transaction on ``engine`` (connected as the tables' owner or a
+    superuser, with the ledger's ``search_path``). Returns the statements run.
+
+    Raises:
+        ValueError: a bad role name, a database other than PostgreSQL, or a role that may not receive the grants
+            (it owns the tables, is a member of their owner, a superuser or may create roles; nothing is changed).
+        sqlalchemy.exc.DBAPIError: the database refused, e.g. the roles do not exist (without ``create``), the
+            ledger has no schema, or the connecting role may not grant (not the owner).
+    """
+    statements = role_statements(spender_role, governor_role, create=create)
+    owned_engine = isinstance(engine, str)
+    bound = sa.create_engine(engine) if isinstance(engine, str) else engine
+    try:
+        if bound.dialect.name != "postgresql":
+            raise ValueError(
+                f"database roles are a PostgreSQL feature; this ledger is {bound.dialect.name} (on SQLite, file "
+                "permissions decide who may write: docs/ledger.md)"
+            )
+        try:
+            with bound.begin() as conn:
+                for statement in statements:
+                    conn.exec_driver_sql(statement.replace("%", "%%"))  # the driver's paramstyle escapes %
+        except sa.exc.DBAPIError as error:
+            if getattr(error.orig, "sqlstate", None) == "P0001":  # the RAISE EXCEPTION of the ownership check
+                diag = getattr(error.orig, "diag", None)
+                raise ValueError(getattr(diag, "message_primary", None) or str(error.orig)) from None
+            raise
+    finally:
+        if owned_engine:
+            bound.dispose()
+    return statements

@@ -1,0 +1,475 @@
+"""The spender's ledger: what tasks use. Reserve, renew, commit and release their own reservations, and read.
+
+There is no governance call here: caps, allowlists, accountants and accounts change only through
+:class:`~dp_operators.ledger.govern.LedgerGovernor` (``dpctl ledger apply``), signed with the governor's key, and
+on PostgreSQL the spender's database role has no privilege to change them (docs/adr/0020).
+
+Ownership: :meth:`Ledger.reserve` returns a :class:`~dp_operators.ledger.store.Reservation` carrying a random
+token whose SHA-256 is stored with the charge; :meth:`Ledger.commit`, :meth:`Ledger.release` and
+:meth:`Ledger.renew` find the charge by id and check its own account, release key, attempt and token before
+changing anything. The ``committed``/``released`` event records the token (then spent) as ``proof``, so
+``dpctl ledger verify`` detects a release written without it.
+
+Leases: a reservation holds a lease (``lease_seconds``) its owner renews while it draws (:meth:`Ledger.lease`).
+A second attempt of the same key meanwhile gets :class:`~dp_operators.ledger.errors.LeaseHeldError` and is not
+charged; once the lease has expired (the owner died), the next attempt marks the reservation ``abandoned`` (still
+spent) and is charged. :meth:`Ledger.reconcile` abandons every expired reservation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import logging
+import secrets
+import threading
+from collections.abc import Iterator, Mapping
+from fractions import Fraction
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from dp_operators.accounting import exact_number, round_down, round_up, unit_of
+from dp_operators.ledger import schema
+from dp_operators.ledger.chain import AccountChain, audit_context, canonical_json, charge_event_fields
+from dp_operators.ledger.errors import (
+    AccountNotFoundError,
+    BudgetExhaustedError,
+    ChargeStateError,
+    DagNotAllowedError,
+    LeaseHeldError,
+    LedgerKeyError,
+)
+from dp_operators.ledger.keys import AuditKey, as_key
+from dp_operators.ledger.store import LedgerBase, Refusal, ReleaseKey, Reservation, key_filter, not_found
+
+log = logging.getLogger(__name__)
+
+#: Default lease of a reservation, seconds. The owner renews it every third of this while it draws.
+DEFAULT_LEASE_SECONDS = 120
+
+
+def token_hash(token: str) -> str:
+    """SHA-256 (hex) of a reservation token, as stored with the charge."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime | None:
+    if value is not None and value.tzinfo is None:  # SQLite returns naive UTC datetimes
+        return value.replace(tzinfo=dt.timezone.utc)
+    return value
+
+
+def _stored_context(charge: Any) -> dict[str, Any]:
+    return json.loads(charge.context) if charge.context else {}
+
+
+def abandon(conn: Connection, chain: AccountChain, charge: Any, context: Mapping[str, Any], reason: str) -> None:
+    """Mark a reserved ``charge`` abandoned (it stays counted as spent) and record why."""
+    conn.execute(
+        schema.charges.update().where(schema.charges.c.id == charge.id).values(state="abandoned", updated_at=_utcnow())
+    )
+    chain.append(conn, "abandoned", context, **charge_event_fields(charge), details={"reason": reason})
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def reconcile_expired(
+    base: LedgerBase, key: AuditKey, audit: Mapping[str, Any] | None = None, *, governor: bool = False
+) -> list[dict]:
+    """Mark every reservation whose lease has expired ``abandoned`` (still spent), signing with ``key``.
+
+    Args:
+        governor: ``key`` is the governor key (it may sign for any account); otherwise it must be the spend key
+            each touched account accepts.
+
+    Returns one dict per abandoned charge (id, account, release key, attempt, amount, lease_expires_at).
+
+    Raises:
+        LedgerKeyError: a spend key an account with expired reservations does not accept; nothing is changed.
+    """
+    base.check_schema()
+    context = audit_context(audit)
+
+    def work(conn: Connection) -> list[dict]:
+        now = base._db_now(conn)
+        c = schema.charges.c
+        expired = conn.execute(
+            sa.select(c.id, c.account)
+            .where(c.state == "reserved", sa.or_(c.lease_expires_at.is_(None), c.lease_expires_at < now))
+            .order_by(c.account, c.id)
+        ).all()
+        done: list[dict] = []
+        for account in sorted({row.account for row in expired}):
+            chain = AccountChain.lock(conn, account, key)
+            if chain is None:  # pragma: no cover - the foreign key keeps charges' accounts
+                continue
+            if not governor and chain.row.spend_key_id != key.key_id:
+                raise LedgerKeyError(
+                    f"budget account {account!r} accepts spend key id {chain.row.spend_key_id!r}, not {key.key_id!r}; "
+                    "nothing was reconciled. Use the current spend key, or the governor key"
+                )
+            for charge_id in [row.id for row in expired if row.account == account]:
+                charge = conn.execute(sa.select(schema.charges).where(c.id == charge_id)).first()
+                lease = _aware(charge.lease_expires_at)
+                if charge.state != "reserved" or (lease is not None and lease >= now):
+                    continue  # renewed or finished since the first read
+                abandon(conn, chain, charge, context, "lease expired (reconcile)")
+                done.append(
+                    {
+                        "id": charge.id, "account": charge.account, "dag_id": charge.dag_id, "run_id": charge.run_id,
+                        "task_id": charge.task_id, "map_index": charge.map_index,
+                        "release_name": charge.release_name, "attempt": charge.attempt, "amount": charge.amount,
+                        "delta_amount": charge.delta_amount, "lease_expires_at": lease,
+                    }
+                )
+            chain.flush(conn)
+        return done
+
+    return base._write(work)
+
+
+class Ledger(LedgerBase):
+    """The spender's view of a persisted privacy-budget ledger (what release tasks use).
+
+    Args:
+        url: SQLAlchemy URL of the ledger database, or an existing :class:`~sqlalchemy.engine.Engine`.
+        audit_key: the spend key (:class:`~dp_operators.ledger.keys.AuditKey` or its text) that signs this
+            ledger's spend events; the account must accept its id. Needed to reserve, commit, release and
+            reconcile; reading needs none.
+        lease_seconds: how long a reservation's lease lasts without renewal (default 120 s).
+        max_retries: how often a transaction that lost a lock race is retried.
+    """
+
+    def __init__(
+        self,
+        url: str | Engine,
+        *,
+        audit_key: AuditKey | str | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        max_retries: int = 30,
+    ) -> None:
+        super().__init__(url, max_retries=max_retries)
+        self._key = as_key(audit_key)
+        if not lease_seconds > 0:
+            raise ValueError(f"lease_seconds must be > 0, got {lease_seconds}")
+        self.lease_seconds = lease_seconds
+
+    def _spend_key(self) -> AuditKey:
+        if self._key is None:
+            raise LedgerKeyError(
+                "this ledger connection has no audit key, so it cannot sign spend events: set the extra "
+                "'audit_key' of the ledger connection (or DP_LEDGER_AUDIT_KEY for dpctl) to the spend key the "
+                "privacy officer gave the accounts ('dpctl ledger apply --audit-key-file')"
+            )
+        return self._key
+
+    def _check_key(self, row: Any) -> None:
+        key = self._spend_key()
+        if row.spend_key_id != key.key_id:
+            raise LedgerKeyError(
+                f"budget account {row.name!r} accepts spend key id {row.spend_key_id!r}, but this connection's "
+                f"audit key has id {key.key_id!r} (rotated, or the wrong key); nothing was reserved. Set the ledger "
+                "connection's 'audit_key' to the current spend key"
+            )
+
+    # -- the release path ----------------------------------------------------------------------------------------
+    def reserve(
+        self,
+        key: ReleaseKey,
+        *,
+        account: str,
+        amount: Fraction,
+        mechanisms: list[dict],
+        spec_hash: str,
+        try_number: int | None = None,
+        delta: Fraction | int = 0,
+        audit: Mapping[str, Any] | None = None,
+    ) -> Reservation | dict:
+        """Atomically check the budget and reserve ``amount`` (and ``delta`` on an ``approx_dp`` account) for the
+        release ``key``, under a lease of ``lease_seconds``.
+
+        Returns the stored output (a ``dict``) if ``key`` was already committed (idempotent replay: nothing is
+        charged), else a :class:`Reservation` with its token. A ``reserved`` charge of the same key whose lease has
+        expired (its attempt died) is marked ``abandoned`` and stays counted as spent.
+
+        Args:
+            amount: the charge in the account's unit (rounded up to the ledger's resolution).
+            mechanisms: JSON-safe descriptions of every noised step (kind, scale, sensitivity, loss), recorded with
+                the charge and in the audit log so the spend can be recomputed later.
+            delta: the delta part of the charge; must be 0 unless the account is ``approx_dp``.
+            audit: who/where context for the audit log: ``run_type``, ``triggering_user`` (and optionally
+                ``host``, ``user``); see :func:`~dp_operators.ledger.chain.audit_context`.
+
+        Raises:
+            AccountNotFoundError, DagNotAllowedError, BudgetExhaustedError: refusals; nothing is reserved (a
+                ``refused`` audit event is recorded for the last two).
+            LeaseHeldError: another attempt of ``key`` holds a live lease; nothing is charged (transient).
+            LedgerKeyError: no audit key, or not the key the account accepts.
+            ValueError: a non-positive amount, a delta on an account that is not ``approx_dp``, or a bad ``audit``.
+        """
+        self.check_schema()
+        amount = round_up(exact_number(amount, name="amount"))
+        delta = round_up(exact_number(delta, name="delta"))
+        if amount <= 0:
+            raise ValueError(f"a charge must be > 0, got {amount}")
+        if delta < 0:
+            raise ValueError(f"a delta charge must be >= 0, got {delta}")
+        signing_key = self._spend_key()
+        context = audit_context(audit)
+        mechanisms_text = canonical_json(mechanisms)
+        key_fields = {**key.as_dict(), "try_number": try_number, "spec_hash": spec_hash}
+        token = secrets.token_urlsafe(32)
+
+        def work(conn: Connection) -> Reservation | dict | Refusal:
+            chain = AccountChain.lock(conn, account, signing_key)
+            if chain is None:
+                raise AccountNotFoundError(not_found(account))
+            row = chain.row
+            self._check_key(row)
+            if delta and row.accountant != "approx_dp":
+                raise ValueError(f"account {account!r} is {row.accountant}: a charge on it has no delta part")
+            allowed = json.loads(row.allowed_dags)
+            if key.dag_id not in allowed:
+                chain.append(
+                    conn, "refused", context, amount=amount, delta_amount=delta, mechanisms=mechanisms_text,
+                    details={"reason": "dag_not_allowed"}, **key_fields,
+                )
+                chain.flush(conn)
+                return Refusal(
+                    DagNotAllowedError(
+                        f"DAG {key.dag_id!r} may not spend from budget account {account!r} (allowed: {allowed}); "
+                        "a privacy officer adds it to allowed_dags and runs 'dpctl ledger apply'"
+                    )
+                )
+            previous = conn.execute(
+                sa.select(schema.charges).where(*key_filter(key)).order_by(schema.charges.c.attempt)
+            ).all()
+            for charge in previous:
+                if charge.state == "committed":
+                    return json.loads(charge.output)
+            now = self._db_now(conn)
+            for charge in previous:
+                lease = _aware(charge.lease_expires_at)
+                if charge.state == "reserved" and lease is not None and lease > now:
+                    raise LeaseHeldError(
+                        f"attempt {charge.attempt} of release {key.release_name!r} (run {key.run_id!r}, task "
+                        f"{key.task_id!r}) is still running and holds its lease until {lease.isoformat()}; "
+                        "nothing was charged. Retry after the lease: it ends early only if that attempt finishes",
+                        attempt=charge.attempt,
+                        expires_at=lease,
+                    )
+            for charge in previous:
+                if charge.state == "reserved":
+                    abandon(conn, chain, charge, context, "lease expired; a later attempt of the same release key took over")
+            remaining = round_down(Fraction(row.cap) - chain.spent)
+            refusal: BudgetExhaustedError | None = None
+            if amount > remaining:
+                refusal = BudgetExhaustedError(account, unit_of(row.accountant), amount, max(remaining, Fraction(0)))
+            elif row.accountant == "approx_dp":
+                remaining_delta = round_down(Fraction(row.delta) - chain.delta_spent)
+                if delta > remaining_delta:
+                    refusal = BudgetExhaustedError(account, "delta", delta, max(remaining_delta, Fraction(0)))
+            if refusal is not None:
+                chain.append(
+                    conn, "refused", context, amount=amount, delta_amount=delta, mechanisms=mechanisms_text,
+                    details={"reason": "budget_exhausted", "remaining": str(refusal.remaining), "unit": refusal.unit},
+                    **key_fields,
+                )
+                chain.flush(conn)
+                return Refusal(refusal)
+            attempt = max((charge.attempt for charge in previous), default=0) + 1
+            created = _utcnow()
+            lease_end = now + dt.timedelta(seconds=self.lease_seconds)
+            hashed = token_hash(token)
+            charge_id = conn.execute(
+                schema.charges.insert().values(
+                    account=account,
+                    attempt=attempt,
+                    state="reserved",
+                    amount=str(amount),
+                    delta_amount=str(delta),
+                    mechanisms=mechanisms_text,
+                    spec_hash=spec_hash,
+                    try_number=try_number,
+                    context=canonical_json(context),
+                    token_hash=hashed,
+                    lease_expires_at=lease_end,
+                    created_at=created,
+                    updated_at=created,
+                    **key.as_dict(),
+                )
+            ).inserted_primary_key[0]
+            chain.spent = round_up(chain.spent + amount)
+            chain.delta_spent = round_up(chain.delta_spent + delta)
+            chain.append(
+                conn, "reserved", context, charge_id=charge_id, attempt=attempt, amount=amount, delta_amount=delta,
+                mechanisms=mechanisms_text, token_hash=hashed, created_at=created, **key_fields,
+            )
+            chain.flush(conn)
+            return Reservation(
+                charge_id=charge_id, key=key, account=account, amount=amount, attempt=attempt, delta=delta,
+                token=token, lease_expires_at=lease_end,
+            )
+
+        return self._write(work)
+
+    def _owned_charge(self, conn: Connection, reservation: Reservation, action: str) -> tuple[AccountChain, Any]:
+        """Lock the charge's own account and return ``(chain, charge)`` if ``reservation`` owns a charge that is
+        still ``reserved``.
+
+        Raises:
+            ChargeStateError: no such charge, not this reservation's (account, key, attempt or token differ), or
+                no longer reserved. Nothing is changed.
+        """
+        c = schema.charges.c
+        charge = conn.execute(sa.select(schema.charges).where(c.id == reservation.charge_id)).first()
+        where = f"charge {reservation.charge_id} for {reservation.key}"
+        if charge is None:
+            raise ChargeStateError(f"{where} does not exist; nothing {action}")
+        chain = AccountChain.lock(conn, charge.account, self._spend_key())
+        charge = conn.execute(sa.select(schema.charges).where(c.id == reservation.charge_id)).first()
+        owned = (
+            charge.account == reservation.account
+            and ReleaseKey(charge.dag_id, charge.run_id, charge.task_id, charge.map_index, charge.release_name)
+            == reservation.key
+            and charge.attempt == reservation.attempt
+            and charge.token_hash is not None
+            and secrets.compare_digest(charge.token_hash, token_hash(reservation.token))
+        )
+        if not owned:
+            raise ChargeStateError(
+                f"{where} is not this reservation's (the account, release key, attempt or token differ); nothing "
+                f"{action}"
+            )
+        self._check_key(chain.row)
+        if charge.state != "reserved":
+            raise ChargeStateError(
+                f"{where} is {charge.state}, no longer reserved (another attempt took over the release after its "
+                f"lease expired); nothing {action}, and the charge stays spent"
+            )
+        return chain, charge
+
+    def commit(self, reservation: Reservation, output: dict, *, audit: Mapping[str, Any] | None = None) -> str:
+        """Store the noised ``output`` (plain JSON) and mark the charge ``committed``. Returns its SHA-256 digest,
+        which the ``committed`` audit event records (the output itself is not in the audit log).
+
+        Raises:
+            ChargeStateError: the reservation is not this charge's owner, or the charge is no longer ``reserved``
+                (a later attempt abandoned it): this output must not be published.
+            ValueError: ``output`` is not plain, finite JSON.
+        """
+        self.check_schema()
+        text = canonical_json(output)
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+        def work(conn: Connection) -> str:
+            chain, charge = self._owned_charge(conn, reservation, "committed")
+            conn.execute(
+                schema.charges.update()
+                .where(schema.charges.c.id == charge.id)
+                .values(state="committed", output=text, output_digest=digest, updated_at=_utcnow())
+            )
+            chain.append(
+                conn, "committed", audit_context(audit, _stored_context(charge)), output_digest=digest,
+                proof=reservation.token, **charge_event_fields(charge),
+            )
+            chain.flush(conn)
+            return digest
+
+        return self._write(work)
+
+    def release(self, reservation: Reservation, *, audit: Mapping[str, Any] | None = None) -> None:
+        """Return a reservation whose noise was provably never drawn (``reserved -> released``): its owner's
+        statement, proven by the token (recorded as the event's ``proof``).
+
+        Raises:
+            ChargeStateError: the reservation is not this charge's owner, or the charge is not ``reserved``.
+        """
+        self.check_schema()
+
+        def work(conn: Connection) -> None:
+            chain, charge = self._owned_charge(conn, reservation, "released")
+            conn.execute(
+                schema.charges.update()
+                .where(schema.charges.c.id == charge.id)
+                .values(state="released", updated_at=_utcnow())
+            )
+            chain.spent -= Fraction(charge.amount)
+            chain.delta_spent -= Fraction(charge.delta_amount)
+            chain.append(
+                conn, "released", audit_context(audit, _stored_context(charge)), proof=reservation.token,
+                **charge_event_fields(charge), details={"reason": "no noise was drawn"},
+            )
+            chain.flush(conn)
+
+        self._write(work)
+
+    def abandon(self, reservation: Reservation, *, audit: Mapping[str, Any] | None = None) -> None:
+        """Give up a reservation whose noise may have been drawn (``reserved -> abandoned``): it stays counted as
+        spent, and its lease ends at once, so the next attempt of the key is charged again without waiting.
+
+        Raises:
+            ChargeStateError: the reservation is not this charge's owner, or the charge is not ``reserved``.
+        """
+        self.check_schema()
+
+        def work(conn: Connection) -> None:
+            chain, charge = self._owned_charge(conn, reservation, "abandoned")
+            abandon(conn, chain, charge, audit_context(audit, _stored_context(charge)),
+                    "its attempt failed after noise may have been drawn")
+            chain.flush(conn)
+
+        self._write(work)
+
+    def renew(self, reservation: Reservation) -> dt.datetime:
+        """Extend the reservation's lease by ``lease_seconds`` from now; returns the new end (UTC). Not an audit
+        event (the lease is the only column that changes).
+
+        Raises:
+            ChargeStateError: the reservation is not this charge's owner, or it is no longer ``reserved``.
+        """
+        self.check_schema()
+
+        def work(conn: Connection) -> dt.datetime:
+            _, charge = self._owned_charge(conn, reservation, "renewed")
+            end = self._db_now(conn) + dt.timedelta(seconds=self.lease_seconds)
+            conn.execute(
+                schema.charges.update().where(schema.charges.c.id == charge.id).values(lease_expires_at=end)
+            )
+            return end
+
+        return self._write(work)
+
+    @contextlib.contextmanager
+    def lease(self, reservation: Reservation) -> Iterator[None]:
+        """Keep ``reservation``'s lease alive while the block runs: a daemon thread renews it every third of
+        ``lease_seconds``. A failed renewal is logged (its type only) and ends the renewals; the commit then tells
+        whether the release was taken over."""
+        stop = threading.Event()
+
+        def keep() -> None:
+            while not stop.wait(self.lease_seconds / 3):
+                try:
+                    self.renew(reservation)
+                except Exception as error:  # noqa: BLE001 - the commit reports the outcome
+                    log.warning("the reservation's lease could not be renewed (%s)", type(error).__name__)
+                    return
+
+        thread = threading.Thread(target=keep, name=f"dp-lease-{reservation.charge_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def reconcile(self, *, audit: Mapping[str, Any] | None = None) -> list[dict]:
+        """Mark every reservation whose lease has expired ``abandoned`` (still counted as spent); see
+        :func:`reconcile_expired`."""
+        return reconcile_expired(self, self._spend_key(), audit)

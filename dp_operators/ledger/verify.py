@@ -1,0 +1,714 @@
+"""``dpctl ledger verify``: replay the ledger's legal state machine from its audit chains, in streaming passes.
+
+What it proves (docs/adr/0020). With the keys (``keyring``), every audit row was written by a holder of a key of
+the right role: governance events by a governor key, spend events by the account's authorised spend key (or a
+governor key). Without keys only the structure is checked and :attr:`VerifyReport.authenticated` is ``False``.
+In both cases every account's spend is rebuilt from its events under the legal transitions and compared with
+every charge row and every account row, and the guard triggers are compared with their expected definitions.
+
+The passes run in one read transaction (one snapshot: PostgreSQL ``REPEATABLE READ``, SQLite a deferred read
+transaction in WAL mode), each streamed from the database in batches of :data:`~dp_operators.ledger.store.
+STREAM_BATCH` rows, so memory stays flat in the number of charges:
+
+1. events by ``(account, account_seq)``: each account's chain (sequence, links, MAC or legacy hash, signer's
+   role, event positions, running totals, caps and allowlists at each reservation); O(accounts) memory;
+2. charges by ``id`` merge-joined with the events naming a charge, by ``(charge_id, account_seq)``: each charge's
+   life cycle (``reserved`` then exactly one of ``committed``, ``released``, ``abandoned``), its fixed columns
+   against its ``reserved`` event, its output against the committed digest, and the reservation token's proof
+   on ``committed`` and ``released``; O(1) memory;
+3. account rows by name against the chains' ends and the last governance event (and optionally a
+   ``ledgers.yaml``); then the triggers.
+
+A problem never raises: an unreadable number, JSON text or timestamp becomes a problem naming its row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import itertools
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from dp_operators.accounting import round_down, round_up
+from dp_operators.ledger import schema
+from dp_operators.ledger.chain import (
+    GENESIS_HASH,
+    GOVERNANCE_EVENTS,
+    SPEND_EVENTS,
+    audit_row_mac,
+    legacy_row_hash,
+    timestamp_text,
+)
+from dp_operators.ledger.config import LedgerConfig
+from dp_operators.ledger.keys import Keyring
+from dp_operators.ledger.store import STREAM_BATCH, LedgerBase
+
+#: At most this many problems are listed (the first broken audit rows are kept); the rest are counted.
+MAX_PROBLEMS = 10_000
+
+_TERMINAL = ("committed", "released", "abandoned")
+_CHARGE_EVENTS = frozenset({"reserved", *_TERMINAL})
+_KNOWN_EVENTS = GOVERNANCE_EVENTS | SPEND_EVENTS
+
+#: Columns every event about a charge copies from it (:func:`~dp_operators.ledger.chain.charge_event_fields`).
+_EVENT_CHARGE_COLUMNS = (
+    "dag_id", "run_id", "task_id", "map_index", "release_name", "attempt", "try_number", "spec_hash", "amount",
+    "delta_amount", "mechanisms",
+)
+
+
+@dataclass
+class VerifyReport:
+    """The result of :func:`verify_ledger`.
+
+    Attributes:
+        events, accounts, charges: rows read from each table.
+        problems: one line per inconsistency, each naming its row; problems about audit rows come first, by row
+            id (the first line is the first broken audit row), then chains left unkeyed, charges by id, accounts
+            by name (and the given configuration), triggers. At most :data:`MAX_PROBLEMS` are listed (the first
+            broken rows); a last line then counts the rest.
+        heads: each account's chain head (``row_hash`` of its last event) as replayed; worth recording outside
+            the database.
+        authenticated: whether MACs were checked (``False`` when no keyring was given).
+    """
+
+    events: int = 0
+    accounts: int = 0
+    charges: int = 0
+    problems: list[str] = field(default_factory=list)
+    heads: dict[str, str] = field(default_factory=dict)
+    authenticated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class _BadValue(Exception):
+    """A stored value that is not what its column holds (caught and reported as a problem)."""
+
+
+class _Problems:
+    """Problems collected by the passes: audit-row problems sorted by row id, then the others in order found."""
+
+    def __init__(self, limit: int = MAX_PROBLEMS) -> None:
+        self.limit = limit
+        self.rows: list[tuple[int, int, str]] = []
+        self.other: list[str] = []
+        self.dropped = 0
+        self._order = itertools.count()
+
+    def row(self, event_id: Any, text: str) -> None:
+        key = event_id if isinstance(event_id, int) and not isinstance(event_id, bool) else -1
+        self.rows.append((key, next(self._order), text))
+        if len(self.rows) > 2 * self.limit:  # keep the earliest rows, count the rest
+            self.rows.sort()
+            self.dropped += len(self.rows) - self.limit
+            del self.rows[self.limit :]
+
+    def add(self, text: str) -> None:
+        if len(self.other) >= self.limit:
+            self.dropped += 1
+        else:
+            self.other.append(text)
+
+    def ordered(self) -> list[str]:
+        found = [text for _, _, text in sorted(self.rows)] + self.other
+        dropped = self.dropped + max(len(found) - self.limit, 0)
+        found = found[: self.limit]
+        if dropped:
+            found.append(f"... and {dropped} more problems not listed")
+        return found
+
+
+@dataclass
+class _Chain:
+    """One account's chain as replayed so far."""
+
+    seq: int = 0
+    head: str = GENESIS_HASH
+    spent: Fraction = Fraction(0)
+    delta: Fraction = Fraction(0)
+    stored: dict[str, Any] | None = None
+    events: int = 0
+    legacy: int = 0
+    keyed: bool = False
+    chain_keyed: bool = False
+    migrated_last_charge: int = 0
+
+
+def _where(row: Mapping[str, Any]) -> str:
+    return f"dp_audit_events id={row['id']} (account {row['account']!r}, seq {row['account_seq']}, {row['event']})"
+
+
+def _charge_label(charge: Mapping[str, Any]) -> str:
+    return (
+        f"dp_charges id={charge['id']} (account {charge['account']!r}, {charge['dag_id']}/{charge['run_id']}/"
+        f"{charge['task_id']}/{charge['map_index']}/{charge['release_name']}, attempt {charge['attempt']})"
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_fraction(text: str) -> Fraction | None:
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _number(value: Any, what: str) -> Fraction:
+    """An exact number stored as text (``str(Fraction)``); raises :class:`_BadValue` naming ``what``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Fraction(value)
+    number = _parse_fraction(value) if isinstance(value, str) else None
+    if number is None:
+        raise _BadValue(f"{what} {value!r} is not a number")
+    return number
+
+
+def _total(value: Any, expected: Fraction, what: str) -> Fraction:
+    """A running total as stored; the common case (it is ``str(expected)``) needs no parsing."""
+    return expected if value == str(expected) else _number(value, what)
+
+
+def _optional_number(value: Any, what: str) -> Fraction:
+    return Fraction(0) if value is None else _number(value, what)
+
+
+def _json(value: Any, what: str) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            pass
+    raise _BadValue(f"{what} is not JSON text")
+
+
+def _sha256(text: Any) -> str | None:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest() if isinstance(text, str) else None
+
+
+def _show(value: Fraction) -> str:
+    return str(value)
+
+
+def _differ(names: list[str]) -> str:
+    return f"{', '.join(names)} {'differs' if len(names) == 1 else 'differ'}"
+
+
+def _stream(conn: Connection, query: Any) -> Iterator[Mapping[str, Any]]:
+    result = conn.execution_options(stream_results=True, yield_per=STREAM_BATCH).execute(query)
+    for row in result:
+        yield row._mapping
+
+
+class _Verifier:
+    def __init__(
+        self, keyring: Keyring | None, config: LedgerConfig | None, governor_key_ids: set[str] | None
+    ) -> None:
+        self.keyring = keyring
+        self.config = config
+        self.governor_ids = None if governor_key_ids is None else set(governor_key_ids)
+        self.problems = _Problems()
+        self.report = VerifyReport(authenticated=keyring is not None)
+        self.chains: dict[Any, _Chain] = {}
+
+    # -- pass 1: chains ------------------------------------------------------------------------------------------
+    def replay_chains(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        for row in rows:
+            self.report.events += 1
+            chain = self.chains.setdefault(row["account"], _Chain())
+            self._replay(chain, row)
+            chain.events += 1
+        for name, chain in self.chains.items():
+            if chain.legacy and not chain.chain_keyed:
+                self.problems.add(
+                    f"account {name!r}: its audit chain ends in {chain.legacy} unkeyed (schema 2) rows without a "
+                    "'chain_keyed' event; a privacy officer runs 'dpctl ledger init' with the governor key"
+                )
+
+    def _replay(self, chain: _Chain, row: Mapping[str, Any]) -> None:
+        where = _where(row)
+        flag = lambda text: self.problems.row(row["id"], f"{where}: {text}")  # noqa: E731
+        event, seq, key_id = row["event"], row["account_seq"], row["key_id"]
+        first = chain.events == 0
+
+        # links
+        if seq != chain.seq + 1:
+            flag(
+                f"expected seq {chain.seq + 1}; the rows in between were deleted"
+                if isinstance(seq, int) and seq > chain.seq + 1
+                else f"expected seq {chain.seq + 1} (sequence numbers out of order)"
+            )
+        elif row["prev_hash"] != chain.head:
+            flag("prev_hash does not match the previous row's row_hash (a row before it was changed or removed)")
+        chain.seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else chain.seq + 1
+        chain.head = row["row_hash"]
+
+        # authenticity and the signer's role
+        if event not in _KNOWN_EVENTS:
+            flag(f"unknown event {event!r} (not written by the ledger)")
+        if key_id is None:
+            if chain.keyed:
+                flag(
+                    "has no key (key_id NULL) after the chain was keyed: unkeyed rows are legal only before the "
+                    "chain's 'chain_keyed' event (written without the key)"
+                )
+            else:
+                try:
+                    intact = legacy_row_hash(row) == row["row_hash"]
+                except (TypeError, ValueError):
+                    intact = False
+                if not intact:
+                    flag("content does not match its row_hash (an unkeyed row was edited)")
+            if row["token_hash"] is not None or row["proof"] is not None:
+                flag("an unkeyed (schema 2) row cannot carry token_hash or proof")
+            if event == "chain_keyed":
+                flag("'chain_keyed' must be signed with the governor key")
+            chain.legacy += 1
+        else:
+            if chain.legacy and not chain.keyed and event != "chain_keyed":
+                flag("follows unkeyed (schema 2) rows without a governor-signed 'chain_keyed' event")
+            self._check_signature(chain, row, flag)
+
+        # positions
+        if first and event not in ("account_created", "account_migrated"):
+            flag("an account's chain must start with 'account_created' or 'account_migrated'")
+        if not first and event in ("account_created", "account_migrated"):
+            flag(f"{event!r} is legal only at the start of a chain (seq 1)")
+        keyed_here = event == "chain_keyed" and key_id is not None and not first
+        if event == "chain_keyed":
+            if chain.chain_keyed:
+                flag("a chain is keyed once: a second 'chain_keyed'")
+                keyed_here = False
+            elif chain.keyed:
+                flag("'chain_keyed' is legal only right after the unkeyed (schema 2) rows of a chain")
+                keyed_here = False
+        if row["charge_id"] is not None and not (
+            isinstance(row["charge_id"], int) and not isinstance(row["charge_id"], bool)
+        ):
+            flag(f"charge_id {row['charge_id']!r} is not an integer")
+        if key_id is not None:
+            chain.keyed = True
+
+        # parsed values
+        details = None
+        if event in GOVERNANCE_EVENTS:
+            try:
+                details = _json(row["details"], "details")
+            except _BadValue as error:
+                flag(str(error))
+        try:
+            amount = _optional_number(row["amount"], "amount")
+            delta_amount = _optional_number(row["delta_amount"], "delta_amount")
+        except _BadValue as error:
+            flag(str(error))
+            amount, delta_amount = Fraction(0), Fraction(0)
+
+        # governance: the configuration in force from here on
+        if event in GOVERNANCE_EVENTS:
+            stored = details.get("stored") if isinstance(details, dict) else None
+            if isinstance(stored, dict):
+                chain.stored = stored
+            else:
+                flag("a governance event must record the stored configuration (details.stored)")
+            if event == "account_migrated" and first and isinstance(details, dict):
+                last = details.get("last_charge_id", 0)
+                if isinstance(last, int) and not isinstance(last, bool):
+                    chain.migrated_last_charge = last
+                else:
+                    flag(f"details.last_charge_id {last!r} is not an integer")
+
+        # running totals: what the events before imply, against what the row states
+        spent, delta = chain.spent, chain.delta
+        if event == "reserved":
+            self._check_reservation(chain, row, amount, delta_amount, flag)
+            spent, delta = round_up(spent + amount), round_up(delta + delta_amount)
+        elif event == "released":
+            if row["amount"] is None:
+                flag("a 'released' event must state the amount returned")
+            spent, delta = spent - amount, delta - delta_amount
+            if spent < 0 or delta < 0:
+                flag(
+                    f"spend goes negative: {_show(spent)} (delta {_show(delta)}) after returning {_show(amount)} "
+                    f"(delta {_show(delta_amount)})"
+                )
+        try:
+            spent_after = _total(row["spent_after"], spent, "spent_after")
+            delta_after = _total(row["delta_spent_after"], delta, "delta_spent_after")
+        except _BadValue as error:
+            flag(str(error))
+            chain.spent, chain.delta = spent, delta
+            return
+        if event == "account_migrated" and first:
+            pass  # a migration from schema 1 states the totals of the charges made before it
+        elif keyed_here:
+            if (spent_after, delta_after) != (spent, delta):
+                flag(
+                    f"states spent {_show(spent_after)} (delta {_show(delta_after)}) but its unkeyed rows add up "
+                    f"to {_show(spent)} (delta {_show(delta)})"
+                )
+            chain.chain_keyed = True
+        elif (spent_after, delta_after) != (spent, delta):
+            flag(
+                f"spent_after {_show(spent_after)} (delta {_show(delta_after)}) disagrees with the events before "
+                f"it, which add up to {_show(spent)} (delta {_show(delta)})"
+            )
+        chain.spent, chain.delta = spent_after, delta_after
+
+    def _check_signature(self, chain: _Chain, row: Mapping[str, Any], flag: Any) -> None:
+        key_id, event = row["key_id"], row["event"]
+        if self.keyring is not None:
+            key = self.keyring.get(key_id) if isinstance(key_id, str) else None
+            if key is None:
+                flag(f"signed with key id {key_id!r}, which is not in the keyring (a retired key not given, or forged)")
+            else:
+                try:
+                    intact = audit_row_mac(row, key) == row["row_hash"]
+                except (TypeError, ValueError):
+                    intact = False
+                if not intact:
+                    flag(f"MAC does not match under key id {key_id!r} (the row was edited, or written without the key)")
+        if self.governor_ids is None:
+            return  # governor and spend keys cannot be told apart: any key of the keyring may sign anything
+        if event in GOVERNANCE_EVENTS and key_id not in self.governor_ids:
+            flag(f"a governance event signed with key id {key_id!r}, which is not a governor key")
+        elif event in SPEND_EVENTS:
+            authorised = (chain.stored or {}).get("spend_key_id")
+            if key_id != authorised and key_id not in self.governor_ids:
+                flag(
+                    f"signed with key id {key_id!r}, but the account accepts spend key id {authorised!r} (or a "
+                    "governor key) at this point"
+                )
+
+    def _check_reservation(
+        self, chain: _Chain, row: Mapping[str, Any], amount: Fraction, delta_amount: Fraction, flag: Any
+    ) -> None:
+        """A ``reserved`` event is legal only within the cap, delta cap and allowlist in force at that point."""
+        if row["amount"] is None or amount <= 0:
+            flag(f"a reservation must be > 0, got {row['amount']!r}")
+        if delta_amount < 0:
+            flag(f"a reservation's delta must be >= 0, got {row['delta_amount']!r}")
+        stored = chain.stored
+        if stored is None:
+            return
+        try:
+            cap = _number(stored.get("cap"), "the cap in force")
+            remaining = round_down(cap - chain.spent)
+            if amount > remaining:
+                flag(f"reserves {_show(amount)} with only {_show(remaining)} left under the cap {_show(cap)}")
+            if stored.get("accountant") == "approx_dp":
+                delta_cap = _number(stored.get("delta"), "the delta cap in force")
+                left = round_down(delta_cap - chain.delta)
+                if delta_amount > left:
+                    flag(f"reserves delta {_show(delta_amount)} with only {_show(left)} left under the delta cap")
+            elif delta_amount != 0:
+                flag(f"a {stored.get('accountant')} account takes no delta, got {_show(delta_amount)}")
+            allowed = _json(stored.get("allowed_dags"), "the allowed DAGs in force")
+        except _BadValue as error:
+            flag(str(error))
+            return
+        if not isinstance(allowed, list) or row["dag_id"] not in allowed:
+            flag(f"reserves for DAG {row['dag_id']!r}, which the account did not allow at this point ({allowed})")
+
+    # -- pass 2: charges --------------------------------------------------------------------------------------
+    def check_charges(self, charges: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]]) -> None:
+        integral = (row for row in events if isinstance(row["charge_id"], int) and not isinstance(row["charge_id"], bool))
+        groups = itertools.groupby(integral, key=lambda row: row["charge_id"])
+        pending = next(groups, None)
+        for charge in charges:
+            self.report.charges += 1
+            while pending is not None and pending[0] < charge["id"]:
+                self._orphans(pending[1])
+                pending = next(groups, None)
+            found: list[Mapping[str, Any]] = []
+            if pending is not None and pending[0] == charge["id"]:
+                found = list(pending[1])
+                pending = next(groups, None)
+            self._check_charge(charge, found)
+        while pending is not None:
+            self._orphans(pending[1])
+            pending = next(groups, None)
+
+    def _orphans(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        for row in rows:
+            self.problems.row(
+                row["id"],
+                f"{_where(row)}: names charge id={row['charge_id']}, which has no dp_charges row (deleted, or the "
+                "event was forged)",
+            )
+
+    def _check_charge(self, charge: Mapping[str, Any], found: list[Mapping[str, Any]]) -> None:
+        label = _charge_label(charge)
+        chain = self.chains.get(charge["account"])
+        predates = chain is not None and charge["id"] <= chain.migrated_last_charge
+        state: str | None = None
+        reserved: Mapping[str, Any] | None = None
+        terminal: Mapping[str, Any] | None = None
+        # the reference for the columns every event copies: the reservation (a MAC'd row), else the charge
+        reference = next(
+            (row for row in found if row["event"] == "reserved" and row["account"] == charge["account"]), None
+        )
+        for row in found:
+            where = _where(row)
+            event = row["event"]
+            if row["account"] != charge["account"]:
+                self.problems.row(
+                    row["id"],
+                    f"{where}: is in the chain of account {row['account']!r}, but charge id={charge['id']} belongs "
+                    f"to account {charge['account']!r} (an event in the wrong chain)",
+                )
+                continue
+            if event not in _CHARGE_EVENTS:
+                self.problems.row(row["id"], f"{where}: a {event!r} event names charge id={charge['id']}")
+                continue
+            if reference is None:
+                differ = [name for name in _EVENT_CHARGE_COLUMNS if row[name] != charge[name]]
+                if differ:
+                    self.problems.add(
+                        f"{label}: {_differ(differ)} from its {event!r} event id={row['id']} ("
+                        + "; ".join(f"{name} {charge[name]!r} vs {row[name]!r}" for name in differ)
+                        + ")"
+                    )
+            elif row is not reference:
+                differ = [name for name in _EVENT_CHARGE_COLUMNS if row[name] != reference[name]]
+                if differ:
+                    self.problems.row(
+                        row["id"],
+                        f"{where}: {_differ(differ)} from the 'reserved' event id={reference['id']} of "
+                        f"charge id={charge['id']} ("
+                        + "; ".join(f"{name} {row[name]!r} vs {reference[name]!r}" for name in differ)
+                        + ")",
+                    )
+            if event == "reserved":
+                if state is not None:
+                    self.problems.row(row["id"], f"{where}: a second 'reserved' for charge id={charge['id']}")
+                    continue
+                state, reserved = "reserved", row
+            elif state is None or state == "reserved":
+                if state is None and not predates:
+                    self.problems.row(
+                        row["id"], f"{where}: {event!r} without a 'reserved' event for charge id={charge['id']}"
+                    )
+                state, terminal = event, row
+            else:
+                self.problems.row(
+                    row["id"],
+                    f"{where}: {event!r} after {state!r}: a charge ends once (reserved, then one of committed, "
+                    "released or abandoned)",
+                )
+
+        if state is None:
+            if not predates:
+                self.problems.add(f"{label}: has no audit events in its account's chain (inserted outside the ledger)")
+            return
+        if charge["state"] != state:
+            self.problems.add(f"{label}: state {charge['state']!r}, but its audit events end in {state!r}")
+        if reserved is not None:
+            self._check_fixed_columns(charge, reserved, label)
+        elif not predates:
+            self.problems.add(f"{label}: has no 'reserved' event")
+        if terminal is None:
+            return
+        if terminal["event"] == "committed":
+            digest = terminal["output_digest"]
+            if charge["output_digest"] != digest:
+                self.problems.add(
+                    f"{label}: output_digest {charge['output_digest']!r} differs from its 'committed' event's {digest!r}"
+                )
+            elif digest is None or _sha256(charge["output"]) != digest:
+                self.problems.add(f"{label}: the stored output does not hash to the digest in its 'committed' event")
+        if terminal["event"] in ("committed", "released") and terminal["key_id"] is not None:
+            expected = reserved["token_hash"] if reserved is not None else charge["token_hash"]
+            where = _where(terminal)
+            if expected is None:
+                self.problems.row(
+                    terminal["id"],
+                    f"{where}: charge id={charge['id']} was reserved without a token, so nothing can prove this "
+                    f"{terminal['event']!r}",
+                )
+            elif _sha256(terminal["proof"]) != expected:
+                self.problems.row(
+                    terminal["id"],
+                    f"{where}: its proof does not hash to the reservation's token_hash (written without the "
+                    "reservation's token)",
+                )
+
+    def _check_fixed_columns(self, charge: Mapping[str, Any], reserved: Mapping[str, Any], label: str) -> None:
+        differ = []
+        for name in schema.CHARGE_FIXED_COLUMNS:
+            if name in ("id", "account"):
+                continue  # the merge key, and checked per event
+            if name == "created_at" and reserved["key_id"] is None:
+                continue  # schema-2 events took their own timestamp, not the charge's
+            if name == "created_at":
+                stored, expected = self._created_text(charge["created_at"]), reserved["created_at"]
+            elif name == "context":
+                try:
+                    stored = _json(charge["context"], "context")
+                    expected = _json(reserved["context"], "context")
+                except _BadValue:
+                    stored, expected = charge["context"], reserved["context"]
+            else:
+                stored, expected = charge[name], reserved[name]
+            if stored != expected:
+                shown = stored if name == "created_at" else charge[name]
+                differ.append(f"{name} {shown!r} (its 'reserved' event id={reserved['id']} says {expected!r})")
+        try:
+            _number(charge["amount"], "amount")
+            _number(charge["delta_amount"], "delta_amount")
+        except _BadValue as error:
+            differ.append(str(error))
+        if differ:
+            self.problems.add(f"{label}: " + "; ".join(differ))
+
+    @staticmethod
+    def _created_text(value: Any) -> Any:
+        if isinstance(value, str):  # SQLite: read as text, so an edited value cannot fail the read
+            try:
+                value = dt.datetime.fromisoformat(value)
+            except ValueError:
+                return value
+        if isinstance(value, dt.datetime):
+            return timestamp_text(value)
+        return value
+
+    # -- pass 3: accounts -------------------------------------------------------------------------------------
+    def check_accounts(self, accounts: Iterable[Mapping[str, Any]]) -> None:
+        seen: set[Any] = set()
+        configured = dict(self.config.accounts) if self.config is not None else {}
+        for account in accounts:
+            self.report.accounts += 1
+            name = account["name"]
+            seen.add(name)
+            label = f"dp_budget_accounts {name!r}"
+            chain = self.chains.get(name)
+            if chain is None:
+                self.problems.add(f"{label}: has no audit events (created outside 'dpctl ledger apply')")
+            else:
+                self._check_account(account, chain, label)
+            if name in configured:
+                self._check_configured(account, configured[name], label)
+        for name in self.chains:
+            if name not in seen:
+                self.problems.add(f"audit events of account {name!r} exist, but its dp_budget_accounts row is missing")
+        for name in sorted(set(configured) - seen):
+            self.problems.add(f"account {name!r} is in the given configuration but not in the ledger ('dpctl ledger apply')")
+
+    def _check_account(self, account: Mapping[str, Any], chain: _Chain, label: str) -> None:
+        self.report.heads[account["name"]] = chain.head
+        if account["audit_seq"] != chain.seq or account["audit_head"] != chain.head:
+            self.problems.add(
+                f"{label}: chain head is seq {account['audit_seq']} but the last event is seq {chain.seq} (events at "
+                "the end of the chain were deleted, or the head was edited)"
+            )
+        try:
+            spent = _number(account["spent"], "spent")
+            delta_spent = _number(account["delta_spent"], "delta_spent")
+        except _BadValue as error:
+            self.problems.add(f"{label}: {error}")
+        else:
+            if (spent, delta_spent) != (chain.spent, chain.delta):
+                self.problems.add(
+                    f"{label}: spent {account['spent']} (delta {account['delta_spent']}) but the audit events add up "
+                    f"to {_show(chain.spent)} (delta {_show(chain.delta)})"
+                )
+        stored = chain.stored or {}
+        differ = [name for name in schema.ACCOUNT_GOVERNED_COLUMNS if account[name] != stored.get(name)]
+        if differ:
+            self.problems.add(
+                f"{label}: {_differ(differ)} from the last governance event in its audit chain ("
+                + "; ".join(f"{name} {account[name]!r} vs {stored.get(name)!r}" for name in differ)
+                + "): changed outside 'dpctl ledger apply'"
+            )
+
+    def _check_configured(self, account: Mapping[str, Any], wanted: Any, label: str) -> None:
+        from dp_operators.ledger.govern import account_values
+
+        values = account_values(wanted)
+        differ = []
+        for name in ("accountant", "privacy_unit"):
+            if account[name] != values[name]:
+                differ.append(f"{name} {account[name]!r} (configuration: {values[name]!r})")
+        for name in ("cap", "delta"):
+            try:
+                stored = None if account[name] is None else _number(account[name], name)
+            except _BadValue:
+                stored = account[name]
+            expected = None if values[name] is None else Fraction(values[name])
+            if stored != expected:
+                differ.append(f"{name} {account[name]!r} (configuration: {values[name]!r})")
+        try:
+            allowed = _json(account["allowed_dags"], "allowed_dags")
+        except _BadValue:
+            allowed = account["allowed_dags"]
+        if not isinstance(allowed, list) or sorted(map(str, allowed)) != sorted(wanted.allowed_dags):
+            differ.append(f"allowed_dags {account['allowed_dags']!r} (configuration: {values['allowed_dags']!r})")
+        if differ:
+            self.problems.add(f"{label}: differs from the given configuration: " + "; ".join(differ))
+
+
+def verify_ledger(
+    base: LedgerBase,
+    keyring: Keyring | None = None,
+    config: LedgerConfig | None = None,
+    governor_key_ids: set[str] | None = None,
+) -> VerifyReport:
+    """Replay every account's audit chain under the ledger's legal state machine and cross-check it with every
+    charge row, every account row and the guard triggers (see the module docstring for the passes).
+
+    Args:
+        base: the ledger (either role's view; only its read engine is used).
+        keyring: keys to check each row's MAC with (current and retired keys of both roles). ``None``: no MAC is
+            checked (:attr:`VerifyReport.authenticated` is ``False``); unkeyed rows' plain hashes still are.
+        config: optionally, a ledger configuration; each of its accounts must exist with the accountant, cap,
+            delta, privacy unit and allowed DAGs ``dpctl ledger apply`` would store.
+        governor_key_ids: ids of the governor keys. Governance events must be signed by one; spend events by the
+            account's authorised spend key (``spend_key_id`` of the last governance event) or one. ``None``: the
+            roles are not checked (any key of ``keyring`` may sign any event).
+
+    Returns:
+        A :class:`VerifyReport`; it never raises for what it reads (every oddity is a problem naming its row).
+
+    Raises:
+        LedgerNotInitialisedError: no schema, or another schema version.
+        sqlalchemy.exc.DBAPIError: the database cannot be read.
+    """
+    base.check_schema()
+    verifier = _Verifier(keyring, config, governor_key_ids)
+    e, c, a = schema.audit_events.c, schema.charges.c, schema.accounts.c
+    sqlite = base._reader.dialect.name == "sqlite"
+    # SQLite stores timestamps as text; read them as text so an edited value becomes a problem, not an exception
+    created = sa.type_coerce(c.created_at, sa.String).label("created_at") if sqlite else c.created_at
+    charge_columns = [c[name] for name in schema.CHARGE_FIXED_COLUMNS if name != "created_at"]
+    charge_columns += [created, c.state, c.output, c.output_digest]
+    account_columns = [column for column in a if column.name not in ("created_at", "updated_at")]
+
+    with base._reader.connect() as conn:
+        if not sqlite:  # one snapshot for every pass, so concurrent spending cannot look inconsistent
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            verifier.replay_chains(_stream(conn, sa.select(schema.audit_events).order_by(e.account, e.account_seq)))
+            verifier.check_charges(
+                _stream(conn, sa.select(*charge_columns).order_by(c.id)),
+                _stream(
+                    conn,
+                    sa.select(schema.audit_events).where(e.charge_id.is_not(None)).order_by(e.charge_id, e.account_seq, e.id),
+                ),
+            )
+            verifier.check_accounts(_stream(conn, sa.select(*account_columns).order_by(a.name)))
+            for problem in schema.trigger_problems(conn):
+                verifier.problems.add(problem)
+    report = verifier.report
+    report.problems = verifier.problems.ordered()
+    return report

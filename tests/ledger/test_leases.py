@@ -1,0 +1,307 @@
+"""Reservation leases and lock limits (issue 9, item 5), on SQLite and PostgreSQL unless a test says otherwise.
+
+A reservation's lease keeps other tries of the same release key out while its owner draws: renewing needs the
+token, the lease keeper renews while the block runs, a commit after the lease lapsed still succeeds if nobody took
+the key over, and reconcile abandons only expired reservations. SQLite readers never wait for the write lock;
+PostgreSQL sessions give up a lock wait after ``lock_timeout`` and are ended when idle inside a transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import sqlite3
+import threading
+import time
+from fractions import Fraction
+
+import pytest
+import sqlalchemy as sa
+
+from dp_operators.ledger import ChargeStateError, LeaseHeldError, Ledger, ReleaseKey, Reservation
+from dp_operators.ledger import store
+from ledger_backends import account_config, ledger_with
+from support import spender
+
+AMOUNT = Fraction(1, 10)
+
+
+def key(run: str = "run-1") -> ReleaseKey:
+    return ReleaseKey("d", run, "t", -1, "r")
+
+
+def reserve(ledger: Ledger, run: str = "run-1") -> Reservation:
+    reservation = ledger.reserve(key(run), account="a", amount=AMOUNT, mechanisms=[], spec_hash="0" * 64)
+    assert isinstance(reservation, Reservation)
+    return reservation
+
+
+def stored(ledger: Ledger, charge_id: int) -> dict:
+    (charge,) = [c for c in ledger.charges() if c["id"] == charge_id]
+    return charge
+
+
+def lease_end(ledger: Ledger, charge_id: int) -> dt.datetime:
+    value = stored(ledger, charge_id)["lease_expires_at"]
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
+
+
+def wait_past(moment: dt.datetime) -> None:
+    while dt.datetime.now(dt.timezone.utc) <= moment:
+        time.sleep(0.02)
+    time.sleep(0.05)
+
+
+def events(ledger: Ledger) -> list[str]:
+    return [e["event"] for e in ledger.events("a")]
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        pytest.param(lambda r: dataclasses.replace(r, token="x" * 43), id="wrong token"),
+        pytest.param(lambda r: dataclasses.replace(r, token=""), id="no token"),
+        pytest.param(lambda r: dataclasses.replace(r, attempt=2), id="wrong attempt"),
+        pytest.param(lambda r: dataclasses.replace(r, key=key("run-2")), id="another key"),
+        pytest.param(lambda r: dataclasses.replace(r, account="b"), id="another account"),
+    ],
+)
+def test_only_the_owner_can_renew_a_lease(ledger_url, forged):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1), b=account_config("pure_dp", cap=1))
+    reservation = reserve(ledger)
+    before = lease_end(ledger, reservation.charge_id)
+    with pytest.raises(ChargeStateError, match="is not this reservation's"):
+        ledger.renew(forged(reservation))
+    assert lease_end(ledger, reservation.charge_id) == before
+    renewed = ledger.renew(reservation)  # the owner can
+    assert renewed >= before and lease_end(ledger, reservation.charge_id) == renewed
+    assert events(ledger) == ["account_created", "reserved"]  # renewals are not audit events
+
+
+@pytest.mark.parametrize("ending", ["taken over", "reconciled", "committed", "released", "abandoned by its owner"])
+def test_a_lease_cannot_be_renewed_once_the_charge_is_no_longer_reserved(ledger_url, ending):
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    ledger = spender(ledger_url, lease_seconds=0.2)
+    reservation = reserve(ledger)
+    if ending in ("taken over", "reconciled"):
+        wait_past(lease_end(ledger, reservation.charge_id))
+        if ending == "taken over":
+            assert reserve(ledger).attempt == 2
+        else:
+            assert [c["id"] for c in ledger.reconcile()] == [reservation.charge_id]
+    elif ending == "committed":
+        ledger.commit(reservation, {"value": 1})
+    elif ending == "released":
+        ledger.release(reservation)
+    else:
+        ledger.abandon(reservation)
+    state = stored(ledger, reservation.charge_id)["state"]
+    with pytest.raises(ChargeStateError, match=f"is {state}, no longer reserved"):
+        ledger.renew(reservation)
+
+
+def test_a_second_try_is_refused_while_the_lease_is_live_and_charged_nothing(ledger_url):
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    first, second = spender(ledger_url), spender(ledger_url)
+    reservation = reserve(first)
+    running = r"attempt 1 of release 'r' \(run 'run-1', task 't'\) is still running"
+    with pytest.raises(LeaseHeldError, match=running) as held:
+        reserve(second)
+    assert held.value.attempt == 1 and held.value.expires_at == lease_end(first, reservation.charge_id)
+    assert "nothing was charged" in str(held.value)
+    assert first.account("a").spent == AMOUNT and len(list(first.charges())) == 1
+    assert events(first) == ["account_created", "reserved"]  # no refusal recorded: a live try is not a refusal
+    first.commit(reservation, {"value": 1})
+    assert reserve_or_replay(second) == {"value": 1}  # the next try replays
+
+
+def reserve_or_replay(ledger: Ledger, run: str = "run-1"):
+    return ledger.reserve(key(run), account="a", amount=AMOUNT, mechanisms=[], spec_hash="0" * 64)
+
+
+def test_the_lease_keeper_renews_through_a_draw_longer_than_the_lease(ledger_url):
+    """Lease 0.6 s, "draw" 2 s: a second try is refused throughout, the stored lease keeps moving, and the commit
+    succeeds. Once the block is left the renewals stop: the lease lapses and a later try takes the key over."""
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    owner, other = spender(ledger_url, lease_seconds=0.6), spender(ledger_url)
+    reservation = reserve(owner)
+    ends, refusals = [lease_end(owner, reservation.charge_id)], 0
+    with owner.lease(reservation):
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            with pytest.raises(LeaseHeldError):
+                reserve(other)
+            refusals += 1
+            ends.append(lease_end(owner, reservation.charge_id))
+            time.sleep(0.1)
+    assert refusals >= 10
+    assert len(set(ends)) >= 4 and ends == sorted(ends)  # renewed about every 0.2 s
+    assert ends[-1] - ends[0] >= dt.timedelta(seconds=1.2)
+    assert [c["state"] for c in owner.charges()] == ["reserved"] and owner.account("a").spent == AMOUNT
+    final = lease_end(owner, reservation.charge_id)
+    time.sleep(0.5)
+    assert lease_end(owner, reservation.charge_id) == final  # the keeper stopped with the block
+    wait_past(final)
+    taken = reserve(other)
+    assert taken.attempt == 2
+    with pytest.raises(ChargeStateError, match="is abandoned, no longer reserved"):
+        owner.commit(reservation, {"value": 1})
+    assert [(c["attempt"], c["state"]) for c in owner.charges()] == [(1, "abandoned"), (2, "reserved")]
+    assert owner.account("a").spent == 2 * AMOUNT
+
+
+def test_the_lease_keeper_stops_and_logs_the_error_type_when_a_renewal_fails(ledger_url, caplog):
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    ledger = spender(ledger_url, lease_seconds=0.3)
+    reservation = reserve(ledger)
+    with caplog.at_level(logging.WARNING, logger="dp_operators.ledger.spend"):
+        with ledger.lease(reservation):
+            ledger.release(reservation)  # the next renewal finds the charge released
+            time.sleep(0.4)
+    assert "the reservation's lease could not be renewed (ChargeStateError)" in caplog.text
+    assert reservation.token not in caplog.text
+
+
+def test_a_commit_after_the_own_lease_expired_succeeds_while_nobody_took_over(ledger_url):
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    ledger = spender(ledger_url, lease_seconds=0.2)
+    late, renewed_late = reserve(ledger, "run-1"), reserve(ledger, "run-2")
+    wait_past(max(lease_end(ledger, late.charge_id), lease_end(ledger, renewed_late.charge_id)))
+    ledger.commit(late, {"value": 1})
+    assert ledger.renew(renewed_late) > dt.datetime.now(dt.timezone.utc)  # a late renewal takes the lease back
+    ledger.commit(renewed_late, {"value": 2})
+    assert [c["state"] for c in ledger.charges()] == ["committed", "committed"]
+    assert ledger.stored_output(key("run-1")) == {"value": 1}
+    assert ledger.account("a").spent == 2 * AMOUNT and ledger.account("a").reserved == 0
+
+
+def test_reconcile_abandons_only_expired_reservations(ledger_url):
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    short, long = spender(ledger_url, lease_seconds=0.2), spender(ledger_url, lease_seconds=120)
+    expired = reserve(short, "expired")
+    live = reserve(long, "live")
+    committed = reserve(short, "committed")
+    released = reserve(short, "released")
+    wait_past(lease_end(short, released.charge_id))
+    short.commit(committed, {"value": 1})  # expired first, then committed: not reconcile's business
+    short.release(released)
+    (abandoned,) = long.reconcile()
+    assert (abandoned["id"], abandoned["run_id"], abandoned["attempt"]) == (expired.charge_id, "expired", 1)
+    assert Fraction(abandoned["amount"]) == AMOUNT
+    states = {c["run_id"]: c["state"] for c in long.charges()}
+    assert states == {"expired": "abandoned", "live": "reserved", "committed": "committed", "released": "released"}
+    assert long.reconcile() == []
+    assert long.account("a").spent == 3 * AMOUNT  # the abandoned charge stays spent; only the released came back
+    long.commit(live, {"value": 2})  # the live reservation's owner is untouched
+    with pytest.raises(ChargeStateError, match="is abandoned"):
+        short.commit(expired, {"value": 3})
+
+
+@pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
+def test_sqlite_readers_do_not_wait_for_a_writer(ledger_url):
+    """A writer holds the write lock (``BEGIN IMMEDIATE`` and an update, uncommitted) on a raw connection; a fresh
+    ``Ledger``'s reads (its first call included: the schema check) return at once, seeing the committed state."""
+    seeded = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    reservation = reserve(seeded)
+    seeded.commit(reservation, {"value": 1})
+    writer = sqlite3.connect(ledger_url.removeprefix("sqlite:///"), isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("UPDATE dp_budget_accounts SET owner = 'writer' WHERE name = 'a'")
+    results: dict = {}
+
+    def read() -> None:
+        started = time.perf_counter()
+        fresh = Ledger(ledger_url)
+        results["account"] = fresh.account("a")
+        results["charges"] = list(fresh.charges())
+        results["events"] = list(fresh.events("a"))
+        results["output"] = fresh.stored_output(key())
+        results["seconds"] = time.perf_counter() - started
+
+    try:
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(timeout=5)
+        assert not reader.is_alive(), "a reader waited for the writer's lock"
+    finally:
+        writer.rollback()
+        writer.close()
+    assert results["seconds"] < 2
+    assert results["account"].spent == AMOUNT and results["account"].owner is None  # committed state only
+    assert [c["state"] for c in results["charges"]] == ["committed"] and results["output"] == {"value": 1}
+    assert [e["event"] for e in results["events"]] == ["account_created", "reserved", "committed"]
+
+
+@pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
+def test_postgresql_sessions_set_the_lock_and_idle_timeouts(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    with ledger.engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == "10s"
+        assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == "1min"
+
+
+@pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
+def test_postgresql_a_held_account_lock_makes_reserve_time_out_and_retry_not_hang(ledger_url, monkeypatch):
+    """Another session holds the account row (``FOR UPDATE`` in an open transaction). With a lock timeout of
+    200 ms, a reserve with 2 retries fails after about a second with the lock-timeout error (55P03), nothing
+    charged; a reserve with the usual retries waits through timeouts and succeeds once the lock is released."""
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    monkeypatch.setattr(store, "PG_LOCK_TIMEOUT_MS", 200)
+    blocker = sa.create_engine(ledger_url)
+    try:
+        with blocker.connect() as holding:
+            holding.begin()
+            holding.exec_driver_sql("SELECT name FROM dp_budget_accounts WHERE name = 'a' FOR UPDATE")
+            impatient = spender(ledger_url, max_retries=2)
+            with impatient.engine.connect() as conn:
+                assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == "200ms"
+            started = time.perf_counter()
+            with pytest.raises(sa.exc.OperationalError) as timed_out:
+                reserve(impatient)
+            assert time.perf_counter() - started < 5
+            assert timed_out.value.orig.sqlstate == "55P03"  # lock_not_available
+
+            patient: dict = {}
+
+            def reserve_patiently() -> None:
+                started = time.perf_counter()
+                patient["reservation"] = reserve(spender(ledger_url))
+                patient["seconds"] = time.perf_counter() - started
+
+            waiting = threading.Thread(target=reserve_patiently, daemon=True)
+            waiting.start()
+            time.sleep(1.0)  # several lock timeouts, each retried
+            assert waiting.is_alive()
+            holding.rollback()
+        waiting.join(timeout=30)
+        assert not waiting.is_alive()
+        assert patient["reservation"].attempt == 1 and patient["seconds"] >= 1.0
+    finally:
+        blocker.dispose()
+    ledger = spender(ledger_url)
+    assert [(c["attempt"], c["state"]) for c in ledger.charges()] == [(1, "reserved")]
+    assert ledger.account("a").spent == AMOUNT
+
+
+@pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
+def test_postgresql_a_session_idle_in_its_transaction_is_ended_and_frees_the_account(ledger_url, monkeypatch):
+    """A hung worker (idle inside a transaction holding the account row) is ended by the server after
+    ``idle_in_transaction_session_timeout``, so other workers can reserve again."""
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    monkeypatch.setattr(store, "PG_IDLE_IN_TRANSACTION_TIMEOUT_MS", 300)
+    hung_engine = store.create_ledger_engine(ledger_url)
+    try:
+        with hung_engine.connect() as hung:
+            # the SHOW begins the transaction (SQLAlchemy's autobegin), the lock is taken in it
+            assert hung.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == "300ms"
+            hung.exec_driver_sql("SELECT name FROM dp_budget_accounts WHERE name = 'a' FOR UPDATE")
+            time.sleep(1.0)  # idle inside the transaction: the server ends the session
+            started = time.perf_counter()
+            reservation = reserve(spender(ledger_url))
+            assert time.perf_counter() - started < 2
+            with pytest.raises(sa.exc.DBAPIError, match="idle-in-transaction timeout"):
+                hung.exec_driver_sql("SELECT 1")  # the hung worker's session is gone (its transaction rolled back)
+    finally:
+        hung_engine.dispose()
+    assert reservation.attempt == 1

@@ -1,0 +1,441 @@
+"""PostgreSQL roles (docs/adr/0020): the database itself refuses governance to the spender role.
+
+The ledger is initialised by the admin (``postgres``, the tables' owner); :func:`apply_roles` grants a spender and a
+governor login role their privileges; then task code holding the spender connection tries, in raw SQL, everything
+a task must not do. Each attempt must fail with PostgreSQL's ``insufficient_privilege`` (SQLSTATE 42501), not with a
+Python check. Roles are cluster-wide: every role here has a unique name and is dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from dp_operators.ledger import (
+    Ledger,
+    LedgerConfig,
+    LedgerGovernor,
+    LeaseHeldError,
+    ReleaseKey,
+)
+from dp_operators.ledger.keys import Keyring
+from dp_operators.ledger.roles import apply_roles, role_statements
+from ledger_backends import account_config
+from support import GOVERNOR_KEY, SPEND_KEY
+
+NO_MECHANISMS: list[dict] = []
+
+
+def release_key(run: str, dag: str = "d") -> ReleaseKey:
+    return ReleaseKey(dag, run, "t", -1, "r")
+
+
+@dataclass
+class Deployment:
+    """A ledger schema owned by ``postgres``, with a spender, a governor and an outsider login role."""
+
+    database: sa.URL
+    schema: str
+    spender_role: str
+    governor_role: str
+    outsider_role: str
+    engines: list[sa.Engine] = field(default_factory=list)
+
+    def url(self, role: str = "postgres") -> str:
+        return (
+            self.database.set(username=role)
+            .update_query_dict({"options": f"-csearch_path={self.schema}"})
+            .render_as_string(hide_password=False)
+        )
+
+    def raw(self, role: str) -> sa.Engine:
+        """A plain engine connected as ``role`` (what task code could open with the same connection)."""
+        engine = sa.create_engine(self.url(role))
+        self.engines.append(engine)
+        return engine
+
+    def spender(self, **kwargs) -> Ledger:
+        ledger = Ledger(self.url(self.spender_role), audit_key=SPEND_KEY, **kwargs)
+        self.engines += [ledger.engine, ledger._reader]
+        return ledger
+
+    def governor(self, role: str | None = None) -> LedgerGovernor:
+        officer = LedgerGovernor(self.url(role or self.governor_role), governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY)
+        self.engines += [officer.engine, officer._reader]
+        return officer
+
+    def owner_row(self, account: str) -> dict:
+        with self.raw("postgres").connect() as conn:
+            row = conn.execute(sa.text("SELECT * FROM dp_budget_accounts WHERE name = :n"), {"n": account}).one()
+            return dict(row._mapping)
+
+    def dispose(self) -> None:
+        for engine in self.engines:
+            engine.dispose()
+        self.engines.clear()
+
+
+def _admin(database: sa.URL) -> sa.Engine:
+    return sa.create_engine(database, isolation_level="AUTOCOMMIT")
+
+
+def _drop_roles(database: sa.URL, *roles: str) -> None:
+    admin = _admin(database)
+    try:
+        with admin.connect() as conn:
+            for role in roles:
+                exists = conn.exec_driver_sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'").first()
+                if exists:
+                    conn.exec_driver_sql(f'REASSIGN OWNED BY "{role}" TO postgres')
+                    conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
+                    conn.exec_driver_sql(f'DROP ROLE "{role}"')
+    finally:
+        admin.dispose()
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def deployment(pg_database: sa.URL) -> Iterator[Deployment]:
+    """Schema initialised as ``postgres``; roles applied; accounts ``a`` (spender tests) and ``g`` (governor tests)
+    created by the governor role."""
+    d = Deployment(
+        pg_database, _unique("t_roles"), _unique("dp_spender"), _unique("dp_governor"), _unique("dp_outsider")
+    )
+    admin = _admin(pg_database)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE SCHEMA "{d.schema}"')
+        for role in (d.spender_role, d.governor_role, d.outsider_role):
+            conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
+        conn.exec_driver_sql(f'GRANT USAGE ON SCHEMA "{d.schema}" TO "{d.outsider_role}"')
+    admin.dispose()
+    try:
+        d.governor("postgres").init_schema()
+        apply_roles(d.raw("postgres"), d.spender_role, d.governor_role)
+        d.governor().apply_config(
+            LedgerConfig(
+                version=1,
+                accounts={
+                    "a": account_config("pure_dp", cap=10, dags=("d",)),
+                    "g": account_config("pure_dp", cap=10, dags=("d",)),
+                },
+            )
+        )
+        yield d
+    finally:
+        d.dispose()
+        admin = _admin(pg_database)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{d.schema}" CASCADE')
+        admin.dispose()
+        _drop_roles(pg_database, d.spender_role, d.governor_role, d.outsider_role)
+
+
+def _denied(engine: sa.Engine, statement: str) -> tuple[str, str]:
+    """Run ``statement`` in its own transaction; return ``(error class, message)`` of the database's refusal, or
+    ``("ALLOWED", "")`` if it ran (then rolled back)."""
+    try:
+        with engine.connect() as conn:
+            with conn.begin() as transaction:
+                conn.exec_driver_sql(statement.replace("%", "%%"))
+                transaction.rollback()
+    except sa.exc.DBAPIError as error:
+        original = error.orig
+        return f"{type(original).__name__} ({original.sqlstate})", str(original).splitlines()[0]
+    return "ALLOWED", ""
+
+
+DENIED = "permission denied for table"
+
+#: What task code with the spender connection tries (raw SQL), and the refusal expected (a regular expression).
+SPENDER_ATTEMPTS = [
+    ("raise a cap", "UPDATE dp_budget_accounts SET cap = '1000' WHERE name = 'a'", DENIED),
+    ("add a DAG to an allowlist", """UPDATE dp_budget_accounts SET allowed_dags = '["d", "evil"]'""", DENIED),
+    ("change an accountant", "UPDATE dp_budget_accounts SET accountant = 'approx_dp'", DENIED),
+    ("re-key an account", "UPDATE dp_budget_accounts SET spend_key_id = '0000000000000000'", DENIED),
+    ("change a delta cap", "UPDATE dp_budget_accounts SET delta = '0.5'", DENIED),
+    ("change a privacy unit", "UPDATE dp_budget_accounts SET privacy_unit = 'household'", DENIED),
+    ("rename an account", "UPDATE dp_budget_accounts SET name = 'b' WHERE name = 'a'", DENIED),
+    (
+        "create an account",
+        "INSERT INTO dp_budget_accounts (name, accountant, cap, spent, delta_spent, privacy_unit, allowed_dags, "
+        """audit_seq, created_at, updated_at) VALUES ('new', 'pure_dp', '100', '0', '0', 'person', '["d"]', 0, """
+        "now(), now())",
+        DENIED,
+    ),
+    ("delete an account", "DELETE FROM dp_budget_accounts", DENIED),
+    ("delete charges", "DELETE FROM dp_charges", DENIED),
+    ("truncate charges", "TRUNCATE dp_charges", DENIED),
+    ("re-price a charge", "UPDATE dp_charges SET amount = '0'", DENIED),
+    ("re-key a charge", "UPDATE dp_charges SET run_id = 'other'", DENIED),
+    ("edit an audit event", "UPDATE dp_audit_events SET amount = '0'", DENIED),
+    ("delete audit events", "DELETE FROM dp_audit_events", DENIED),
+    ("record a schema version", "INSERT INTO dp_schema_version VALUES (99, now())", DENIED),
+    ("disable the audit triggers", "ALTER TABLE dp_audit_events DISABLE TRIGGER USER", "must be owner of table"),
+    ("disable the charge guard", "ALTER TABLE dp_charges DISABLE TRIGGER dp_charges_guard", "must be owner of table"),
+    ("drop an audit trigger", "DROP TRIGGER dp_audit_no_update ON dp_audit_events", "must be owner of"),
+    (
+        "replace a trigger function",
+        "CREATE OR REPLACE FUNCTION dp_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RETURN NEW; END $$",
+        "permission denied for schema|must be owner of function",  # no CREATE on the schema, or not the owner
+    ),
+    ("drop a trigger function", "DROP FUNCTION dp_audit_append_only() CASCADE", "must be owner of function"),
+    (
+        "add a trigger",
+        "CREATE TRIGGER dp_evil BEFORE INSERT ON dp_charges FOR EACH ROW EXECUTE FUNCTION dp_rows_kept()",
+        DENIED,
+    ),
+    ("take the tables over", "ALTER TABLE dp_budget_accounts OWNER TO CURRENT_USER", "must be owner of table"),
+    ("become the owner", "SET ROLE postgres", "permission denied to set role"),
+]
+
+
+def test_the_spender_role_is_refused_every_governance_change_by_the_database(deployment, capsys):
+    engine = deployment.raw(deployment.spender_role)
+    before = deployment.owner_row("a")
+    outcomes = [(action, *_denied(engine, statement), expected) for action, statement, expected in SPENDER_ATTEMPTS]
+    with capsys.disabled():
+        print(f"\n{'attempt (spender role, raw SQL)':32} | {'database error':34} | message")
+        for action, error, message, _ in outcomes:
+            print(f"{action:32} | {error:34} | {message}")
+    allowed = [action for action, error, _, _ in outcomes if error == "ALLOWED"]
+    assert not allowed, f"the spender role was allowed to: {allowed}"
+    wrong = [
+        (action, error, message)
+        for action, error, message, expected in outcomes
+        if not error.startswith("InsufficientPrivilege (42501)") or not re.search(expected, message)
+    ]
+    assert not wrong, f"refused, but not for lack of privilege: {wrong}"
+    assert deployment.owner_row("a") == before
+
+
+def test_the_governor_api_with_the_spender_connection_is_refused_by_the_database(deployment):
+    before = deployment.owner_row("a")
+    officer = LedgerGovernor(
+        deployment.url(deployment.spender_role), governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY
+    )
+    deployment.engines += [officer.engine, officer._reader]
+    raise_cap = LedgerConfig(version=1, accounts={"a": account_config("pure_dp", cap=1000, dags=("d", "evil"))})
+    with pytest.raises(sa.exc.ProgrammingError) as raised:
+        officer.apply_config(raise_cap)
+    assert isinstance(raised.value.orig, psycopg.errors.InsufficientPrivilege)
+    assert "permission denied for table dp_budget_accounts" in str(raised.value.orig)
+    create = LedgerConfig(version=1, accounts={"new": account_config("pure_dp", cap=1000)})
+    with pytest.raises(sa.exc.ProgrammingError) as raised:
+        officer.apply_config(create)
+    assert isinstance(raised.value.orig, psycopg.errors.InsufficientPrivilege)
+    with pytest.raises(sa.exc.ProgrammingError) as raised:  # init replaces the trigger functions: owner only
+        officer.init_schema()
+    assert isinstance(raised.value.orig, psycopg.errors.InsufficientPrivilege)
+    assert deployment.owner_row("a") == before
+    assert [account.name for account in deployment.spender().accounts()] == ["a", "g"]
+
+
+def test_a_release_cycle_works_as_the_spender_role(deployment):
+    ledger = deployment.spender()
+    spent_before = ledger.account("a").spent
+
+    def reserve(run: str, on: Ledger = ledger):
+        return on.reserve(
+            release_key(run), account="a", amount=Fraction(1, 4), mechanisms=NO_MECHANISMS, spec_hash="0" * 64
+        )
+
+    committed = reserve("cycle-1")
+    renewed_until = ledger.renew(committed)
+    assert renewed_until >= committed.lease_expires_at
+    with ledger.lease(committed):
+        ledger.commit(committed, {"count": 3})
+    assert ledger.stored_output(release_key("cycle-1")) == {"count": 3}
+    assert reserve("cycle-1") == {"count": 3}  # replay: nothing charged
+
+    released = reserve("cycle-2")
+    ledger.release(released)
+
+    live = reserve("cycle-3")
+    with pytest.raises(LeaseHeldError):
+        reserve("cycle-3")
+    ledger.commit(live, {"count": 4})
+
+    short = deployment.spender(lease_seconds=0.05)
+    expired = reserve("cycle-4", short)
+    taken_over = reserve("cycle-5", short)
+    time.sleep(0.3)
+    retry = reserve("cycle-5")  # the expired attempt is abandoned (still spent), the retry is charged
+    assert retry.attempt == taken_over.attempt + 1
+    ledger.commit(retry, {"count": 5})
+    abandoned = ledger.reconcile()
+    assert expired.charge_id in [charge["id"] for charge in abandoned]
+
+    states = {charge["id"]: charge["state"] for charge in ledger.charges(account="a")}
+    assert states[committed.charge_id] == "committed"
+    assert states[released.charge_id] == "released"
+    assert states[expired.charge_id] == states[taken_over.charge_id] == "abandoned"
+    # committed 1-cycle, 3-cycle and 5-cycle; abandoned 4-cycle and the first 5-cycle; the release gave its back
+    assert ledger.account("a").spent == spent_before + 5 * Fraction(1, 4)
+    assert [event["event"] for event in ledger.events("a")][-2:] == ["committed", "abandoned"]
+
+    with deployment.raw(deployment.spender_role).begin() as conn:  # row locks need UPDATE on some column
+        assert conn.exec_driver_sql("SELECT name FROM dp_budget_accounts WHERE name = 'a' FOR UPDATE").all()
+        assert conn.exec_driver_sql(f"SELECT id FROM dp_charges WHERE id = {committed.charge_id} FOR UPDATE").all()
+
+
+#: What the governor role may not do either: it governs accounts, it does not own the tables or rewrite spend.
+GOVERNOR_ATTEMPTS = [
+    ("delete charges", "DELETE FROM dp_charges", DENIED),
+    ("re-price a charge", "UPDATE dp_charges SET amount = '0'", DENIED),
+    ("replace a stored output", "UPDATE dp_charges SET output = '{}'", DENIED),
+    ("insert a charge", "INSERT INTO dp_charges (id) VALUES (-1)", DENIED),
+    ("edit an audit event", "UPDATE dp_audit_events SET amount = '0'", DENIED),
+    ("rename an account", "UPDATE dp_budget_accounts SET name = 'b' WHERE name = 'g'", DENIED),
+    ("disable the audit triggers", "ALTER TABLE dp_audit_events DISABLE TRIGGER USER", "must be owner of table"),
+    ("drop an audit trigger", "DROP TRIGGER dp_audit_no_delete ON dp_audit_events", "must be owner of"),
+]
+
+
+def test_the_governor_role_applies_and_reconciles_but_owns_nothing(deployment):
+    officer = deployment.governor()
+    raised = LedgerConfig(version=1, accounts={"g": account_config("pure_dp", cap=20, dags=("d", "e"))})
+    assert officer.apply_config(raised) == ["updated account 'g': allowed_dags, cap"]
+    created = LedgerConfig(version=1, accounts={"h": account_config("pure_dp", cap=1)})
+    assert officer.apply_config(created)[0].startswith("created account 'h'")
+    status = officer.account("g")
+    assert (status.cap, status.allowed_dags) == (20, ("d", "e"))
+
+    short = deployment.spender(lease_seconds=0.05)
+    stale = short.reserve(
+        release_key("gov-1"), account="g", amount=Fraction(1), mechanisms=NO_MECHANISMS, spec_hash="0" * 64
+    )
+    time.sleep(0.3)
+    abandoned = officer.reconcile()
+    assert [charge["id"] for charge in abandoned if charge["account"] == "g"] == [stale.charge_id]
+    assert officer.account("g").spent == 1  # abandoned stays spent
+    last = list(officer.events("g"))[-1]
+    assert (last["event"], last["key_id"]) == ("abandoned", GOVERNOR_KEY.key_id)
+
+    engine = deployment.raw(deployment.governor_role)
+    with engine.begin() as conn:
+        assert conn.exec_driver_sql("SELECT name FROM dp_budget_accounts WHERE name = 'g' FOR UPDATE").all()
+        assert conn.exec_driver_sql(f"SELECT id FROM dp_charges WHERE id = {stale.charge_id} FOR UPDATE").all()
+    outcomes = [(action, *_denied(engine, statement), expected) for action, statement, expected in GOVERNOR_ATTEMPTS]
+    wrong = [
+        (action, error, message)
+        for action, error, message, expected in outcomes
+        if not error.startswith("InsufficientPrivilege (42501)") or not re.search(expected, message)
+    ]
+    assert not wrong, f"the governor role was not refused for lack of privilege: {wrong}"
+    with pytest.raises(sa.exc.ProgrammingError) as refused:
+        officer.init_schema()
+    assert isinstance(refused.value.orig, psycopg.errors.InsufficientPrivilege)
+
+
+def test_a_role_without_grants_cannot_read_the_ledger(deployment):
+    error, message = _denied(deployment.raw(deployment.outsider_role), "SELECT cap FROM dp_budget_accounts")
+    assert error == "InsufficientPrivilege (42501)" and "permission denied for table dp_budget_accounts" in message
+
+
+def test_verify_passes_as_the_governor_role_after_all_of_it(deployment):
+    # runs after the tests above (file order) so the ledger holds commits, releases, abandons and refused attacks
+    report = deployment.governor().verify(Keyring([GOVERNOR_KEY, SPEND_KEY]))
+    assert report.problems == []
+    officer_view = deployment.governor()
+    assert report.authenticated and report.accounts == len(officer_view.accounts()) and report.charges > 0
+
+
+def test_created_roles_are_nologin_groups_whose_members_spend(deployment):
+    spender_group, governor_group, worker = _unique("dp_sg"), _unique("dp_gg"), _unique("dp_worker")
+    owner = deployment.raw("postgres")
+    try:
+        for _ in range(2):  # idempotent
+            apply_roles(owner, spender_group, governor_group, create=True)
+        with owner.connect() as conn:
+            rows = conn.exec_driver_sql(
+                f"SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname IN ('{spender_group}', '{governor_group}')"
+            ).all()
+        assert sorted(rows) == sorted([(spender_group, False), (governor_group, False)])
+        admin = _admin(deployment.database)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE ROLE "{worker}" LOGIN IN ROLE "{spender_group}"')
+        admin.dispose()
+        ledger = Ledger(deployment.url(worker), audit_key=SPEND_KEY)
+        deployment.engines += [ledger.engine, ledger._reader]
+        reservation = ledger.reserve(
+            release_key("member-1"), account="a", amount=Fraction(1, 8), mechanisms=NO_MECHANISMS, spec_hash="0" * 64
+        )
+        ledger.commit(reservation, {"count": 1})
+        error, message = _denied(deployment.raw(worker), "UPDATE dp_budget_accounts SET cap = '1000'")
+        assert error == "InsufficientPrivilege (42501)", message
+    finally:
+        deployment.dispose()
+        _drop_roles(deployment.database, worker, spender_group, governor_group)
+
+
+@pytest.mark.parametrize(
+    "spender_role",
+    [
+        pytest.param("postgres", id="a superuser (owns the tables)"),
+        pytest.param("creator", id="a role that may create roles"),
+        pytest.param("member", id="a member of the tables' owner"),
+    ],
+)
+def test_grants_to_a_role_that_could_disable_the_triggers_are_refused(deployment, spender_role):
+    names = {"creator": _unique("dp_creator"), "member": _unique("dp_member")}
+    role = names.get(spender_role, spender_role)
+    admin = _admin(deployment.database)
+    with admin.connect() as conn:
+        if spender_role == "creator":
+            conn.exec_driver_sql(f'CREATE ROLE "{role}" CREATEROLE')
+        if spender_role == "member":
+            conn.exec_driver_sql(f'CREATE ROLE "{role}" IN ROLE postgres')
+    admin.dispose()
+    try:
+        with pytest.raises(ValueError, match=rf"role {role} owns the ledger tables .* a role that is not"):
+            apply_roles(deployment.raw("postgres"), role, deployment.governor_role)
+    finally:
+        deployment.dispose()
+        if role != "postgres":
+            _drop_roles(deployment.database, role)
+
+
+@pytest.mark.parametrize(
+    "spender_role, governor_role, message",
+    [
+        pytest.param("a; DROP TABLE dp_charges", "g", "not a plain role name", id="SQL in a name"),
+        pytest.param('a"b', "g", "not a plain role name", id="a quote"),
+        pytest.param("s", "g'", "not a plain role name", id="a quote in the governor"),
+        pytest.param("", "g", "not a plain role name", id="empty"),
+        pytest.param("1abc", "g", "not a plain role name", id="starts with a digit"),
+        pytest.param("s" * 64, "g", "not a plain role name", id="longer than 63"),
+        pytest.param("public", "g", "reserved", id="PUBLIC"),
+        pytest.param("pg_monitor", "g", "reserved", id="pg_ prefix"),
+        pytest.param("same", "same", "different roles", id="one role for both"),
+    ],
+)
+def test_role_names_are_validated_before_any_sql(spender_role, governor_role, message):
+    with pytest.raises(ValueError, match=message):
+        role_statements(spender_role, governor_role)
+
+
+def test_roles_are_refused_on_sqlite(tmp_path):
+    with pytest.raises(ValueError, match="PostgreSQL feature"):
+        apply_roles(f"sqlite:///{tmp_path / 'ledger.db'}", "s", "g")
+
+
+def test_the_spender_grants_name_no_governed_column():
+    statements = role_statements("s", "g")
+    spender_updates = [s for s in statements if s.startswith("GRANT UPDATE") and s.endswith('TO "s"')]
+    assert spender_updates == [
+        'GRANT UPDATE (state, output, output_digest, updated_at, lease_expires_at) ON TABLE dp_charges TO "s"',
+        'GRANT UPDATE (spent, delta_spent, audit_seq, audit_head, updated_at) ON TABLE dp_budget_accounts TO "s"',
+    ]
+    assert not [s for s in statements if "OWNER" in s or "DELETE" in s or "TRUNCATE" in s or "TRIGGER" in s]
