@@ -272,6 +272,8 @@ def laplace_mechanism(
     Raises:
         ValueError: epsilon or sensitivity not positive finite; ledger, account and key not given together.
         BudgetExhaustedError, DagNotAllowedError, AccountNotFoundError: ledger refusals, nothing spent.
+        LedgerKeyError: the ledger has no spend key, or not the one the account accepts; nothing spent.
+        LeaseHeldError: another call with the same ``key`` is still running (transient: retry after its lease).
 
     Source: Canonne, Kamath, Steinke 2020 (discrete Laplace, exact sampler).
     """

@@ -63,6 +63,20 @@ def _aware(value: dt.datetime | None) -> dt.datetime | None:
     return value
 
 
+def _raise_if_leased(charges: Any, key: ReleaseKey, now: dt.datetime) -> None:
+    """Raise :class:`LeaseHeldError` for the first ``reserved`` charge of ``charges`` whose lease ends after ``now``."""
+    for charge in charges:
+        lease = _aware(charge.lease_expires_at)
+        if charge.state == "reserved" and lease is not None and lease > now:
+            raise LeaseHeldError(
+                f"attempt {charge.attempt} of release {key.release_name!r} (run {key.run_id!r}, task "
+                f"{key.task_id!r}) is still running and holds its lease until {lease.isoformat()}; "
+                "nothing was charged. Retry after the lease: it ends early only if that attempt finishes",
+                attempt=charge.attempt,
+                expires_at=lease,
+            )
+
+
 def _stored_context(charge: Any) -> dict[str, Any]:
     return json.loads(charge.context) if charge.context else {}
 
@@ -225,6 +239,7 @@ class Ledger(LedgerBase):
         mechanisms_text = canonical_json(mechanisms)
         key_fields = {**key.as_dict(), "try_number": try_number, "spec_hash": spec_hash}
         token = secrets.token_urlsafe(32)
+        self._refuse_live_lease(key)
 
         def work(conn: Connection) -> Reservation | dict | Refusal:
             chain = AccountChain.lock(conn, account, signing_key)
@@ -254,16 +269,7 @@ class Ledger(LedgerBase):
                 if charge.state == "committed":
                     return json.loads(charge.output)
             now = self._db_now(conn)
-            for charge in previous:
-                lease = _aware(charge.lease_expires_at)
-                if charge.state == "reserved" and lease is not None and lease > now:
-                    raise LeaseHeldError(
-                        f"attempt {charge.attempt} of release {key.release_name!r} (run {key.run_id!r}, task "
-                        f"{key.task_id!r}) is still running and holds its lease until {lease.isoformat()}; "
-                        "nothing was charged. Retry after the lease: it ends early only if that attempt finishes",
-                        attempt=charge.attempt,
-                        expires_at=lease,
-                    )
+            _raise_if_leased(previous, key, now)
             for charge in previous:
                 if charge.state == "reserved":
                     abandon(conn, chain, charge, context, "lease expired; a later attempt of the same release key took over")
@@ -318,6 +324,18 @@ class Ledger(LedgerBase):
             )
 
         return self._write(work)
+
+    def _refuse_live_lease(self, key: ReleaseKey) -> None:
+        """Raise :class:`LeaseHeldError` if another attempt of ``key`` holds a live lease, read without the write
+        lock, so attempts polling a busy key do not queue on the account's lock ahead of the owner's renewals.
+        (:meth:`reserve` checks again under the lock.)"""
+        with self._read() as conn:
+            previous = conn.execute(
+                sa.select(schema.charges.c.state, schema.charges.c.attempt, schema.charges.c.lease_expires_at)
+                .where(*key_filter(key), schema.charges.c.state == "reserved")
+            ).all()
+            if previous:
+                _raise_if_leased(previous, key, self._db_now(conn))
 
     def _owned_charge(self, conn: Connection, reservation: Reservation, action: str) -> tuple[AccountChain, Any]:
         """Lock the charge's own account and return ``(chain, charge)`` if ``reservation`` owns a charge that is
