@@ -272,7 +272,13 @@ class Ledger(LedgerBase):
             _raise_if_leased(previous, key, now)
             for charge in previous:
                 if charge.state == "reserved":
-                    abandon(conn, chain, charge, context, "lease expired; a later attempt of the same release key took over")
+                    # The spec may name another account than the dead attempt's: record the abandonment in that
+                    # account's own chain, under its own lock.
+                    owner = chain if charge.account == account else AccountChain.lock(conn, charge.account, signing_key)
+                    self._check_key(owner.row)
+                    abandon(conn, owner, charge, context, "lease expired; a later attempt of the same release key took over")
+                    if owner is not chain:
+                        owner.flush(conn)
             remaining = round_down(Fraction(row.cap) - chain.spent)
             refusal: BudgetExhaustedError | None = None
             if amount > remaining:
@@ -462,22 +468,29 @@ class Ledger(LedgerBase):
             )
             return end
 
-        return self._write(work)
+        # Few retries: the keeper tries again a moment later rather than waiting out a long backoff.
+        return self._write(work, retries=3)
 
     @contextlib.contextmanager
     def lease(self, reservation: Reservation) -> Iterator[None]:
         """Keep ``reservation``'s lease alive while the block runs: a daemon thread renews it every third of
-        ``lease_seconds``. A failed renewal is logged (its type only) and ends the renewals; the commit then tells
-        whether the release was taken over."""
+        ``lease_seconds``. A transient failure is logged (its type only) and retried within a second; renewals end
+        when the charge is no longer this reservation's to renew (the commit then says it was taken over)."""
         stop = threading.Event()
+        period = self.lease_seconds / 3
 
         def keep() -> None:
-            while not stop.wait(self.lease_seconds / 3):
+            wait = period
+            while not stop.wait(wait):
                 try:
                     self.renew(reservation)
-                except Exception as error:  # noqa: BLE001 - the commit reports the outcome
-                    log.warning("the reservation's lease could not be renewed (%s)", type(error).__name__)
+                    wait = period
+                except ChargeStateError:  # taken over or finished: nothing left to renew; the commit will say
+                    log.warning("the reservation's lease ended: another attempt took the release over")
                     return
+                except Exception as error:  # noqa: BLE001 - transient (lock race, connection): try again soon
+                    log.warning("the reservation's lease could not be renewed (%s); retrying", type(error).__name__)
+                    wait = min(period, 1.0)
 
         thread = threading.Thread(target=keep, name=f"dp-lease-{reservation.charge_id}", daemon=True)
         thread.start()

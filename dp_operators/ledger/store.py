@@ -219,16 +219,18 @@ class LedgerBase:
         return self.engine.dialect.name
 
     # -- transactions --------------------------------------------------------------------------------------------
-    def _write(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` in one write transaction, retried when it loses a lock race. A :class:`Refusal` returned
-        from ``work`` commits the transaction (its audit event), then its error is raised."""
+    def _write(self, work: Callable[[Connection], T], *, retries: int | None = None) -> T:
+        """Run ``work`` in one write transaction, retried (``retries`` times, default ``max_retries``) when it loses
+        a lock race. A :class:`Refusal` returned from ``work`` commits the transaction (its audit event), then its
+        error is raised."""
         delay = 0.01
-        for attempt in range(self.max_retries + 1):
+        retries = self.max_retries if retries is None else retries
+        for attempt in range(retries + 1):
             try:
                 with self.engine.begin() as conn:
                     result = work(conn)
             except sa.exc.DBAPIError as error:
-                if attempt == self.max_retries or not _is_retryable(error):
+                if attempt == retries or not _is_retryable(error):
                     raise
                 time.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, 1.0)
@@ -242,10 +244,11 @@ class LedgerBase:
         return self._reader.begin()
 
     def _db_now(self, conn: Connection) -> dt.datetime:
-        """The clock leases are measured on: the server's on PostgreSQL (workers' clocks may differ), this
+        """The clock leases are measured on: the server's on PostgreSQL (workers' clocks may differ;
+        ``clock_timestamp()``, not the transaction's start, so a lock wait does not shorten a granted lease), this
         machine's on SQLite (a single-machine database)."""
         if self.dialect == "postgresql":
-            return conn.execute(sa.select(sa.func.now())).scalar()
+            return conn.execute(sa.select(sa.func.clock_timestamp())).scalar()
         return dt.datetime.now(dt.timezone.utc)
 
     # -- schema ------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from dp_operators.ledger import ChargeStateError, LeaseHeldError, Ledger, ReleaseKey, Reservation
 from dp_operators.ledger import store
 from ledger_backends import account_config, ledger_with
-from support import spender
+from support import governor, spender
 
 AMOUNT = Fraction(1, 10)
 
@@ -151,7 +151,7 @@ def test_the_lease_keeper_renews_through_a_draw_longer_than_the_lease(ledger_url
     assert owner.account("a").spent == 2 * AMOUNT
 
 
-def test_the_lease_keeper_stops_and_logs_the_error_type_when_a_renewal_fails(ledger_url, caplog):
+def test_the_lease_keeper_stops_when_the_charge_is_no_longer_its_own(ledger_url, caplog):
     ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
     ledger = spender(ledger_url, lease_seconds=0.3)
     reservation = reserve(ledger)
@@ -159,8 +159,31 @@ def test_the_lease_keeper_stops_and_logs_the_error_type_when_a_renewal_fails(led
         with ledger.lease(reservation):
             ledger.release(reservation)  # the next renewal finds the charge released
             time.sleep(0.4)
-    assert "the reservation's lease could not be renewed (ChargeStateError)" in caplog.text
+    assert caplog.text.count("the reservation's lease ended: another attempt took the release over") == 1
     assert reservation.token not in caplog.text
+
+
+def test_the_lease_keeper_retries_a_transient_failure_and_logs_only_its_type(ledger_url, caplog, monkeypatch):
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    ledger = spender(ledger_url, lease_seconds=0.3)
+    reservation = reserve(ledger)
+    real_renew, failures = ledger.renew, []
+
+    def flaky(res):
+        if len(failures) < 2:
+            failures.append(1)
+            raise ConnectionError(f"lost {res.token}")
+        return real_renew(res)
+
+    monkeypatch.setattr(ledger, "renew", flaky)
+    before = lease_end(ledger, reservation.charge_id)
+    with caplog.at_level(logging.WARNING, logger="dp_operators.ledger.spend"):
+        with ledger.lease(reservation):
+            time.sleep(0.7)
+    assert len(failures) == 2
+    assert "the reservation's lease could not be renewed (ConnectionError); retrying" in caplog.text
+    assert reservation.token not in caplog.text
+    assert lease_end(ledger, reservation.charge_id) > before  # renewed after the failures
 
 
 def test_a_commit_after_the_own_lease_expired_succeeds_while_nobody_took_over(ledger_url):
@@ -305,3 +328,19 @@ def test_postgresql_a_session_idle_in_its_transaction_is_ended_and_frees_the_acc
     finally:
         hung_engine.dispose()
     assert reservation.attempt == 1
+
+
+def test_a_retry_charged_to_another_account_abandons_the_dead_reservation_in_its_own_chain(ledger_url):
+    """The spec's budget account changed between tries: the dead try's charge stays spent on its own account, its
+    'abandoned' event goes into that account's chain, and verify passes."""
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1), b=account_config("pure_dp", cap=1))
+    ledger = spender(ledger_url, lease_seconds=0.2)
+    dead = reserve(ledger)
+    wait_past(lease_end(ledger, dead.charge_id))
+    retry = ledger.reserve(key(), account="b", amount=AMOUNT, mechanisms=[], spec_hash="0" * 64)
+    ledger.commit(retry, {"value": 1})
+    assert [(e["account"], e["event"]) for e in ledger.events() if e["charge_id"] == dead.charge_id] == [
+        ("a", "reserved"), ("a", "abandoned")]
+    assert ledger.account("a").spent == AMOUNT and ledger.account("b").spent == AMOUNT
+    report = governor(ledger_url).verify()
+    assert report.ok, report.problems

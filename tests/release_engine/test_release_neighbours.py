@@ -29,7 +29,7 @@ from support import make_ledger
 
 NOISED = {"value", "half_width", "saturated", "released_at", "interval"}
 VOLATILE = {"id", "created_at", "row_hash", "prev_hash", "output_digest", "context", "charge_id", "updated_at",
-            "token_hash", "proof", "lease_expires_at"}  # random per reservation, not data-derived
+            "token_hash", "proof", "lease_expires_at"}  # tokens: random; times: see "Timing" in docs/ledger.md
 
 
 def spec_text(aggregate: dict, accountant_budget: dict | None = None) -> str:
