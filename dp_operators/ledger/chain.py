@@ -27,7 +27,7 @@ from sqlalchemy.engine import Connection
 
 from dp_operators import __version__
 from dp_operators.ledger import schema
-from dp_operators.ledger.errors import LedgerError
+from dp_operators.ledger.errors import AuditChainError, stored_fraction
 from dp_operators.ledger.keys import AuditKey
 
 #: ``prev_hash`` of the first event of every account's chain.
@@ -43,11 +43,6 @@ SPEND_EVENTS = frozenset({"reserved", "committed", "released", "abandoned", "ref
 AUDIT_CONTEXT_KEYS = frozenset(
     {"run_type", "triggering_user", "host", "package_version", "user", "pid", "db_role", "command"}
 )
-
-
-class AuditChainError(LedgerError):
-    """The account's audit chain holds a row the ledger did not write (a row at the next sequence number, or a
-    head that does not match): nothing was changed; a privacy officer runs ``dpctl ledger verify``."""
 
 
 def canonical_json(value: Any) -> str:
@@ -128,13 +123,8 @@ class AccountChain:
         row = conn.execute(sa.select(schema.accounts).where(schema.accounts.c.name == name).with_for_update()).first()
         if row is None:
             return None
-        try:
-            spent, delta_spent = Fraction(row.spent), Fraction(row.delta_spent)
-        except (ValueError, ZeroDivisionError, TypeError):
-            raise AuditChainError(
-                f"budget account {name!r}: its running totals are not numbers (the row was edited outside the "
-                "ledger); nothing was changed. A privacy officer runs 'dpctl ledger verify'"
-            ) from None
+        spent = stored_fraction(row.spent, f"budget account {name!r}: spent")
+        delta_spent = stored_fraction(row.delta_spent, f"budget account {name!r}: delta_spent")
         return cls(row, spent, delta_spent, row.audit_seq, row.audit_head or GENESIS_HASH, key)
 
     def append(self, conn: Connection, event: str, context: Mapping[str, Any], **fields: Any) -> dict[str, Any]:

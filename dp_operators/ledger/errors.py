@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 
@@ -67,3 +68,31 @@ class LeaseHeldError(LedgerError):
 
 class LedgerKeyError(LedgerError):
     """The audit key is missing or is not the key the account accepts (rotated); nothing was changed."""
+
+
+class AuditChainError(LedgerError):
+    """The ledger holds a row it did not write (an audit row at the next sequence number, a running total or amount
+    that is not a number the ledger stores): nothing was changed; a privacy officer runs ``dpctl ledger verify``."""
+
+
+#: The only text form the ledger writes for an exact number: ``str(Fraction)`` ("3", "-1/10"), digits bounded so a
+#: tampered value cannot make parsing itself expensive (``Fraction("1e-999999999")`` never returns).
+_STORED_NUMBER = re.compile(r"-?[0-9]{1,400}(/[0-9]{1,400})?")
+
+
+def stored_fraction(text: object, what: str) -> Fraction:
+    """Parse an exact number as the ledger stores it (``str(Fraction)``).
+
+    Raises:
+        AuditChainError: anything else (a decimal, an exponent, a huge or non-numeric text), naming ``what``.
+    """
+    if isinstance(text, str) and _STORED_NUMBER.fullmatch(text):
+        numerator, _, denominator = text.partition("/")
+        if denominator and int(denominator) == 0:
+            raise AuditChainError(f"{what} is {text!r}, not a number the ledger writes; run 'dpctl ledger verify'")
+        return Fraction(int(numerator), int(denominator or 1))
+    shown = text if not isinstance(text, str) or len(text) <= 40 else text[:40] + "..."
+    raise AuditChainError(
+        f"{what} is {shown!r}, not a number the ledger writes (edited outside the ledger); nothing was changed. "
+        "A privacy officer runs 'dpctl ledger verify'"
+    )

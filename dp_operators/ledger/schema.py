@@ -153,7 +153,9 @@ ACCOUNT_GOVERNED_COLUMNS = ("accountant", "cap", "delta", "privacy_unit", "allow
 SPENDER_CHARGE_COLUMNS = ("state", "output", "output_digest", "updated_at", "lease_expires_at")
 SPENDER_ACCOUNT_COLUMNS = ("spent", "delta_spent", "audit_seq", "audit_head", "updated_at")
 
-_TERMINAL_OK = "('committed', 'released', 'abandoned')"
+#: The longest lease a reservation may hold (seconds): the guard trigger refuses a later lease end, and the
+#: ledger treats one as expired, so a tampered lease cannot block a release key for ever.
+MAX_LEASE_SECONDS = 3600
 
 
 def _sqlite_triggers() -> dict[str, str]:
@@ -169,9 +171,11 @@ def _sqlite_triggers() -> dict[str, str]:
         "dp_charges_guard": "CREATE TRIGGER dp_charges_guard BEFORE UPDATE ON dp_charges WHEN "
         f"OLD.state <> 'reserved' OR NEW.state NOT IN ('reserved', 'committed', 'released', 'abandoned') "
         f"OR {fixed_changed} "
+        f"OR (NEW.lease_expires_at IS NOT OLD.lease_expires_at "
+        f"AND NEW.lease_expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now', '+{MAX_LEASE_SECONDS} seconds')) "
         + refuse.format(
             "dp_charges: only a reserved charge may change, and only its state (to committed, released or "
-            "abandoned), output and lease"
+            "abandoned), output and lease (at most MAX_LEASE_SECONDS ahead)"
         ),
         "dp_accounts_no_delete": "CREATE TRIGGER dp_accounts_no_delete BEFORE DELETE ON dp_budget_accounts "
         + refuse.format("dp_budget_accounts rows are kept: DELETE refused"),
@@ -185,9 +189,11 @@ _PG_FUNCTIONS = {
         " BEGIN "
         "IF OLD.state <> 'reserved' OR NEW.state NOT IN ('reserved', 'committed', 'released', 'abandoned') "
         "OR (" + ", ".join(f"NEW.{c}" for c in CHARGE_FIXED_COLUMNS) + ") IS DISTINCT FROM ("
-        + ", ".join(f"OLD.{c}" for c in CHARGE_FIXED_COLUMNS) + ") THEN "
+        + ", ".join(f"OLD.{c}" for c in CHARGE_FIXED_COLUMNS) + ") "
+        f"OR (NEW.lease_expires_at IS DISTINCT FROM OLD.lease_expires_at "
+        f"AND NEW.lease_expires_at > clock_timestamp() + interval '{MAX_LEASE_SECONDS} seconds') THEN "
         "RAISE EXCEPTION 'dp_charges: only a reserved charge may change, and only its state (to committed, "
-        "released or abandoned), output and lease'; END IF; RETURN NEW; END "
+        "released or abandoned), output and lease (at most MAX_LEASE_SECONDS ahead)'; END IF; RETURN NEW; END "
     ),
 }
 

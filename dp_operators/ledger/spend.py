@@ -42,6 +42,7 @@ from dp_operators.ledger.errors import (
     DagNotAllowedError,
     LeaseHeldError,
     LedgerKeyError,
+    stored_fraction,
 )
 from dp_operators.ledger.keys import AuditKey, as_key
 from dp_operators.ledger.store import LedgerBase, Refusal, ReleaseKey, Reservation, key_filter, not_found
@@ -63,11 +64,17 @@ def _aware(value: dt.datetime | None) -> dt.datetime | None:
     return value
 
 
+def _live(lease: dt.datetime | None, now: dt.datetime) -> bool:
+    """A lease is live until it ends; one ending more than ``MAX_LEASE_SECONDS`` ahead was not granted by the
+    ledger (tampered) and counts as expired, so it cannot block its release key for ever."""
+    return lease is not None and now < lease <= now + dt.timedelta(seconds=schema.MAX_LEASE_SECONDS)
+
+
 def _raise_if_leased(charges: Any, key: ReleaseKey, now: dt.datetime) -> None:
     """Raise :class:`LeaseHeldError` for the first ``reserved`` charge of ``charges`` whose lease ends after ``now``."""
     for charge in charges:
         lease = _aware(charge.lease_expires_at)
-        if charge.state == "reserved" and lease is not None and lease > now:
+        if charge.state == "reserved" and _live(lease, now):
             raise LeaseHeldError(
                 f"attempt {charge.attempt} of release {key.release_name!r} (run {key.run_id!r}, task "
                 f"{key.task_id!r}) is still running and holds its lease until {lease.isoformat()}; "
@@ -113,9 +120,13 @@ def reconcile_expired(
     def work(conn: Connection) -> list[dict]:
         now = base._db_now(conn)
         c = schema.charges.c
+        horizon = now + dt.timedelta(seconds=schema.MAX_LEASE_SECONDS)
         expired = conn.execute(
             sa.select(c.id, c.account)
-            .where(c.state == "reserved", sa.or_(c.lease_expires_at.is_(None), c.lease_expires_at < now))
+            .where(
+                c.state == "reserved",
+                sa.or_(c.lease_expires_at.is_(None), c.lease_expires_at <= now, c.lease_expires_at > horizon),
+            )
             .order_by(c.account, c.id)
         ).all()
         done: list[dict] = []
@@ -131,7 +142,7 @@ def reconcile_expired(
             for charge_id in [row.id for row in expired if row.account == account]:
                 charge = conn.execute(sa.select(schema.charges).where(c.id == charge_id)).first()
                 lease = _aware(charge.lease_expires_at)
-                if charge.state != "reserved" or (lease is not None and lease >= now):
+                if charge.state != "reserved" or _live(lease, now):
                     continue  # renewed or finished since the first read
                 abandon(conn, chain, charge, context, "lease expired (reconcile)")
                 done.append(
@@ -156,7 +167,8 @@ class Ledger(LedgerBase):
         audit_key: the spend key (:class:`~dp_operators.ledger.keys.AuditKey` or its text) that signs this
             ledger's spend events; the account must accept its id. Needed to reserve, commit, release and
             reconcile; reading needs none.
-        lease_seconds: how long a reservation's lease lasts without renewal (default 120 s).
+        lease_seconds: how long a reservation's lease lasts without renewal (default 120 s; at most
+            :data:`~dp_operators.ledger.schema.MAX_LEASE_SECONDS`).
         max_retries: how often a transaction that lost a lock race is retried.
     """
 
@@ -170,8 +182,8 @@ class Ledger(LedgerBase):
     ) -> None:
         super().__init__(url, max_retries=max_retries)
         self._key = as_key(audit_key)
-        if not lease_seconds > 0:
-            raise ValueError(f"lease_seconds must be > 0, got {lease_seconds}")
+        if not 0 < lease_seconds <= schema.MAX_LEASE_SECONDS:
+            raise ValueError(f"lease_seconds must be in (0, {schema.MAX_LEASE_SECONDS}], got {lease_seconds}")
         self.lease_seconds = lease_seconds
 
     def _spend_key(self) -> AuditKey:
@@ -279,12 +291,14 @@ class Ledger(LedgerBase):
                     abandon(conn, owner, charge, context, "lease expired; a later attempt of the same release key took over")
                     if owner is not chain:
                         owner.flush(conn)
-            remaining = round_down(Fraction(row.cap) - chain.spent)
+            remaining = round_down(stored_fraction(row.cap, f"budget account {account!r}: cap") - chain.spent)
             refusal: BudgetExhaustedError | None = None
             if amount > remaining:
                 refusal = BudgetExhaustedError(account, unit_of(row.accountant), amount, max(remaining, Fraction(0)))
             elif row.accountant == "approx_dp":
-                remaining_delta = round_down(Fraction(row.delta) - chain.delta_spent)
+                remaining_delta = round_down(
+                    stored_fraction(row.delta, f"budget account {account!r}: delta") - chain.delta_spent
+                )
                 if delta > remaining_delta:
                     refusal = BudgetExhaustedError(account, "delta", delta, max(remaining_delta, Fraction(0)))
             if refusal is not None:
@@ -424,8 +438,8 @@ class Ledger(LedgerBase):
                 .where(schema.charges.c.id == charge.id)
                 .values(state="released", updated_at=_utcnow())
             )
-            chain.spent -= Fraction(charge.amount)
-            chain.delta_spent -= Fraction(charge.delta_amount)
+            chain.spent -= stored_fraction(charge.amount, f"charge {charge.id}: amount")
+            chain.delta_spent -= stored_fraction(charge.delta_amount, f"charge {charge.id}: delta_amount")
             chain.append(
                 conn, "released", audit_context(audit, _stored_context(charge)), proof=reservation.token,
                 **charge_event_fields(charge), details={"reason": "no noise was drawn"},

@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dp_operators.accounting import epsilon_at_delta, round_down, unit_of
 from dp_operators.ledger import schema
-from dp_operators.ledger.errors import AccountNotFoundError, LedgerNotInitialisedError
+from dp_operators.ledger.errors import AccountNotFoundError, LedgerNotInitialisedError, stored_fraction
 
 T = TypeVar("T")
 
@@ -404,8 +404,8 @@ def reserved_totals(conn: Connection, name: str) -> tuple[Fraction, Fraction]:
     )
     amount, delta = Fraction(0), Fraction(0)
     for row in rows:
-        amount += Fraction(row.amount)
-        delta += Fraction(row.delta_amount)
+        amount += stored_fraction(row.amount, f"a reserved charge of account {name!r}: amount")
+        delta += stored_fraction(row.delta_amount, f"a reserved charge of account {name!r}: delta_amount")
     return amount, delta
 
 
@@ -414,13 +414,13 @@ def account_status(row: Any, reserved: Fraction, delta_reserved: Fraction) -> Ac
         name=row.name,
         accountant=row.accountant,
         unit=unit_of(row.accountant),
-        cap=Fraction(row.cap),
-        spent=Fraction(row.spent),
+        cap=stored_fraction(row.cap, f"budget account {row.name!r}: cap"),
+        spent=stored_fraction(row.spent, f"budget account {row.name!r}: spent"),
         reserved=reserved,
-        delta=None if row.delta is None else Fraction(row.delta),
+        delta=None if row.delta is None else stored_fraction(row.delta, f"budget account {row.name!r}: delta"),
         privacy_unit=row.privacy_unit,
         allowed_dags=tuple(json.loads(row.allowed_dags)),
-        delta_spent=Fraction(row.delta_spent),
+        delta_spent=stored_fraction(row.delta_spent, f"budget account {row.name!r}: delta_spent"),
         delta_reserved=delta_reserved,
         owner=row.owner,
         description=row.description,

@@ -48,6 +48,7 @@ from dp_operators.ledger.chain import (
     timestamp_text,
 )
 from dp_operators.ledger.config import LedgerConfig
+from dp_operators.ledger.errors import AuditChainError, stored_fraction
 from dp_operators.ledger.keys import Keyring
 from dp_operators.ledger.store import STREAM_BATCH, LedgerBase
 
@@ -143,6 +144,13 @@ class _Chain:
     keyed: bool = False
     chain_keyed: bool = False
     migrated_last_charge: int = 0
+    #: the account's charges not in state 'released', summed from the charge rows (pass 2): an independent total
+    charged: Fraction = Fraction(0)
+    charged_delta: Fraction = Fraction(0)
+
+
+#: Events about one charge: each must name it.
+_CHARGE_EVENTS = frozenset({"reserved", "committed", "released", "abandoned"})
 
 
 def _where(row: Mapping[str, Any]) -> str:
@@ -158,9 +166,11 @@ def _charge_label(charge: Mapping[str, Any]) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _parse_fraction(text: str) -> Fraction | None:
+    """Only the form the ledger writes (``str(Fraction)``, bounded digits): an exponent such as ``0e-999999999``
+    would make :class:`~fractions.Fraction` itself run for ever."""
     try:
-        return Fraction(text)
-    except (ValueError, ZeroDivisionError):
+        return stored_fraction(text, "a number")
+    except AuditChainError:
         return None
 
 
@@ -298,6 +308,8 @@ class _Verifier:
             isinstance(row["charge_id"], int) and not isinstance(row["charge_id"], bool)
         ):
             flag(f"charge_id {row['charge_id']!r} is not an integer")
+        if row["charge_id"] is None and event in _CHARGE_EVENTS:
+            flag(f"a {event!r} event must name its charge (charge_id is NULL: forged)")
         if key_id is not None:
             chain.keyed = True
 
@@ -451,6 +463,12 @@ class _Verifier:
     def _check_charge(self, charge: Mapping[str, Any], found: list[Mapping[str, Any]]) -> None:
         label = _charge_label(charge)
         chain = self.chains.get(charge["account"])
+        if chain is not None and charge["state"] != "released":
+            try:
+                chain.charged += _number(charge["amount"], "amount")
+                chain.charged_delta += _number(charge["delta_amount"], "delta_amount")
+            except _BadValue:
+                pass  # named by the fixed-column check below
         predates = chain is not None and charge["id"] <= chain.migrated_last_charge
         state: str | None = None
         reserved: Mapping[str, Any] | None = None
@@ -622,6 +640,14 @@ class _Verifier:
                 self.problems.add(
                     f"{label}: spent {account['spent']} (delta {account['delta_spent']}) but the audit events add up "
                     f"to {_show(chain.spent)} (delta {_show(chain.delta)})"
+                )
+            # Totals are rounded up after each charge, so they may exceed the plain sum of the charges, never
+            # fall below it.
+            if spent < chain.charged or delta_spent < chain.charged_delta:
+                self.problems.add(
+                    f"{label}: spent {account['spent']} (delta {account['delta_spent']}) is below what its charges "
+                    f"that were not released add up to, {_show(chain.charged)} (delta {_show(chain.charged_delta)}): "
+                    "spend was returned without its charge, or a charge's state or amount was changed"
                 )
         stored = chain.stored or {}
         differ = [name for name in schema.ACCOUNT_GOVERNED_COLUMNS if account[name] != stored.get(name)]

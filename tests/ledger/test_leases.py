@@ -344,3 +344,35 @@ def test_a_retry_charged_to_another_account_abandons_the_dead_reservation_in_its
     assert ledger.account("a").spent == AMOUNT and ledger.account("b").spent == AMOUNT
     report = governor(ledger_url).verify()
     assert report.ok, report.problems
+
+
+@pytest.mark.parametrize("end", ["9999-12-31 00:00:00", "infinity"])
+def test_a_lease_pushed_into_the_far_future_is_refused_by_the_database(ledger_url, end):
+    """The spender's column grant covers the lease: the guard trigger refuses a lease end more than
+    MAX_LEASE_SECONDS ahead, so nobody can block a release key for ever."""
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    ledger = spender(ledger_url)
+    reservation = reserve(ledger)
+    engine = sa.create_engine(ledger_url)
+    with pytest.raises(sa.exc.DatabaseError, match="at most MAX_LEASE_SECONDS ahead"):
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"UPDATE dp_charges SET lease_expires_at = '{end}' WHERE id = {reservation.charge_id}")
+    engine.dispose()
+
+
+def test_a_lease_beyond_the_maximum_counts_as_expired(ledger_url, monkeypatch):
+    """A lease end the ledger never grants (written with the trigger out of the way) does not hold the key."""
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    ledger = spender(ledger_url)
+    reservation = reserve(ledger)
+    far = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=30)
+    with ledger.engine.begin() as conn:
+        if ledger.dialect == "sqlite":
+            conn.exec_driver_sql("DROP TRIGGER dp_charges_guard")
+        else:
+            conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+        conn.execute(sa.update(store.schema.charges).where(store.schema.charges.c.id == reservation.charge_id)
+                     .values(lease_expires_at=far))
+    reconciled = ledger.reconcile()
+    assert [row["id"] for row in reconciled] == [reservation.charge_id]
+    assert ledger.account("a").spent == AMOUNT  # abandoned, still spent

@@ -39,7 +39,7 @@ from dp_operators.ledger.chain import (
 )
 from dp_operators.ledger.spend import token_hash
 from dp_operators.ledger.verify import verify_ledger
-from ledger_backends import account_config
+from ledger_backends import account_config, ledger_with
 from support import GOVERNOR_KEY, SPEND_KEY, governor, spender
 
 KEYS = Keyring([GOVERNOR_KEY, SPEND_KEY])
@@ -386,8 +386,36 @@ def test_a_charge_inserted_without_events_is_named(ledger_url):
             created_at=now, updated_at=now)).inserted_primary_key[0]
     engine.dispose()
     problems = check(ledger_url).problems
-    assert problems == [f"dp_charges id={new_id} (account 'a', d/ghost/t/-1/r, attempt 1): has no audit events in its "
-                        "account's chain (inserted outside the ledger)"]
+    assert problems == [
+        f"dp_charges id={new_id} (account 'a', d/ghost/t/-1/r, attempt 1): has no audit events in its "
+        "account's chain (inserted outside the ledger)",
+        "dp_budget_accounts 'a': spent 1/2 (delta 0) is below what its charges that were not released add up to, "
+        "3/5 (delta 0): spend was returned without its charge, or a charge's state or amount was changed",
+    ]
+
+
+@pytest.mark.parametrize("charge_id", [None, "the reservation's"], ids=["charge_id NULL", "another charge's id"])
+def test_a_released_event_that_returns_spend_without_its_charge_is_detected(ledger_url, charge_id):
+    """The red team's attack: a spend-key-signed 'released' that lowers the running totals, then more spend. The
+    chain's own arithmetic is consistent; the charge rows are not."""
+    from dp_operators.ledger.chain import AccountChain, audit_context
+
+    ledger = ledger_with(ledger_url, c=account_config("pure_dp", cap=1))
+    ledger.commit(ledger.reserve(ReleaseKey("d", "one", "t", -1, "r"), account="c", amount=Fraction(1),
+                                 mechanisms=[], spec_hash="0" * 64), {"v": 1})
+    committed = [c for c in ledger.charges(account="c")][0]
+    with ledger.engine.begin() as conn:
+        chain = AccountChain.lock(conn, "c", SPEND_KEY)
+        chain.spent -= 1
+        chain.append(conn, "released", audit_context(), amount=Fraction(1), delta_amount=Fraction(0),
+                     charge_id=None if charge_id is None else committed["id"])
+        chain.flush(conn)
+    ledger.commit(ledger.reserve(ReleaseKey("d", "two", "t", -1, "r"), account="c", amount=Fraction(1),
+                                 mechanisms=[], spec_hash="0" * 64), {"v": 2})
+    problems = check(ledger_url).problems
+    assert any("dp_budget_accounts 'c': spent 1 (delta 0) is below what its charges that were not released add up "
+               "to, 2" in problem for problem in problems), problems
+    assert "seq 4, released)" in problems[0]  # the forged row is named first
 
 
 # -- accounts and the configuration -----------------------------------------------------------------------------
@@ -620,3 +648,25 @@ def test_the_problem_list_keeps_the_first_broken_rows_and_counts_the_rest():
         problems.row(event_id, f"row {event_id}")
     problems.add("account")
     assert problems.ordered() == ["row 3", "row 4", "row 5", "... and 5 more problems not listed"]
+
+
+@pytest.mark.parametrize("column", ["spent", "cap"])
+def test_a_number_that_would_take_for_ever_to_parse_is_named_not_parsed(ledger_url, column):
+    """``Fraction('0e-999999999')`` never returns: stored numbers are read only in the form the ledger writes."""
+    from dp_operators.ledger import AuditChainError
+
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    engine = sa.create_engine(ledger_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE dp_budget_accounts SET {column} = '0e-999999999' WHERE name = 'a'")
+    engine.dispose()
+    started = time.monotonic()
+    with pytest.raises(AuditChainError, match=f"{column} is '0e-999999999', not a number the ledger writes"):
+        if column == "spent":
+            ledger.reserve(ReleaseKey("d", "r", "t", -1, "r"), account="a", amount=Fraction(1, 10), mechanisms=[],
+                           spec_hash="0" * 64)
+        else:
+            ledger.account("a")
+    problems = check(ledger_url).problems
+    assert any("dp_budget_accounts 'a'" in problem and f"{column} '0e-999999999'" in problem for problem in problems)
+    assert time.monotonic() - started < 10
