@@ -226,31 +226,6 @@ class _SignedChain:
         #: totals with the batch's charges so far, for the budget check before the events are signed
         self.planned = (chain.spent, chain.delta_spent)
 
-    def event(self, event: str, context_text: str, created_at: str, **fields: Any) -> dict[str, Any]:
-        """The row :meth:`AccountChain.append` would insert for ``event`` (the totals already updated)."""
-        chain = self.chain
-        values: dict[str, Any] = dict.fromkeys(schema.AUDIT_HASHED_COLUMNS)
-        values.update(fields)
-        for name in ("amount", "delta_amount"):
-            if values[name] is not None:
-                values[name] = str(values[name])
-        values.update(
-            account=chain.row.name,
-            account_seq=chain.seq + 1,
-            event=event,
-            spent_after=str(chain.spent),
-            delta_spent_after=str(chain.delta_spent),
-            context=context_text,
-            created_at=created_at,
-            key_id=chain.key.key_id,
-            prev_hash=chain.head,
-        )
-        values["row_hash"] = audit_row_mac(values, chain.key)
-        chain.seq += 1
-        chain.head = values["row_hash"]
-        chain.dirty = True
-        return values
-
 
 def _lock(conn: Connection, name: str, key: AuditKey) -> _SignedChain:
     chain = AccountChain.lock(conn, name, key)
@@ -337,14 +312,15 @@ def _write_batch(
         fields = charge_event_fields(row)
         context = values["context"]
         events.append(
-            signed.event(
-                "reserved", context, timestamp_text(values["created_at"]), token_hash=values["token_hash"], **fields
+            chain.signed_row(
+                "reserved", context, created_at=timestamp_text(values["created_at"]), token_hash=values["token_hash"],
+                **fields,
             )
         )
         events.append(
-            signed.event(
-                "committed", context, timestamp_text(committed), output_digest=values["output_digest"], proof=token,
-                **fields,
+            chain.signed_row(
+                "committed", context, created_at=timestamp_text(committed), output_digest=values["output_digest"],
+                proof=token, **fields,
             )
         )
     conn.execute(schema.audit_events.insert(), events)

@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from dp_operators.ledger import AccountConfig, Ledger, LedgerConfig
+from dp_operators.ledger import schema as ledger_schema
 from support import governor, spender
 
 PG_URL = os.environ.get("DP_LEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -94,3 +95,26 @@ def ledger_with(url: str, **accounts: AccountConfig) -> Ledger:
     officer.init_schema()
     officer.apply_config(LedgerConfig(version=1, accounts=accounts))
     return spender(url)
+
+
+#: Columns each schema version added (old ledgers for the upgrade tests are the current tables without them).
+V3_COLUMNS = {"dp_budget_accounts": {"spend_key_id"}, "dp_charges": {"token_hash", "lease_expires_at"},
+              "dp_audit_events": {"token_hash", "proof", "key_id"}}
+V2_COLUMNS = {"dp_budget_accounts": {"delta_spent", "config", "audit_seq", "audit_head"},
+              "dp_charges": {"delta_amount", "context"}}
+
+
+def old_schema_metadata(version: int) -> sa.MetaData:
+    """The tables of schema ``version`` (1 or 2), for the upgrade tests."""
+    dropped = {name: V3_COLUMNS.get(name, set()) | (V2_COLUMNS.get(name, set()) if version == 1 else set())
+               for name in ("dp_budget_accounts", "dp_charges", "dp_audit_events")}
+    tables = [ledger_schema.schema_version, ledger_schema.accounts, ledger_schema.charges]
+    if version == 2:
+        tables.append(ledger_schema.audit_events)
+    metadata = sa.MetaData()
+    for table in tables:
+        unique = [sa.UniqueConstraint(*[c.name for c in constraint.columns], name=constraint.name)
+                  for constraint in list(table.constraints) if isinstance(constraint, sa.UniqueConstraint)]
+        sa.Table(table.name, metadata,
+                 *[c._copy() for c in table.columns if c.name not in dropped.get(table.name, set())], *unique)
+    return metadata

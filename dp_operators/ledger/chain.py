@@ -127,12 +127,10 @@ class AccountChain:
         delta_spent = stored_fraction(row.delta_spent, f"budget account {name!r}: delta_spent")
         return cls(row, spent, delta_spent, row.audit_seq, row.audit_head or GENESIS_HASH, key)
 
-    def append(self, conn: Connection, event: str, context: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
-        """Append ``event`` to this account's chain (same transaction as the change it records); returns the row.
-
-        Raises:
-            AuditChainError: a row already holds the next sequence number (inserted outside the ledger).
-        """
+    def signed_row(self, event: str, context: Mapping[str, Any] | str, **fields: Any) -> dict[str, Any]:
+        """The next row of this chain for ``event``, signed, with the chain's head and sequence advanced to it
+        (not inserted: :meth:`append` inserts one; a bulk writer may insert many at once). ``context`` is a mapping
+        or its canonical JSON text; ``fields`` are the event's other columns (amounts as Fractions or text)."""
         values: dict[str, Any] = {name: None for name in schema.AUDIT_HASHED_COLUMNS}
         values.update(fields)
         if isinstance(values.get("mechanisms"), (list, dict)):
@@ -150,12 +148,23 @@ class AccountChain:
             event=event,
             spent_after=str(self.spent),
             delta_spent_after=str(self.delta_spent),
-            context=canonical_json(dict(context)),
+            context=context if isinstance(context, str) else canonical_json(dict(context)),
             created_at=values["created_at"] or timestamp_text(now()),
             key_id=self.key.key_id,
             prev_hash=self.head,
         )
         values["row_hash"] = audit_row_mac(values, self.key)
+        self.seq += 1
+        self.head = values["row_hash"]
+        self.dirty = True
+        return values
+
+    def append(self, conn: Connection, event: str, context: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+        """Append ``event`` to this account's chain (same transaction as the change it records); returns the row.
+
+        Raises:
+            AuditChainError: a row already holds the next sequence number (inserted outside the ledger).
+        """
         taken = conn.execute(
             sa.select(schema.audit_events.c.id).where(
                 schema.audit_events.c.account == self.row.name,
@@ -168,10 +177,8 @@ class AccountChain:
                 f"{self.seq + 1}, which the ledger did not write (the account row says the chain ends at "
                 f"{self.seq}); nothing was changed. A privacy officer runs 'dpctl ledger verify'"
             )
+        values = self.signed_row(event, context, **fields)
         conn.execute(schema.audit_events.insert().values(**values))
-        self.seq += 1
-        self.head = values["row_hash"]
-        self.dirty = True
         return values
 
     def flush(self, conn: Connection, **extra: Any) -> None:

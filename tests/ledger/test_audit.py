@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from dp_operators.cli import app
 from dp_operators.ledger import Ledger, LedgerKeyError, ReleaseKey, schema
 from dp_operators.ledger.chain import GENESIS_HASH, canonical_json, legacy_row_hash, timestamp_text
-from ledger_backends import account_config, ledger_with
+from ledger_backends import account_config, ledger_with, old_schema_metadata
 from support import GOVERNOR_KEY, SPEND_KEY, governor, spender
 
 KEYS = {"DP_LEDGER_GOVERNOR_KEY": GOVERNOR_KEY.text, "DP_LEDGER_AUDIT_KEY": SPEND_KEY.text}
@@ -139,29 +139,9 @@ def test_deleting_the_end_of_a_chain_is_caught_by_the_head(ledger_url):
     assert "dp_budget_accounts 'b': chain head is seq 3 but the last event is seq 2" in result.stderr
 
 
-V3_COLUMNS = {"dp_budget_accounts": {"spend_key_id"}, "dp_charges": {"token_hash", "lease_expires_at"},
-              "dp_audit_events": {"token_hash", "proof", "key_id"}}
-V2_COLUMNS = {"dp_budget_accounts": {"delta_spent", "config", "audit_seq", "audit_head"},
-              "dp_charges": {"delta_amount", "context"}}
-
-
-def _old_metadata(version: int) -> sa.MetaData:
-    """The tables of schema ``version`` (1 or 2), for the upgrade tests."""
-    dropped = {name: V3_COLUMNS.get(name, set()) | (V2_COLUMNS.get(name, set()) if version == 1 else set())
-               for name in ("dp_budget_accounts", "dp_charges", "dp_audit_events")}
-    tables = [schema.schema_version, schema.accounts, schema.charges] + ([schema.audit_events] if version == 2 else [])
-    metadata = sa.MetaData()
-    for table in tables:
-        unique = [sa.UniqueConstraint(*[c.name for c in constraint.columns], name=constraint.name)
-                  for constraint in list(table.constraints) if isinstance(constraint, sa.UniqueConstraint)]
-        sa.Table(table.name, metadata,
-                 *[c._copy() for c in table.columns if c.name not in dropped.get(table.name, set())], *unique)
-    return metadata
-
-
 def test_init_upgrades_a_version_1_ledger_in_place(ledger_url):
     engine = sa.create_engine(ledger_url)
-    v1 = _old_metadata(1)
+    v1 = old_schema_metadata(1)
     v1.create_all(engine)
     now = dt.datetime.now(dt.timezone.utc)
     with engine.begin() as conn:
@@ -205,7 +185,7 @@ def _legacy_event(conn, table, chain: dict, **fields) -> None:
 def _version_2_ledger(url: str) -> None:
     """A schema-2 ledger: account 'a' (pure_dp, cap 1) with one committed charge of 1/4, chain unkeyed."""
     engine = sa.create_engine(url)
-    v2 = _old_metadata(2)
+    v2 = old_schema_metadata(2)
     v2.create_all(engine)
     now = dt.datetime.now(dt.timezone.utc)
     stored = {"accountant": "pure_dp", "cap": "1", "delta": None, "privacy_unit": "person",

@@ -39,7 +39,7 @@ from dp_operators.ledger.chain import (
 )
 from dp_operators.ledger.spend import token_hash
 from dp_operators.ledger.verify import verify_ledger
-from ledger_backends import account_config, ledger_with
+from ledger_backends import account_config, ledger_with, old_schema_metadata
 from support import GOVERNOR_KEY, SPEND_KEY, governor, spender
 
 KEYS = Keyring([GOVERNOR_KEY, SPEND_KEY])
@@ -511,11 +511,7 @@ def test_a_schema_2_chain_is_legal_as_a_prefix_closed_by_chain_keyed(ledger_url)
 
 
 def test_charges_before_a_schema_1_migration_need_no_events(ledger_url):
-    v1_columns = {"dp_budget_accounts": {"delta_spent", "config", "audit_seq", "audit_head", "spend_key_id"},
-                  "dp_charges": {"delta_amount", "context", "token_hash", "lease_expires_at"}}
-    metadata = sa.MetaData()
-    for table in (schema.schema_version, schema.accounts, schema.charges):
-        sa.Table(table.name, metadata, *[c._copy() for c in table.columns if c.name not in v1_columns.get(table.name, ())])
+    metadata = old_schema_metadata(1)
     engine = sa.create_engine(ledger_url)
     metadata.create_all(engine)
     now = dt.datetime.now(dt.timezone.utc)
