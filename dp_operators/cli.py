@@ -138,7 +138,8 @@ def _locate(url: str | None, conn_id: str | None, *, create: bool = False) -> _T
     import sqlalchemy as sa
 
     if url:
-        target = _Target(url, f"--url {url}")
+        shown = sa.make_url(url).render_as_string(hide_password=True) if "://" in url else url
+        target = _Target(url, f"--url {shown}")
     elif conn_id:
         from dp_operators.hooks.ledger import (
             DPLedgerHook,
@@ -311,6 +312,13 @@ def ledger_apply(
     conn_id: ConnOption = None,
     governor_key_file: GovernorKeyFileOption = None,
     audit_key_file: AuditKeyFileOption = None,
+    new_governor_key: Annotated[
+        bool,
+        typer.Option(
+            "--new-governor-key",
+            help="The governor key has not signed this ledger before (rotation): record it on every account.",
+        ),
+    ] = False,
 ) -> None:
     """Create or update budget accounts from a ledger configuration file (needs the governor key).
 
@@ -337,7 +345,7 @@ def ledger_apply(
             with contextlib.suppress(LedgerError):
                 governor.refuse_accountant_changes(declared_accountants(config))
             raise
-        changes = governor.apply_config(parsed)
+        changes = governor.apply_config(parsed, new_governor_key=new_governor_key)
     for line in changes or ["no change"]:
         console.print(line, highlight=False, soft_wrap=True)
 

@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from airflow.sdk import BaseHook
-from dp_operators.ledger import AuditKey, Ledger
+from dp_operators.ledger import AuditKey, Ledger, LedgerKeyError
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,11 @@ def _key_from_extra(conn: Any, name: str) -> AuditKey | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if not isinstance(value, str):
-        raise ValueError(f"connection {conn.conn_id!r}: extra {name!r} must be a string (the key's text)")
+        raise LedgerKeyError(f"connection {conn.conn_id!r}: extra {name!r} must be a string (the key's text)")
     try:
         key = AuditKey.from_text(value)
-    except ValueError as error:  # the message never contains the key
-        raise ValueError(f"connection {conn.conn_id!r}, extra {name!r}: {error}") from None
+    except ValueError as error:  # the message never contains the key; a configuration error: no retry helps
+        raise LedgerKeyError(f"connection {conn.conn_id!r}, extra {name!r}: {error}") from None
     _mask(key)
     return key
 
@@ -90,8 +90,8 @@ def audit_key_from_connection(conn: Any) -> AuditKey | None:
     """The spend key in a connection's extra ``audit_key``, or ``None`` if it has none.
 
     Raises:
-        ValueError: the value is not text of at least 32 characters (the message names the connection, never the
-            value).
+        LedgerKeyError: the value is not text of at least 32 characters (the message names the connection, never
+            the value); a configuration error, so the operator fails the task without retrying.
     """
     return _key_from_extra(conn, AUDIT_KEY_EXTRA)
 
@@ -101,7 +101,7 @@ def governor_key_from_connection(conn: Any) -> AuditKey | None:
     ``dpctl`` uses), or ``None``. :meth:`DPLedgerHook.get_ledger` never reads it.
 
     Raises:
-        ValueError: as :func:`audit_key_from_connection`.
+        LedgerKeyError: as :func:`audit_key_from_connection`.
     """
     return _key_from_extra(conn, GOVERNOR_KEY_EXTRA)
 
@@ -143,7 +143,7 @@ class DPLedgerHook(BaseHook):
         return ledger_url_from_connection(self.get_connection(self.ledger_conn_id))
 
     def get_audit_key(self) -> AuditKey | None:
-        """The spend key in the connection's extra ``audit_key`` (``None`` if unset; ``ValueError`` if too short)."""
+        """The spend key in the connection's extra ``audit_key`` (``None`` if unset; ``LedgerKeyError`` if too short)."""
         return audit_key_from_connection(self.get_connection(self.ledger_conn_id))
 
     def get_ledger(self, **kwargs: Any) -> Ledger:
@@ -152,7 +152,7 @@ class DPLedgerHook(BaseHook):
         ``lease_seconds``).
 
         Raises:
-            ValueError: the connection names no ledger, or its ``audit_key`` is not a valid key.
+            ValueError: the connection names no ledger. LedgerKeyError: its ``audit_key`` is not a valid key.
         """
         conn = self.get_connection(self.ledger_conn_id)
         if (conn.extra_dejson or {}).get(GOVERNOR_KEY_EXTRA):

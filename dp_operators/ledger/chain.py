@@ -125,6 +125,7 @@ class AccountChain:
             return None
         spent = stored_fraction(row.spent, f"budget account {name!r}: spent")
         delta_spent = stored_fraction(row.delta_spent, f"budget account {name!r}: delta_spent")
+        _check_head(conn, row, key)
         return cls(row, spent, delta_spent, row.audit_seq, row.audit_head or GENESIS_HASH, key)
 
     def signed_row(self, event: str, context: Mapping[str, Any] | str, **fields: Any) -> dict[str, Any]:
@@ -196,6 +197,36 @@ class AccountChain:
                     **extra,
                 )
             )
+
+
+def _check_head(conn: Connection, row: Any, key: AuditKey) -> None:
+    """Refuse to work on an account whose row disagrees with the head of its chain: the head event must exist, be
+    the row's ``audit_head``, state the row's running totals, and (when this key signed it) carry a valid MAC. One
+    indexed read, so a budget check stays constant-time; ``dpctl ledger verify`` checks everything else.
+
+    Raises:
+        AuditChainError: the running totals or the head were edited outside the ledger (e.g. ``spent`` lowered).
+    """
+    if not row.audit_seq:
+        return
+    head = conn.execute(
+        sa.select(schema.audit_events).where(
+            schema.audit_events.c.account == row.name, schema.audit_events.c.account_seq == row.audit_seq
+        )
+    ).first()
+    intact = (
+        head is not None
+        and head.row_hash == row.audit_head
+        and head.spent_after == row.spent
+        and head.delta_spent_after == row.delta_spent
+        and (head.key_id != key.key_id or audit_row_mac(head._mapping, key) == head.row_hash)
+    )
+    if not intact:
+        raise AuditChainError(
+            f"budget account {row.name!r}: its running totals or chain head disagree with the last event of its "
+            "audit chain (edited outside the ledger); nothing was changed. A privacy officer runs 'dpctl ledger "
+            "verify' and restores the account row from the chain (docs/ledger.md, 'Repairing an account')"
+        )
 
 
 def charge_event_fields(charge: Any) -> dict[str, Any]:

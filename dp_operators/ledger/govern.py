@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from fractions import Fraction
 from typing import Any
 
@@ -18,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dp_operators.accounting import unit_of
 from dp_operators.ledger import schema
-from dp_operators.ledger.chain import AccountChain, audit_context, canonical_json, now
+from dp_operators.ledger.chain import GOVERNANCE_EVENTS, AccountChain, audit_context, canonical_json, now
 from dp_operators.ledger.config import LedgerConfig
 from dp_operators.ledger.errors import LedgerKeyError, LedgerNotInitialisedError
 from dp_operators.ledger.keys import AuditKey, Keyring, as_key
@@ -109,6 +110,7 @@ class LedgerGovernor(LedgerBase):
                 raw.driver_connection.execute("PRAGMA journal_mode=WAL")
             finally:
                 raw.close()
+            _owner_only(self.engine.url.database)
         schema.metadata.create_all(self.engine)
 
         def create(conn: Connection) -> None:
@@ -170,7 +172,9 @@ class LedgerGovernor(LedgerBase):
             chain.flush(conn, spend_key_id=spend_key_id)
 
     # -- governance ----------------------------------------------------------------------------------------------
-    def apply_config(self, config: LedgerConfig, *, audit: Mapping[str, Any] | None = None) -> list[str]:
+    def apply_config(
+        self, config: LedgerConfig, *, audit: Mapping[str, Any] | None = None, new_governor_key: bool = False
+    ) -> list[str]:
         """Create or update accounts from a :class:`LedgerConfig`; every change is an audit event signed with the
         governor key (``account_created``/``account_updated`` with the configuration as written and the values
         stored). This is the only way a cap, an allowlist or the accepted spend key changes. Returns a line per
@@ -180,10 +184,15 @@ class LedgerGovernor(LedgerBase):
         may not go below what is already spent. Accounts in the ledger but not in ``config`` are left as they are
         (their history stays). With a spend key, every account in ``config`` accepts it from now on (rotation).
 
+        A governor key that never signed this ledger's governance events is refused (a wrong key would write events
+        verify rejects) unless ``new_governor_key``: then every account in ``config`` records the rotation in a
+        signed ``account_updated`` event, so the new key has signed each chain from here on.
+
         Raises:
             ValueError: changing an accountant, changing the privacy unit of an account that was charged, or a cap
                 below the spent amount (nothing is changed).
-            LedgerKeyError: no governor key, or creating an account without a spend key.
+            LedgerKeyError: no governor key; the governor key is an account's spend key; a governor key this
+                ledger has not seen without ``new_governor_key``; creating an account without a spend key.
             LedgerNotInitialisedError: no schema.
         """
         self.check_schema()
@@ -193,6 +202,7 @@ class LedgerGovernor(LedgerBase):
         prepared = {name: (account, account_values(account)) for name, account in sorted(config.accounts.items())}
 
         def work(conn: Connection) -> list[str]:
+            self._check_governor_key(conn, key, new_governor_key)
             changes: list[str] = []
             for name, (account, values) in prepared.items():
                 chain = AccountChain.lock(conn, name, key)
@@ -224,6 +234,11 @@ class LedgerGovernor(LedgerBase):
                     )
                     continue
                 row = chain.row
+                if row.spend_key_id == key.key_id:
+                    raise LedgerKeyError(
+                        f"the governor key given is the spend key of account {name!r} (id {key.key_id!r}), which the "
+                        "workers hold; give the privacy officer's governor key"
+                    )
                 values = {**values, "spend_key_id": spend_key_id or row.spend_key_id}
                 if row.accountant != account.accountant:
                     raise ValueError(accountant_fixed(name, row.accountant, account.accountant))
@@ -248,7 +263,7 @@ class LedgerGovernor(LedgerBase):
                             f"account {name!r}: delta {values['delta']} is below the {chain.delta_spent} already spent"
                         )
                 changed = {field: value for field, value in values.items() if getattr(row, field) != value}
-                if not changed:
+                if not changed and not new_governor_key:
                     continue
                 chain.append(
                     conn, "account_updated", context,
@@ -256,15 +271,33 @@ class LedgerGovernor(LedgerBase):
                         "config": account.as_record(),
                         "stored": stored_config(values),
                         "before": stored_config(row),
-                        "changed": sorted(changed),
+                        "changed": sorted(changed) + (["governor_key"] if new_governor_key else []),
+                        **({"governor_key_id": key.key_id} if new_governor_key else {}),
                     },
                 )
                 chain.flush(conn, **changed)
-                fields = sorted(k for k in changed if k != "config") or ["configuration as written"]
+                fields = sorted(k for k in changed if k != "config") + (["governor key"] if new_governor_key else [])
+                fields = fields or ["configuration as written"]
                 changes.append(f"updated account {name!r}: {', '.join(fields)}")
             return changes
 
         return self._write(work)
+
+    @staticmethod
+    def _check_governor_key(conn: Connection, key: AuditKey, new_governor_key: bool) -> None:
+        """Refuse a governor key this ledger has never seen sign a governance event (a typo'd or wrong key file
+        would otherwise write events that verify then rejects), unless it is announced as new."""
+        events = schema.audit_events.c
+        governance = sa.select(events.id).where(
+            events.event.in_(sorted(GOVERNANCE_EVENTS)), events.key_id.is_not(None)
+        )
+        if new_governor_key or conn.execute(governance.limit(1)).first() is None:
+            return
+        if conn.execute(governance.where(events.key_id == key.key_id).limit(1)).first() is None:
+            raise LedgerKeyError(
+                f"governor key id {key.key_id!r} has never signed this ledger's governance events: a wrong key? "
+                "Nothing was changed. To rotate the governor key, apply with the new key and --new-governor-key"
+            )
 
     def refuse_accountant_changes(self, accountants: Mapping[str, str]) -> None:
         """Raise the "accountant is fixed" :class:`ValueError` if any existing account in ``accountants``
@@ -319,6 +352,17 @@ class LedgerGovernor(LedgerBase):
         if governor_ids is None and self._key is not None:
             governor_ids = {self._key.key_id}
         return verify_ledger(self, keyring if len(keyring) else None, config, governor_key_ids=governor_ids)
+
+
+def _owner_only(database: str | None) -> None:
+    """Make a SQLite ledger file (and its WAL files) readable and writable by its owner only (mode 600): on SQLite
+    file permissions are the only barrier between tasks and governance (docs/ledger.md)."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    for suffix in ("", "-wal", "-shm"):
+        path = Path(database + suffix)
+        if path.exists():
+            path.chmod(0o600)
 
 
 def _row_dict(row: Any) -> dict[str, Any]:

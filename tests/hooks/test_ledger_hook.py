@@ -84,7 +84,7 @@ def test_a_connection_without_audit_key_can_read_but_not_reserve(tmp_path, monke
 def test_a_key_too_short_is_refused_without_showing_it():
     extra = json.dumps({"url": "sqlite://", "audit_key": "hunter2"})
     conn = Connection(conn_id="x", conn_type="dp_ledger", extra=extra)
-    with pytest.raises(ValueError, match="connection 'x', extra 'audit_key': an audit key needs at least") as error:
+    with pytest.raises(LedgerKeyError, match="connection 'x', extra 'audit_key': an audit key needs at least") as error:
         audit_key_from_connection(conn)
     assert "hunter2" not in str(error.value)
 

@@ -245,3 +245,50 @@ def test_the_schema_is_checked_once_per_ledger(ledger_url, monkeypatch):
     assert fresh.account("a").spent == Fraction(1, 4)
     assert len(calls) == 1
     assert ledger.account("a").spent == Fraction(1, 4)
+
+
+@pytest.mark.parametrize("edit", ["spent = '0'", "delta_spent = '0', spent = '0'", "audit_head = 'f'"])
+def test_reserve_refuses_an_account_whose_totals_disagree_with_its_chain(ledger_url, edit):
+    """Lowering the running totals (a column the PostgreSQL spender role may update) does not buy budget: every
+    write checks the row against the head of its chain first, so reserves stop until the row is repaired."""
+    import sqlalchemy as sa
+
+    from dp_operators.ledger import AuditChainError
+
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    spend(ledger, "run-1", "1")
+    engine = sa.create_engine(ledger_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE dp_budget_accounts SET {edit} WHERE name = 'a'")
+    engine.dispose()
+    with pytest.raises(AuditChainError, match="disagree with the last event of its audit chain"):
+        spend(ledger, "run-2", "1")
+    assert [c["state"] for c in ledger.charges()] == ["committed"]
+
+
+def test_apply_refuses_a_governor_key_the_ledger_has_not_seen_unless_it_is_announced(ledger_url):
+    from dp_operators.ledger import AuditKey, Keyring, LedgerGovernor, LedgerKeyError
+    from support import GOVERNOR_KEY, SPEND_KEY
+
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    config = LedgerConfig(version=1, accounts={"a": account_config("pure_dp", cap=2)})
+    new_key = AuditKey.generate()
+    with pytest.raises(LedgerKeyError, match="has never signed this ledger's governance events"):
+        LedgerGovernor(ledger_url, governor_key=new_key, spend_key=SPEND_KEY).apply_config(config)
+    with pytest.raises(LedgerKeyError, match="is the spend key of account 'a'"):
+        LedgerGovernor(ledger_url, governor_key=SPEND_KEY).apply_config(config, new_governor_key=True)
+    assert governor(ledger_url).account("a").cap == 1  # nothing changed
+    rotated = LedgerGovernor(ledger_url, governor_key=new_key, spend_key=SPEND_KEY)
+    assert rotated.apply_config(config, new_governor_key=True) == ["updated account 'a': cap, governor key"]
+    assert rotated.apply_config(LedgerConfig(version=1, accounts={"a": account_config("pure_dp", cap=3)})) == [
+        "updated account 'a': cap"]  # the new key has signed now
+    report = rotated.verify(Keyring([GOVERNOR_KEY, new_key, SPEND_KEY]),
+                            governor_key_ids={GOVERNOR_KEY.key_id, new_key.key_id})
+    assert report.ok and report.authenticated, report.problems
+
+
+def test_init_makes_a_sqlite_ledger_readable_by_its_owner_only(tmp_path):
+    import stat
+
+    governor(f"sqlite:///{tmp_path / 'ledger.db'}").init_schema()
+    assert stat.S_IMODE((tmp_path / "ledger.db").stat().st_mode) == 0o600
