@@ -234,11 +234,6 @@ class LedgerGovernor(LedgerBase):
                     )
                     continue
                 row = chain.row
-                if row.spend_key_id == key.key_id:
-                    raise LedgerKeyError(
-                        f"the governor key given is the spend key of account {name!r} (id {key.key_id!r}), which the "
-                        "workers hold; give the privacy officer's governor key"
-                    )
                 values = {**values, "spend_key_id": spend_key_id or row.spend_key_id}
                 if row.accountant != account.accountant:
                     raise ValueError(accountant_fixed(name, row.accountant, account.accountant))
@@ -285,8 +280,17 @@ class LedgerGovernor(LedgerBase):
 
     @staticmethod
     def _check_governor_key(conn: Connection, key: AuditKey, new_governor_key: bool) -> None:
-        """Refuse a governor key this ledger has never seen sign a governance event (a typo'd or wrong key file
-        would otherwise write events that verify then rejects), unless it is announced as new."""
+        """Refuse a governor key that is an account's spend key, or that this ledger has never seen sign a
+        governance event unless it is announced as new (a wrong key file would otherwise write events that verify
+        then rejects). A check for honest mistakes: code that skips it is caught by verify."""
+        spending = conn.execute(
+            sa.select(schema.accounts.c.name).where(schema.accounts.c.spend_key_id == key.key_id).limit(1)
+        ).first()
+        if spending is not None:
+            raise LedgerKeyError(
+                f"the governor key given is the spend key of account {spending.name!r} (id {key.key_id!r}), which "
+                "the workers hold; give the privacy officer's governor key. Nothing was changed"
+            )
         events = schema.audit_events.c
         governance = sa.select(events.id).where(
             events.event.in_(sorted(GOVERNANCE_EVENTS)), events.key_id.is_not(None)

@@ -68,7 +68,7 @@ CONFIG = LedgerConfig(
 #: What a refusal says (guards against counting a broken test statement as "blocked").
 REFUSALS = re.compile(
     r"permission denied|must be owner|dp_charges: only a reserved charge may change|append-only|rows are kept|"
-    r"is not this reservation's|no governance call|already holds sequence number"
+    r"is not this reservation's|no governance call|already holds sequence number|is the spend key of account"
 )
 
 #: (kind, attacker, outcome, how) for the table.
@@ -265,13 +265,24 @@ def apply_config_through_the_spender_api(t: Target) -> str:
     return "dp_audit_events"
 
 
+RAISED = LedgerConfig(version=1, accounts={
+    "a": account_config("pure_dp", cap=1000, dags=("d", "evil")), "c": account_config("pure_dp", cap=1000)})
+
+
 def apply_config_with_the_spend_key(t: Target) -> str:
+    """The attacker's own copy of the governor's code, without its key checks (a Python check binds nobody)."""
     with t.connect() as conn:
         first = (conn.execute(sa.select(sa.func.max(schema.audit_events.c.id))).scalar() or 0) + 1
-    raised = LedgerConfig(version=1, accounts={
-        "a": account_config("pure_dp", cap=1000, dags=("d", "evil")), "c": account_config("pure_dp", cap=1000)})
-    LedgerGovernor(t.attacker_url, governor_key=SPEND_KEY, spend_key=ATTACKER_KEY).apply_config(raised)
+    unchecked = LedgerGovernor(t.attacker_url, governor_key=SPEND_KEY, spend_key=ATTACKER_KEY)
+    unchecked._check_governor_key = lambda *args: None
+    unchecked.apply_config(RAISED)
     return where(first)
+
+
+def apply_config_api_with_the_spend_key(t: Target) -> str:
+    LedgerGovernor(t.attacker_url, governor_key=SPEND_KEY, spend_key=ATTACKER_KEY).apply_config(
+        RAISED, new_governor_key=True)
+    return ""
 
 
 def edit_charge(column: str, value: str, run: str = "r1", *, bypass: bool = False) -> Callable[[Target], str]:
@@ -431,6 +442,7 @@ KINDS = [
          {"sqlite": B, "spender": B}),
     Kind("apply_config on the spender connection with the spend key", apply_config_with_the_spend_key,
          _every(D, spender=B)),
+    Kind("apply_config with the spend key as governor key (API)", apply_config_api_with_the_spend_key, _every(B)),
     *[Kind(f"edit a charge's {column}", edit_charge(column, value), _every(B)) for column, value in CHARGE_EDITS.items()],
     *[Kind(f"edit a charge's {column} (guard trigger bypassed)", edit_charge(column, value, bypass=True),
            {"sqlite": D, "owner": D}) for column, value in CHARGE_EDITS.items()],

@@ -26,6 +26,7 @@ from dp_operators.ledger import (
     LedgerConfig,
     Ledger,
     LedgerGovernor,
+    LedgerKeyError,
     ReleaseKey,
     schema,
 )
@@ -210,7 +211,11 @@ def test_governance_signed_with_the_spend_key_is_caught_once_the_governor_key_is
     history(ledger_url)
     before = one(ledger_url, sa.select(sa.func.max(schema.audit_events.c.id)))[0]
     raised = LedgerConfig(version=1, accounts={"a": account_config("pure_dp", cap=100)})
-    LedgerGovernor(ledger_url, governor_key=SPEND_KEY).apply_config(raised)
+    with pytest.raises(LedgerKeyError, match="is the spend key of account"):
+        LedgerGovernor(ledger_url, governor_key=SPEND_KEY).apply_config(raised)
+    unchecked = LedgerGovernor(ledger_url, governor_key=SPEND_KEY)  # the attacker's own copy, checks removed
+    unchecked._check_governor_key = lambda *args: None
+    unchecked.apply_config(raised)
     report = check(ledger_url)
     assert report.problems[0].startswith(where(before + 1))
     assert "a governance event signed with key id" in report.problems[0] and "not a governor key" in report.problems[0]
