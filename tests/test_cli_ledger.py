@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from dp_operators import cli
+from dp_operators.cli import ledger as ledger_cli
 from dp_operators.cli import app
 from dp_operators.ledger import AuditKey, Ledger, ReleaseKey
 from ledger_backends import ledger_url, pg_database  # noqa: F401  (fixtures)
@@ -238,11 +238,11 @@ def test_history_pages_with_limit_and_after_without_duplicates_or_gaps(applied, 
 
 
 def test_a_long_history_streams_as_aligned_lines(applied, monkeypatch):
-    monkeypatch.setattr(cli, "HISTORY_TABLE_ROWS", 1)
+    monkeypatch.setattr(ledger_cli, "HISTORY_TABLE_ROWS", 1)
     result = dpctl("ledger", "history", "--url", applied)
     assert result.exit_code == 0, result.output
     header, *lines = result.stdout.splitlines()
-    assert header.split() == list(cli._HISTORY_COLUMNS)
+    assert header.split() == list(ledger_cli._HISTORY_COLUMNS)
     assert [line.split()[3] for line in lines] == ["run-0", "run-1"]
     assert len({line.index("census") for line in lines}) == 1  # aligned under the header
     assert lines[0].index("census") == header.index("account")

@@ -1,0 +1,268 @@
+"""``dpctl spec ...``: validate a release spec, and plan it against a ledger account."""
+
+from __future__ import annotations
+
+import json
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from dp_operators.accounting import ACCOUNTANTS
+from dp_operators.cli.common import (
+    ConnOption,
+    UrlOption,
+    _decimal,
+    _fail,
+    _ledger,
+    _ledger_errors,
+    console,
+    spec_app,
+)
+from dp_operators.ledger import LedgerConfigError, load_ledger_config
+from dp_operators.spec import SpecError, load_spec
+
+@spec_app.command("validate")
+def spec_validate(spec: Annotated[Path, typer.Argument(help="A release spec YAML file.")]) -> None:
+    """Validate a release spec; prints every problem with its field path, then plans it (float sums that cannot
+    carry the grid, totals that can reach the saturation limit, noise beyond the engine's range are refused here,
+    as they would be at the release, before any budget)."""
+    from dp_operators.release import ReleaseConfigError, plan_release
+
+    try:
+        loaded = load_spec(spec)
+        plan_release(loaded)
+    except SpecError as error:
+        _fail(str(error))
+    except ReleaseConfigError as error:
+        _fail(f"{spec}: the spec cannot be planned: {error}")
+    console.print(f"{spec}: valid (release {loaded.release!r}, {len(loaded.aggregates)} aggregate(s))", highlight=False)
+
+
+#: The accountants of budget accounts (``spec plan --accountant``), from the one list in the accounting package.
+Accountant = Enum("Accountant", {name: name for name in ACCOUNTANTS}, type=str)
+
+
+@spec_app.command("plan")
+def spec_plan(
+    spec: Annotated[Path, typer.Argument(help="A release spec YAML file.")],
+    url: UrlOption = None,
+    conn_id: ConnOption = None,
+    accountant: Annotated[
+        Optional[Accountant],
+        typer.Option(help="Plan for an account with this accountant (default: the account's, from a ledger or "
+                     "--ledger-config; else the written budgets)."),
+    ] = None,
+    ledger_config: Annotated[
+        Optional[Path],
+        typer.Option("--ledger-config", help="Read the spec's budget account from this ledger configuration "
+                     "(config/ledgers.yaml) instead of a ledger database."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Show what a spec will do, before any data is read or budget spent: per noised step the mechanism, scale,
+    charge (in the account's unit and as epsilon) and the half-width of each value's interval; with a ledger
+    (--url, --conn-id or DP_LEDGER_URL) also how many more runs the budget account can fund.
+
+    `mechanism: auto` chooses by the cost on the account the release is charged to, so the plan needs its
+    accountant: the ledger's account, else the account in --ledger-config, else --accountant. Without any of
+    them, auto compares mechanisms at the written budgets (which on a zcdp account can cost more than needed).
+    """
+    from dp_operators.accounting import IncompatibleAccountantError, epsilon_at_delta, unit_of
+    from dp_operators.release import ReleaseConfigError, plan_release
+
+    try:
+        loaded = load_spec(spec)
+    except SpecError as error:
+        _fail(str(error))
+    account = None
+    chosen = accountant.value if accountant is not None else None
+    delta = None
+    if url or conn_id or os.environ.get("DP_LEDGER_URL"):
+        with _ledger_errors():
+            account = _ledger(url, conn_id).account(loaded.budget_account)
+        if account.privacy_unit != loaded.privacy_unit:
+            _fail(
+                f"budget account {account.name!r} is for privacy unit {account.privacy_unit!r} but the spec protects "
+                f"{loaded.privacy_unit!r}: a release would be refused (ReleaseConfigError), since a budget only "
+                "composes over one privacy unit. Point budget_account at an account for "
+                f"{loaded.privacy_unit!r}, or fix the spec's privacy_unit"
+            )
+        source, found, delta = "the ledger's account", account.accountant, account.delta
+    elif ledger_config is not None:
+        try:
+            config = load_ledger_config(ledger_config)
+        except LedgerConfigError as error:
+            _fail(str(error))
+        if loaded.budget_account not in config.accounts:
+            _fail(
+                f"{ledger_config} has no account {loaded.budget_account!r} (the spec's budget_account); it defines "
+                f"{sorted(config.accounts)}"
+            )
+        configured = config.accounts[loaded.budget_account]
+        source = f"account {loaded.budget_account!r} in {ledger_config}"
+        found, delta = configured.accountant, configured.delta
+    else:
+        source, found = None, None
+    if found is not None:
+        if chosen is not None and chosen != found:
+            _fail(f"--accountant {chosen} disagrees with {source}, whose accountant is {found}; drop --accountant")
+        chosen = found
+    try:
+        plan = plan_release(loaded, accountant=chosen)
+    except ReleaseConfigError as error:
+        _fail(f"{spec}: {error}")
+    alpha = 1 - loaded.confidence
+
+    def as_epsilon(amount):
+        return account.as_epsilon(amount) if account is not None else epsilon_at_delta(amount, chosen, delta)
+
+    try:
+        rows = [_plan_row(step, chosen, as_epsilon, alpha) for step in plan.steps]
+        total = plan.charge() if chosen else None
+    except IncompatibleAccountantError as error:
+        _fail(f"budget account {loaded.budget_account!r} ({chosen}): {error}")
+    summary: dict = {
+        "release": loaded.release, "budget_account": loaded.budget_account, "accountant": chosen, "steps": rows,
+    }
+    if chosen is not None:
+        summary.update(
+            unit=unit_of(chosen),
+            charge_per_run=str(total),
+            charge_per_run_as_epsilon=as_epsilon(total),
+            delta=None if delta is None else float(delta),
+        )
+        delta_per_run = None
+        if chosen == "approx_dp":  # an approx_dp account also spends delta per run (basic composition)
+            delta_per_run = plan.delta()
+            # the run's guarantee is (charge_per_run, delta_per_run): its delta, not the account's delta cap
+            summary.update(delta=float(delta_per_run), delta_per_run=str(delta_per_run))
+    if account is not None:
+        runs, limit = _runs_remaining(account, total, delta_per_run)
+        summary.update(remaining=str(account.remaining))
+        remaining_delta = _remaining_delta(account)
+        if remaining_delta is not None:
+            summary["delta_remaining"] = str(remaining_delta)
+        summary.update(runs_remaining=runs, runs_limited_by=limit)
+    if as_json:
+        console.print_json(json.dumps(summary))
+        return
+    level = f"{loaded.confidence:.0%}"
+    table = Table(title=f"Plan of release {loaded.release!r} (no data read, nothing spent)", title_justify="left")
+    columns = ["aggregate", "component", "mechanism", "scale", "sensitivity (L1 / L2)", "L0", "calibrated to"]
+    columns += [f"charge ({unit_of(chosen)})", "charge as epsilon"] if chosen else []
+    columns += [f"± ({level})", "partitions"]
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        cells = [
+            row["aggregate"], row["component"], row["mechanism"], row["scale"],
+            f"{row['l1_sensitivity']:.6g} / {row['l2_sensitivity']:.6g}", row["l0"], row["calibrated_to"],
+        ]
+        if chosen:
+            eps = row["charge_as_epsilon"]
+            cells += [_decimal(row["charge"]), "-" if eps is None else f"{eps:.4g}"]
+        cells += [f"{row['half_width']:.4g}", str(row["partitions"] if row["partitions"] is not None else "selected")]
+        table.add_row(*cells)
+    console.print(table)
+    if chosen is None:
+        console.print(
+            "no accountant given (a ledger, --ledger-config or --accountant): charges not shown, and mechanism auto "
+            "compared mechanisms at the written budgets"
+        )
+        return
+    unit = unit_of(chosen)
+    as_eps = summary["charge_per_run_as_epsilon"]
+    line = f"charge per run ({chosen}): {unit} {_decimal(str(total))}"
+    if "delta_per_run" in summary:
+        line += f", delta {float(delta_per_run):.6g}"
+    if as_eps is not None and unit != "epsilon":
+        line += f" (epsilon {as_eps:.4g}" + (f" at delta {float(delta):g})" if delta else ")")
+    if account is not None:
+        left = f"{unit} {_decimal(str(account.remaining))}"
+        if remaining_delta is not None:
+            left += f" and delta {float(remaining_delta):.6g}"
+        runs = summary["runs_remaining"]
+        line += f"; account {account.name!r} has {left} left: " + (
+            "no run limit" if runs is None else f"{runs} more run(s)"
+        )
+        if summary["runs_limited_by"] == "delta":
+            line += " (limited by delta)"
+    console.print(line, highlight=False)
+
+
+def _remaining_delta(account) -> Fraction | None:
+    """The delta an ``approx_dp`` ledger account has left, exact and rounded down as the ledger's reserve does;
+    ``None`` for other accountants (their delta is a reporting delta, never spent)."""
+    from fractions import Fraction
+
+    from dp_operators.accounting import round_down
+
+    if account.accountant != "approx_dp" or account.delta is None:
+        return None
+    return max(round_down(Fraction(account.delta) - Fraction(account.delta_spent)), Fraction(0))
+
+
+def _runs_remaining(account, charge: Fraction, delta_charge: Fraction | None) -> tuple[int | None, str | None]:
+    """How many more runs a ledger ``account`` (an AccountStatus) can fund at ``charge`` (in the account's unit) and
+    ``delta_charge`` (the delta a run spends on an ``approx_dp`` account; ``None`` or 0 otherwise) per run.
+
+    Exact (Fractions): floor(remaining / per-run charge) in each dimension, the per-run charges rounded up as the
+    ledger's ``reserve`` rounds them; a dimension whose per-run charge is 0 does not limit. Returns
+    ``(runs, dimension)``: the minimum over the dimensions and the one that sets it (the account's unit, e.g.
+    ``"epsilon"`` or ``"rho"``, on a tie; ``"delta"`` only when delta admits strictly fewer runs), or
+    ``(None, None)`` when no dimension is charged.
+    """
+    from fractions import Fraction
+
+    from dp_operators.accounting import round_up, unit_of
+
+    limits: list[tuple[int, str]] = []
+    charge = round_up(Fraction(charge))
+    if charge > 0:
+        limits.append((int(Fraction(account.remaining) // charge), unit_of(account.accountant)))
+    remaining_delta = _remaining_delta(account)
+    delta_charge = round_up(Fraction(delta_charge or 0))
+    if remaining_delta is not None and delta_charge > 0:
+        limits.append((int(remaining_delta // delta_charge), "delta"))
+    if not limits:
+        return None, None
+    return min(limits, key=lambda limit: limit[0])  # min keeps the first of equals: the account's unit on a tie
+
+
+def _plan_row(step, accountant: str | None, as_epsilon, alpha: float) -> dict:
+    """One noised step of a plan as plain JSON (public parameters only)."""
+    described = step.describe()
+    scale = (
+        f"b = {described['scale']:.6g}" if step.mechanism == "discrete_laplace" else f"sigma = {described['sigma']:.6g}"
+    )
+    if step.threshold is not None:
+        scale += f", threshold {step.threshold}"
+    budget = ", ".join(f"{name} {value:g}" for name, value in described["calibrated_to"].items())
+    l0 = str(step.l0)
+    if "max_partitions_contributed_declared" in described:
+        l0 += f" (declared {described['max_partitions_contributed_declared']}, capped by the partitions)"
+    row = {
+        "aggregate": step.aggregate,
+        "component": step.component,
+        "mechanism": step.mechanism,
+        "scale": scale,
+        "l1_sensitivity": described["l1_sensitivity"],
+        "l2_sensitivity": described["l2_sensitivity"],
+        "l0": l0,
+        "calibrated_to": budget,
+        "half_width": step.half_width(alpha),
+        "partitions": step.partitions,
+        "noise": described,
+    }
+    if accountant is not None:
+        from dp_operators.accounting import charge_in_account_unit
+
+        charge = charge_in_account_unit(step.privacy_loss(accountant), accountant)
+        row.update(charge=str(charge), charge_as_epsilon=as_epsilon(charge))
+    return row
+
+
