@@ -231,7 +231,14 @@ def _ledger_errors() -> Iterator[None]:
     except (LedgerConfigError, LedgerError, ValueError) as error:
         _fail(str(error))
     except sa.exc.SQLAlchemyError as error:
-        _fail(f"ledger database error: {getattr(error, 'orig', None) or error}")
+        original = getattr(error, "orig", None)
+        text = str(original or error).strip().splitlines()[0]
+        if getattr(original, "sqlstate", None) == "42501" or "must be owner" in text:
+            text += (
+                ". This database role may not do that: 'init' and 'roles' run as the tables' owner, 'apply' and "
+                "'reconcile' as the governor role, tasks as the spender role (docs/ledger.md, PostgreSQL steps)"
+            )
+        _fail(f"ledger database error: {text}")
 
 
 @contextlib.contextmanager

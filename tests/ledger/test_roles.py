@@ -242,6 +242,26 @@ def test_the_governor_api_with_the_spender_connection_is_refused_by_the_database
     assert [account.name for account in deployment.spender().accounts()] == ["a", "g"]
 
 
+def test_dpctl_apply_as_the_spender_role_says_which_role_to_use(deployment, tmp_path):
+    from typer.testing import CliRunner
+
+    from dp_operators.cli import app
+
+    config = tmp_path / "ledgers.yaml"
+    config.write_text(
+        "version: 1\naccounts:\n  a:\n    accountant: pure_dp\n    cap: 1000\n    privacy_unit: person\n"
+        "    allowed_dags: [d]\n"
+    )
+    result = CliRunner().invoke(
+        app, ["ledger", "apply", str(config), "--url", deployment.url(deployment.spender_role)],
+        env={"DP_LEDGER_GOVERNOR_KEY": GOVERNOR_KEY.text, "DP_LEDGER_AUDIT_KEY": SPEND_KEY.text},
+    )
+    assert result.exit_code == 1, result.output
+    assert "permission denied for table dp_budget_accounts" in result.stderr
+    assert "'apply' and 'reconcile' as the governor role" in result.stderr
+    assert "Traceback" not in result.output
+
+
 def test_a_release_cycle_works_as_the_spender_role(deployment):
     ledger = deployment.spender()
     spent_before = ledger.account("a").spent
