@@ -201,8 +201,10 @@ class AccountChain:
 
 def _check_head(conn: Connection, row: Any, key: AuditKey) -> None:
     """Refuse to work on an account whose row disagrees with the head of its chain: the head event must exist, be
-    the row's ``audit_head``, state the row's running totals, and (when this key signed it) carry a valid MAC. One
-    indexed read, so a budget check stays constant-time; ``dpctl ledger verify`` checks everything else.
+    the row's ``audit_head`` and state the row's running totals; for the account's own spend key, so must the newest
+    event that key signed, whose MAC is checked. Indexed reads, so a budget check stays constant-time (the newest
+    own event is the head or a few governance events before it); ``dpctl ledger verify`` checks everything else.
+    Someone holding the spend key can still forge a consistent head; verify's replay catches that.
 
     Raises:
         AuditChainError: the running totals or the head were edited outside the ledger (e.g. ``spent`` lowered).
@@ -219,8 +221,22 @@ def _check_head(conn: Connection, row: Any, key: AuditKey) -> None:
         and head.row_hash == row.audit_head
         and head.spent_after == row.spent
         and head.delta_spent_after == row.delta_spent
-        and (head.key_id != key.key_id or audit_row_mac(head._mapping, key) == head.row_hash)
     )
+    if intact and row.spend_key_id == key.key_id:
+        # Only spend-key events change the totals (governance and reconcile events restate them), so the newest
+        # event this key signed, checked with the key, must state them too: a head forged under another key id
+        # cannot lower them.
+        own = head if head.key_id == key.key_id else conn.execute(
+            sa.select(schema.audit_events)
+            .where(schema.audit_events.c.account == row.name, schema.audit_events.c.key_id == key.key_id)
+            .order_by(schema.audit_events.c.account_seq.desc())
+            .limit(1)
+        ).first()
+        intact = own is None or (
+            audit_row_mac(own._mapping, key) == own.row_hash
+            and own.spent_after == row.spent
+            and own.delta_spent_after == row.delta_spent
+        )
     if not intact:
         raise AuditChainError(
             f"budget account {row.name!r}: its running totals or chain head disagree with the last event of its "

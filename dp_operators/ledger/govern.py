@@ -302,6 +302,18 @@ class LedgerGovernor(LedgerBase):
                 f"governor key id {key.key_id!r} has never signed this ledger's governance events: a wrong key? "
                 "Nothing was changed. To rotate the governor key, apply with the new key and --new-governor-key"
             )
+        rotation = conn.execute(
+            sa.select(events.details)
+            .where(events.event == "account_updated", events.details.like('%"governor_key_id"%'))
+            .order_by(events.id.desc())
+            .limit(1)
+        ).scalar()
+        current = json.loads(rotation).get("governor_key_id") if rotation else None
+        if current is not None and current != key.key_id:
+            raise LedgerKeyError(
+                f"governor key id {key.key_id!r} was retired when the ledger rotated to governor key id "
+                f"{current!r}; nothing was changed. Use the current governor key"
+            )
 
     def refuse_accountant_changes(self, accountants: Mapping[str, str]) -> None:
         """Raise the "accountant is fixed" :class:`ValueError` if any existing account in ``accountants``

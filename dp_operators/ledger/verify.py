@@ -38,6 +38,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dp_operators.accounting import round_down, round_up
+from dp_operators.accounting.budget import MAX_DENOMINATOR
 from dp_operators.ledger import schema
 from dp_operators.ledger.chain import (
     GENESIS_HASH,
@@ -145,12 +146,24 @@ class _Chain:
     chain_keyed: bool = False
     migrated_last_charge: int = 0
     #: the account's charges not in state 'released', summed from the charge rows (pass 2): an independent total
-    charged: Fraction = Fraction(0)
-    charged_delta: Fraction = Fraction(0)
+    #: in whole units of 1/MAX_DENOMINATOR, each charge rounded down: a lower bound of the exact sum that stays a
+    #: small integer whatever denominators a tampered row holds
+    charged: int = 0
+    charged_delta: int = 0
+    #: governor key ids that signed this chain's governance events, and those a rotation retired (an
+    #: ``account_updated`` with ``details.governor_key_id``, signed by the new key, retires every other)
+    governor_seen: set = field(default_factory=set)
+    governor_retired: set = field(default_factory=set)
 
 
 #: Events about one charge: each must name it.
 _CHARGE_EVENTS = frozenset({"reserved", "committed", "released", "abandoned"})
+
+
+def _units_below(value: Fraction) -> int:
+    """``value`` in whole units of ``1/MAX_DENOMINATOR``, rounded down (a lower bound, exact for the ledger's own
+    amounts, which :func:`~dp_operators.accounting.round_up` keeps on that grid)."""
+    return value.numerator * MAX_DENOMINATOR // value.denominator
 
 
 def _where(row: Mapping[str, Any]) -> str:
@@ -199,7 +212,7 @@ def _json(value: Any, what: str) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
             pass
     raise _BadValue(f"{what} is not JSON text")
 
@@ -209,7 +222,10 @@ def _sha256(text: Any) -> str | None:
 
 
 def _show(value: Fraction) -> str:
-    return str(value)
+    """A number for a problem message: exact (``str(Fraction)``) unless it would run to hundreds of digits."""
+    if value.numerator.bit_length() + value.denominator.bit_length() < 1000:
+        return str(value)
+    return f"~{value.numerator / value.denominator:.6g}"
 
 
 def _differ(names: list[str]) -> str:
@@ -332,8 +348,14 @@ class _Verifier:
             stored = details.get("stored") if isinstance(details, dict) else None
             if isinstance(stored, dict):
                 chain.stored = stored
+                self._check_cap_covers_spend(chain, stored, flag)
             else:
                 flag("a governance event must record the stored configuration (details.stored)")
+            rotated = details.get("governor_key_id") if isinstance(details, dict) else None
+            if isinstance(rotated, str) and rotated == key_id:
+                chain.governor_retired |= chain.governor_seen - {key_id}
+            if key_id is not None:
+                chain.governor_seen.add(key_id)
             if event == "account_migrated" and first and isinstance(details, dict):
                 last = details.get("last_charge_id", 0)
                 if isinstance(last, int) and not isinstance(last, bool):
@@ -395,6 +417,8 @@ class _Verifier:
             return  # governor and spend keys cannot be told apart: any key of the keyring may sign anything
         if event in GOVERNANCE_EVENTS and key_id not in self.governor_ids:
             flag(f"a governance event signed with key id {key_id!r}, which is not a governor key")
+        elif event in GOVERNANCE_EVENTS and key_id in chain.governor_retired:
+            flag(f"a governance event signed with key id {key_id!r}, a governor key this chain's rotation retired")
         elif event in SPEND_EVENTS:
             authorised = (chain.stored or {}).get("spend_key_id")
             if key_id != authorised and key_id not in self.governor_ids:
@@ -402,6 +426,21 @@ class _Verifier:
                     f"signed with key id {key_id!r}, but the account accepts spend key id {authorised!r} (or a "
                     "governor key) at this point"
                 )
+
+    @staticmethod
+    def _check_cap_covers_spend(chain: _Chain, stored: Mapping[str, Any], flag: Any) -> None:
+        """A governance event may not set a cap (or delta cap) below what the account has already spent: ``apply``
+        refuses it, so such an event was written around the ledger."""
+        try:
+            cap = _number(stored.get("cap"), "the cap set")
+            if cap < chain.spent:
+                flag(f"sets the cap {_show(cap)} below the {_show(chain.spent)} already spent")
+            if stored.get("accountant") == "approx_dp" and stored.get("delta") is not None:
+                delta_cap = _number(stored.get("delta"), "the delta cap set")
+                if delta_cap < chain.delta:
+                    flag(f"sets the delta cap {_show(delta_cap)} below the {_show(chain.delta)} already spent")
+        except _BadValue as error:
+            flag(str(error))
 
     def _check_reservation(
         self, chain: _Chain, row: Mapping[str, Any], amount: Fraction, delta_amount: Fraction, flag: Any
@@ -465,8 +504,8 @@ class _Verifier:
         chain = self.chains.get(charge["account"])
         if chain is not None and charge["state"] != "released":
             try:
-                chain.charged += _number(charge["amount"], "amount")
-                chain.charged_delta += _number(charge["delta_amount"], "delta_amount")
+                chain.charged += _units_below(_number(charge["amount"], "amount"))
+                chain.charged_delta += _units_below(_number(charge["delta_amount"], "delta_amount"))
             except _BadValue:
                 pass  # named by the fixed-column check below
         predates = chain is not None and charge["id"] <= chain.migrated_last_charge
@@ -643,12 +682,19 @@ class _Verifier:
                 )
             # Totals are rounded up after each charge, so they may exceed the plain sum of the charges, never
             # fall below it.
-            if spent < chain.charged or delta_spent < chain.charged_delta:
+            if spent * MAX_DENOMINATOR < chain.charged or delta_spent * MAX_DENOMINATOR < chain.charged_delta:
                 self.problems.add(
                     f"{label}: spent {account['spent']} (delta {account['delta_spent']}) is below what its charges "
-                    f"that were not released add up to, {_show(chain.charged)} (delta {_show(chain.charged_delta)}): "
-                    "spend was returned without its charge, or a charge's state or amount was changed"
+                    f"that were not released add up to, {_show(Fraction(chain.charged, MAX_DENOMINATOR))} "
+                    f"(delta {_show(Fraction(chain.charged_delta, MAX_DENOMINATOR))}): spend was returned without "
+                    "its charge, or a charge's state or amount was changed"
                 )
+            try:
+                cap = _number(account["cap"], "cap")
+            except _BadValue:
+                cap = None  # named by the governed-column check
+            if cap is not None and spent > cap:
+                self.problems.add(f"{label}: spent {_show(spent)} exceeds the cap {_show(cap)}")
         stored = chain.stored or {}
         differ = [name for name in schema.ACCOUNT_GOVERNED_COLUMNS if account[name] != stored.get(name)]
         if differ:

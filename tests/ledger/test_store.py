@@ -285,6 +285,15 @@ def test_apply_refuses_a_governor_key_the_ledger_has_not_seen_unless_it_is_annou
     report = rotated.verify(Keyring([GOVERNOR_KEY, new_key, SPEND_KEY]),
                             governor_key_ids={GOVERNOR_KEY.key_id, new_key.key_id})
     assert report.ok and report.authenticated, report.problems
+    # the retired key governs no more: refused by apply, and flagged by verify if written around apply
+    with pytest.raises(LedgerKeyError, match="was retired when the ledger rotated"):
+        governor(ledger_url).apply_config(LedgerConfig(version=1, accounts={"a": account_config("pure_dp", cap=100)}))
+    unchecked = governor(ledger_url)
+    unchecked._check_governor_key = lambda *args: None
+    unchecked.apply_config(LedgerConfig(version=1, accounts={"a": account_config("pure_dp", cap=100)}))
+    report = rotated.verify(Keyring([GOVERNOR_KEY, new_key, SPEND_KEY]),
+                            governor_key_ids={GOVERNOR_KEY.key_id, new_key.key_id})
+    assert any("a governor key this chain's rotation retired" in problem for problem in report.problems), report
 
 
 def test_init_makes_a_sqlite_ledger_readable_by_its_owner_only(tmp_path):
@@ -292,3 +301,31 @@ def test_init_makes_a_sqlite_ledger_readable_by_its_owner_only(tmp_path):
 
     governor(f"sqlite:///{tmp_path / 'ledger.db'}").init_schema()
     assert stat.S_IMODE((tmp_path / "ledger.db").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("signer", ["the governor's key id, MAC made up", "a random key id"])
+def test_a_forged_head_under_another_key_id_does_not_lower_the_totals(ledger_url, signer):
+    """The second red team's bypass: append an event claiming another key at the next seq, stating spent 0, and
+    point the row at it. The newest event the spend key signed still states the true totals, so reserves stop."""
+    import sqlalchemy as sa
+
+    from dp_operators.ledger import AuditChainError, schema
+    from support import GOVERNOR_KEY
+
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    spend(ledger, "run-1", "1")
+    engine = sa.create_engine(ledger_url)
+    with engine.begin() as conn:
+        row = conn.execute(sa.select(schema.accounts).where(schema.accounts.c.name == "a")).first()
+        forged = {name: None for name in schema.AUDIT_HASHED_COLUMNS}
+        forged.update(account="a", account_seq=row.audit_seq + 1, event="refused", spent_after="0",
+                      delta_spent_after="0", context="{}", created_at="2026-01-01T00:00:00.000000+00:00",
+                      key_id=GOVERNOR_KEY.key_id if "governor" in signer else "0123456789abcdef",
+                      prev_hash=row.audit_head, row_hash="f" * 64)
+        conn.execute(schema.audit_events.insert().values(**forged))
+        conn.execute(schema.accounts.update().where(schema.accounts.c.name == "a").values(
+            spent="0", audit_seq=row.audit_seq + 1, audit_head="f" * 64))
+    engine.dispose()
+    with pytest.raises(AuditChainError, match="disagree with the last event of its audit chain"):
+        spend(ledger, "run-2", "1")
+    assert [c["state"] for c in ledger.charges()] == ["committed"]

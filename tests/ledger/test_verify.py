@@ -672,3 +672,42 @@ def test_a_number_that_would_take_for_ever_to_parse_is_named_not_parsed(ledger_u
     problems = check(ledger_url).problems
     assert any("dp_budget_accounts 'a'" in problem and f"{column} '0e-999999999'" in problem for problem in problems)
     assert time.monotonic() - started < 10
+
+
+def test_json_nested_deeper_than_the_parser_is_a_problem_not_a_crash(ledger_url):
+    history(ledger_url)
+    forged = append(ledger_url, "a", "account_updated", key=SPEND_KEY, details="[" * 200_000 + "]" * 200_000)
+    problems = check(ledger_url).problems
+    assert problems[0].startswith(where(forged)), problems[:2]
+    assert any("details is not JSON text" in problem for problem in problems)
+
+
+def test_charges_with_huge_denominators_neither_crash_nor_slow_verify(ledger_url):
+    """Raw charge rows whose amounts are 1/<400-digit number> (distinct odd denominators): an exact sum would grow
+    past Python's int-to-text limit and quadratically in time; verify bounds it from below in integer units."""
+    history(ledger_url)
+    now = dt.datetime.now(dt.timezone.utc)
+    engine = sa.create_engine(ledger_url)
+    with engine.begin() as conn:
+        conn.execute(schema.charges.insert(), [
+            dict(account="a", dag_id="d", run_id=f"huge-{i}", task_id="t", map_index=-1, release_name="r", attempt=1,
+                 state="abandoned", amount=f"1/{10**399 + 2 * i + 1}", delta_amount="0", mechanisms="[]",
+                 spec_hash="0" * 64, created_at=now, updated_at=now)
+            for i in range(300)])
+    engine.dispose()
+    started = time.monotonic()
+    problems = check(ledger_url).problems
+    assert time.monotonic() - started < 20
+    assert sum("has no audit events" in problem for problem in problems) == 300
+
+
+def test_a_governance_event_setting_the_cap_below_the_spend_is_named(ledger_url):
+    history(ledger_url)
+    spent = one(ledger_url, sa.select(schema.accounts.c.spent).where(schema.accounts.c.name == "a"))[0]
+    stored = {"accountant": "pure_dp", "cap": "1/100", "delta": None, "privacy_unit": "person",
+              "allowed_dags": json.dumps(["d"]), "spend_key_id": SPEND_KEY.key_id}
+    forged = append(ledger_url, "a", "account_updated", key=GOVERNOR_KEY, details=json.dumps({"stored": stored}))
+    run_sql(ledger_url, "UPDATE dp_budget_accounts SET cap = '1/100' WHERE name = 'a'")
+    problems = check(ledger_url).problems
+    assert problems[0].startswith(where(forged)) and f"below the {spent} already spent" in problems[0], problems
+    assert any(f"spent {spent} exceeds the cap 1/100" in problem for problem in problems), problems
