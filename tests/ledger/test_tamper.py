@@ -328,6 +328,25 @@ def lowered_spent(t: Target) -> str:
     return "dp_budget_accounts 'a': spent 0"
 
 
+def lowered_spent_stops_reserves(t: Target) -> str:
+    t.sql("UPDATE dp_budget_accounts SET spent = '0' WHERE name = 'a'")
+    _next_reserve_is_refused(t, "a")
+    return "dp_budget_accounts 'a': spent 0"
+
+
+def forged_head_lowering_spent(claimed: str) -> Callable[[Target], str]:
+    """Append a head claiming another key id (the governor's, or made up) that states spent 0, and point the
+    account row at it: the head agrees with the row, but not the newest event the spend key signed."""
+    def attack(t: Target) -> str:
+        key_id = GOVERNOR_KEY.key_id if claimed == "governor" else "0123456789abcdef"
+        with t.connect() as conn:
+            forged = raw_append(conn, "a", "refused", key_id=key_id, dag_id="d", spent_after="0")
+        _next_reserve_is_refused(t, "a")
+        return where(forged)
+
+    return attack
+
+
 def junk_row_at_next_seq(t: Target) -> str:
     with t.connect() as conn:
         forged = raw_append(conn, "a", "junk", key_id=None, row_hash="junk", move_head=False, spent_after="?")
@@ -462,6 +481,10 @@ KINDS = [
     Kind("replaced trigger function", replaced_trigger_function, {"spender": B, "owner": D}),
     Kind("non-numeric spent", non_numeric_spent, _every(D)),
     Kind("lowered spent", lowered_spent, _every(D)),
+    Kind("lowered spent, then reserve", lowered_spent_stops_reserves, _every(D)),
+    Kind("forged head under the governor's key id lowering spent", forged_head_lowering_spent("governor"),
+         _every(D)),
+    Kind("forged head under a made-up key id lowering spent", forged_head_lowering_spent("made up"), _every(D)),
     Kind("junk audit row at the next seq", junk_row_at_next_seq, _every(D)),
     Kind("forged append: unkeyed row with a plain SHA-256", forged_append_schema_2_hash, _every(D)),
     Kind("forged append: signed with the attacker's own key", forged_append_own_key, _every(D)),
