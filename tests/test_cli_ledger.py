@@ -575,3 +575,24 @@ def test_error_messages_are_printed_verbatim_not_as_rich_markup(tmp_path):
     result = dpctl("release", "show", str(missing))
     assert result.exit_code == 1
     assert result.stderr.strip() == f"error: no such file: {missing}"
+
+
+def test_apply_dry_run_prints_the_changes_and_changes_nothing(tmp_path):
+    from support import GOVERNOR_KEY, SPEND_KEY, governor
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    governor(url).init_schema()
+    config = tmp_path / "ledgers.yaml"
+    config.write_text("version: 1\naccounts:\n  survey:\n    accountant: pure_dp\n    cap: 1\n"
+                      "    privacy_unit: person\n    allowed_dags: [d]\n")
+    env = {"DP_LEDGER_GOVERNOR_KEY": GOVERNOR_KEY.text, "DP_LEDGER_AUDIT_KEY": SPEND_KEY.text}
+    result = CliRunner().invoke(app, ["ledger", "apply", str(config), "--url", url, "--dry-run"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "would have created account 'survey'" in result.stdout and "dry run: nothing was changed" in result.stdout
+    assert governor(url).accounts() == [] and list(governor(url).events()) == []
+    assert CliRunner().invoke(app, ["ledger", "apply", str(config), "--url", url], env=env).exit_code == 0
+    config.write_text(config.read_text().replace("survey:", "survy:"))  # a misspelt name
+    result = CliRunner().invoke(app, ["ledger", "apply", str(config), "--url", url, "--dry-run"], env=env)
+    assert "would have created account 'survy'" in result.stdout
+    assert "note: account 'survey' is in the ledger but not in" in result.stderr
+    assert [a.name for a in governor(url).accounts()] == ["survey"]

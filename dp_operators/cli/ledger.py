@@ -95,6 +95,9 @@ def ledger_apply(
             help="The governor key has not signed this ledger before (rotation): record it on every account.",
         ),
     ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check and print the changes, then change nothing.")
+    ] = False,
 ) -> None:
     """Create or update budget accounts from a ledger configuration file (needs the governor key).
 
@@ -121,9 +124,20 @@ def ledger_apply(
             with contextlib.suppress(LedgerError):
                 governor.refuse_accountant_changes(declared_accountants(config))
             raise
-        changes = governor.apply_config(parsed, new_governor_key=new_governor_key)
+        changes = governor.apply_config(parsed, new_governor_key=new_governor_key, dry_run=dry_run)
+        untouched = sorted({account.name for account in governor.accounts()} - set(parsed.accounts))
+    prefix = "would have " if dry_run else ""
     for line in changes or ["no change"]:
-        console.print(line, highlight=False, soft_wrap=True)
+        console.print(prefix + line if changes else line, highlight=False, soft_wrap=True)
+    for name in untouched:
+        errors.print(
+            f"note: account {name!r} is in the ledger but not in {config} (left as it is; a misspelt name creates "
+            "a new account: check with --dry-run first)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if dry_run:
+        console.print("dry run: nothing was changed", highlight=False)
 
 
 def _account_row(a) -> dict:

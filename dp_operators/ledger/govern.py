@@ -173,7 +173,12 @@ class LedgerGovernor(LedgerBase):
 
     # -- governance ----------------------------------------------------------------------------------------------
     def apply_config(
-        self, config: LedgerConfig, *, audit: Mapping[str, Any] | None = None, new_governor_key: bool = False
+        self,
+        config: LedgerConfig,
+        *,
+        audit: Mapping[str, Any] | None = None,
+        new_governor_key: bool = False,
+        dry_run: bool = False,
     ) -> list[str]:
         """Create or update accounts from a :class:`LedgerConfig`; every change is an audit event signed with the
         governor key (``account_created``/``account_updated`` with the configuration as written and the values
@@ -186,7 +191,8 @@ class LedgerGovernor(LedgerBase):
 
         A governor key that never signed this ledger's governance events is refused (a wrong key would write events
         verify rejects) unless ``new_governor_key``: then every account in ``config`` records the rotation in a
-        signed ``account_updated`` event, so the new key has signed each chain from here on.
+        signed ``account_updated`` event, so the new key has signed each chain from here on. ``dry_run`` makes every
+        check and returns the lines, then rolls the transaction back: nothing is changed.
 
         Raises:
             ValueError: changing an accountant, changing the privacy unit of an account that was charged, or a cap
@@ -276,7 +282,18 @@ class LedgerGovernor(LedgerBase):
                 changes.append(f"updated account {name!r}: {', '.join(fields)}")
             return changes
 
+        if dry_run:
+            return self._rolled_back(work)
         return self._write(work)
+
+    def _rolled_back(self, work: Any) -> Any:
+        """Run ``work`` in a write transaction (with its locks and checks) and roll it back."""
+        with self.engine.connect() as conn:
+            transaction = conn.begin()
+            try:
+                return work(conn)
+            finally:
+                transaction.rollback()
 
     @staticmethod
     def _check_governor_key(conn: Connection, key: AuditKey, new_governor_key: bool) -> None:
