@@ -57,7 +57,6 @@ from dp_operators.ledger import (
 from dp_operators.ledger.chain import (
     AccountChain,
     audit_context,
-    audit_row_mac,
     canonical_json,
     charge_event_fields,
     timestamp_text,

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 from enum import Enum
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from dp_operators.accounting import ACCOUNTANTS
+from dp_operators.accounting import ACCOUNTANTS, round_up, unit_of
 from dp_operators.cli.common import (
     ConnOption,
     UrlOption,
@@ -71,7 +72,7 @@ def spec_plan(
     accountant: the ledger's account, else the account in --ledger-config, else --accountant. Without any of
     them, auto compares mechanisms at the written budgets (which on a zcdp account can cost more than needed).
     """
-    from dp_operators.accounting import IncompatibleAccountantError, epsilon_at_delta, unit_of
+    from dp_operators.accounting import IncompatibleAccountantError, epsilon_at_delta
     from dp_operators.release import ReleaseConfigError, plan_release
 
     try:
@@ -143,7 +144,7 @@ def spec_plan(
     if account is not None:
         runs, limit = _runs_remaining(account, total, delta_per_run)
         summary.update(remaining=str(account.remaining))
-        remaining_delta = _remaining_delta(account)
+        remaining_delta = account.remaining_delta
         if remaining_delta is not None:
             summary["delta_remaining"] = str(remaining_delta)
         summary.update(runs_remaining=runs, runs_limited_by=limit)
@@ -194,18 +195,6 @@ def spec_plan(
     console.print(line, highlight=False)
 
 
-def _remaining_delta(account) -> Fraction | None:
-    """The delta an ``approx_dp`` ledger account has left, exact and rounded down as the ledger's reserve does;
-    ``None`` for other accountants (their delta is a reporting delta, never spent)."""
-    from fractions import Fraction
-
-    from dp_operators.accounting import round_down
-
-    if account.accountant != "approx_dp" or account.delta is None:
-        return None
-    return max(round_down(Fraction(account.delta) - Fraction(account.delta_spent)), Fraction(0))
-
-
 def _runs_remaining(account, charge: Fraction, delta_charge: Fraction | None) -> tuple[int | None, str | None]:
     """How many more runs a ledger ``account`` (an AccountStatus) can fund at ``charge`` (in the account's unit) and
     ``delta_charge`` (the delta a run spends on an ``approx_dp`` account; ``None`` or 0 otherwise) per run.
@@ -216,15 +205,11 @@ def _runs_remaining(account, charge: Fraction, delta_charge: Fraction | None) ->
     ``"epsilon"`` or ``"rho"``, on a tie; ``"delta"`` only when delta admits strictly fewer runs), or
     ``(None, None)`` when no dimension is charged.
     """
-    from fractions import Fraction
-
-    from dp_operators.accounting import round_up, unit_of
-
     limits: list[tuple[int, str]] = []
     charge = round_up(Fraction(charge))
     if charge > 0:
         limits.append((int(Fraction(account.remaining) // charge), unit_of(account.accountant)))
-    remaining_delta = _remaining_delta(account)
+    remaining_delta = account.remaining_delta
     delta_charge = round_up(Fraction(delta_charge or 0))
     if remaining_delta is not None and delta_charge > 0:
         limits.append((int(remaining_delta // delta_charge), "delta"))

@@ -126,10 +126,11 @@ class AccountStatus:
 
     @property
     def remaining_delta(self) -> Fraction | None:
-        """The delta left on an ``approx_dp`` account (``None`` for other accountants)."""
+        """The delta left on an ``approx_dp`` account, rounded down as :meth:`Ledger.reserve` rounds it (``None``
+        for other accountants: their delta is a reporting delta, never spent)."""
         if self.accountant != "approx_dp" or self.delta is None:
             return None
-        return max(self.delta - self.delta_spent, Fraction(0))
+        return round_down(max(self.delta - self.delta_spent, Fraction(0)))
 
     def as_epsilon(self, amount: Fraction) -> float | None:
         """``amount`` reported as epsilon (at the account's delta for zCDP and Gaussian DP), rounded up."""
