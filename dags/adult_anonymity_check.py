@@ -46,6 +46,7 @@ adult_extract = Asset(name="adult_microdata_k10", uri=EXTRACT.resolve().as_uri()
     start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
     catchup=False,
     tags=["dp_operators", "anonymity", "example"],
+    doc_md=__doc__,
 )
 def adult_anonymity_check():
     @task

@@ -25,9 +25,14 @@ def get_provider_info() -> dict:
         "operators": [
             {
                 "integration-name": "Differential Privacy",
-                "python-modules": ["dp_operators.operators.release", "dp_operators.operators.anonymity"],
+                "python-modules": [
+                    "dp_operators.operators.release",
+                    "dp_operators.operators.anonymity",
+                    "dp_operators.operators.gate",
+                ],
             }
         ],
+        "extra-links": ["dp_operators.operators.lineage.DPReleaseLink"],
         "hooks": [
             {"integration-name": "Differential Privacy", "python-modules": ["dp_operators.hooks.ledger"]}
         ],

@@ -1,5 +1,5 @@
-"""``dpctl ledger ...``: keygen, init, apply, show, history, verify, reconcile, export, roles, on SQLite and
-PostgreSQL; keys from files, the environment and the Airflow connection; exit codes."""
+"""``dpctl ledger ...``: keygen, init, apply, show, verify, reconcile, export, roles, on SQLite and PostgreSQL; keys
+from files, the environment and the Airflow connection; exit codes. ``history``: test_cli_ledger_history.py."""
 
 from __future__ import annotations
 
@@ -9,93 +9,30 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 import uuid
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from dp_operators.cli import ledger as ledger_cli
+from cli_ledger_support import (  # noqa: F401  (fixtures)
+    CONFIG,
+    DPCTL,
+    NO_KEYS,
+    applied,
+    charge,
+    config,
+    dpctl,
+    key_file,
+    no_keys,
+    officer_keys,
+)
 from dp_operators.cli import app
-from dp_operators.ledger import AuditKey, Ledger, ReleaseKey
+from dp_operators.ledger import AuditKey, Ledger
 from ledger_backends import ledger_url, pg_database  # noqa: F401  (fixtures)
 from support import GOVERNOR_KEY, SPEND_KEY, spender
-
-DPCTL = Path(sys.executable).with_name("dpctl")
-
-CONFIG = """\
-version: 1
-accounts:
-  census:
-    accountant: gaussian_dp
-    epsilon: 1
-    delta: 1e-6
-    privacy_unit: person
-    allowed_dags: [d]
-  survey:
-    accountant: approx_dp
-    cap: 2
-    delta: 1e-5
-    privacy_unit: household
-    allowed_dags: [d]
-"""
-
-NO_KEYS = (
-    "authenticity not checked: no keys given (--governor-key-file/--audit-key-file or "
-    "DP_LEDGER_GOVERNOR_KEY/DP_LEDGER_AUDIT_KEY)"
-)
-
-
-def dpctl(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
-@pytest.fixture(autouse=True)
-def officer_keys(monkeypatch):
-    """Both test keys in the environment, as the privacy officer's shell has them; tests that need fewer unset them."""
-    monkeypatch.setenv("DP_LEDGER_GOVERNOR_KEY", GOVERNOR_KEY.text)
-    monkeypatch.setenv("DP_LEDGER_AUDIT_KEY", SPEND_KEY.text)
-
-
-def no_keys(monkeypatch) -> None:
-    monkeypatch.delenv("DP_LEDGER_GOVERNOR_KEY")
-    monkeypatch.delenv("DP_LEDGER_AUDIT_KEY")
-
-
-def key_file(path: Path, *keys: AuditKey) -> Path:
-    path.write_text("".join(f"{key.text}\n" for key in keys))
-    path.chmod(0o600)
-    return path
-
-
-def charge(ledger: Ledger, run: str, *, commit: bool = True, account: str = "census"):
-    reservation = ledger.reserve(ReleaseKey("d", run, "t", -1, "r"), account=account, amount=Fraction(1, 400),
-                                 mechanisms=[{"mechanism": "discrete_gaussian"}], spec_hash="0" * 64)
-    if commit:
-        ledger.commit(reservation, {"value": run})
-    return reservation
-
-
-@pytest.fixture
-def config(tmp_path: Path) -> Path:
-    path = tmp_path / "ledgers.yaml"
-    path.write_text(CONFIG)
-    return path
-
-
-@pytest.fixture
-def applied(ledger_url, config) -> str:
-    assert dpctl("ledger", "init", "--url", ledger_url).exit_code == 0
-    result = dpctl("ledger", "apply", str(config), "--url", ledger_url)
-    assert result.exit_code == 0, result.output
-    ledger = spender(ledger_url)
-    for run in range(2):
-        charge(ledger, f"run-{run}")
-    return ledger_url
 
 
 def test_init_then_apply_then_apply_again_is_no_change(ledger_url, config):
@@ -189,63 +126,6 @@ def test_show_reports_every_unit_and_epsilon(applied):
     assert rows["survey"]["delta_spent"] == "0" and rows["survey"]["cap_epsilon"] == 2
     table = dpctl("ledger", "show", "--url", applied)
     assert table.exit_code == 0 and "census" in table.output and "gaussian_dp" in table.output
-
-
-def test_history_filters_and_prints_json_lines(applied):
-    result = dpctl("ledger", "history", "--url", applied, "--account", "census", "--json")
-    assert result.exit_code == 0
-    charges = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [c["run_id"] for c in charges] == ["run-0", "run-1"]
-    assert "output" not in charges[0] and "token_hash" not in charges[0]
-    assert dpctl("ledger", "history", "--url", applied, "--since", "2999-01-01", "--json").output == ""
-    bad = dpctl("ledger", "history", "--url", applied, "--since", "yesterday")
-    assert bad.exit_code == 2
-
-
-@pytest.mark.parametrize("as_json", [pytest.param(True, id="json lines"), pytest.param(False, id="table")])
-def test_history_pages_with_limit_and_after_without_duplicates_or_gaps(applied, as_json):
-    ledger = spender(applied)
-    for run in range(2, 9):
-        charge(ledger, f"run-{run}", commit=run % 2 == 0)
-    expected = [c["id"] for c in Ledger(applied).charges()]
-    assert len(expected) == 9
-    seen: list[int] = []
-    after: list[str] = []
-    pages = 0
-    while True:
-        result = dpctl("ledger", "history", "--url", applied, "--limit", "4", *after, *(["--json"] if as_json else []))
-        assert result.exit_code == 0, result.output
-        pages += 1
-        if as_json:
-            ids = [json.loads(line)["id"] for line in result.stdout.splitlines()]
-        else:
-            ids = [int(m) for m in re.findall(r"^\W*(\d+)\s*\W", result.stdout, flags=re.MULTILINE)]
-            assert "Charges" in result.stdout  # a page is small enough for a table
-        assert 0 < len(ids) <= 4
-        seen += ids
-        more = re.fullmatch(r"more: --after (\d+)", result.stderr.strip())
-        if more is None:
-            assert result.stderr == ""
-            break
-        assert int(more.group(1)) == ids[-1]
-        after = ["--after", more.group(1)]
-    assert seen == expected and pages == 3
-    # a page that ends exactly at the last charge says nothing more follows
-    exact = dpctl("ledger", "history", "--url", applied, "--limit", "9", "--json")
-    assert len(exact.stdout.splitlines()) == 9 and exact.stderr == ""
-    last = dpctl("ledger", "history", "--url", applied, "--after", str(expected[-1]), "--json")
-    assert last.exit_code == 0 and last.stdout == ""
-
-
-def test_a_long_history_streams_as_aligned_lines(applied, monkeypatch):
-    monkeypatch.setattr(ledger_cli, "HISTORY_TABLE_ROWS", 1)
-    result = dpctl("ledger", "history", "--url", applied)
-    assert result.exit_code == 0, result.output
-    header, *lines = result.stdout.splitlines()
-    assert header.split() == list(ledger_cli._HISTORY_COLUMNS)
-    assert [line.split()[3] for line in lines] == ["run-0", "run-1"]
-    assert len({line.index("census") for line in lines}) == 1  # aligned under the header
-    assert lines[0].index("census") == header.index("account")
 
 
 @pytest.mark.parametrize(
@@ -540,15 +420,6 @@ def test_an_unknown_key_in_ledgers_yaml_is_named_as_such(ledger_url, config):
     assert result.exit_code == 1
     assert "accounts.census.alowed_dags: unknown field (check the spelling; see docs/ledger.md)" in result.stderr
     assert "Extra inputs" not in result.stderr
-
-
-def test_history_state_must_be_a_known_state(applied):
-    result = dpctl("ledger", "history", "--url", applied, "--state", "bogus")
-    assert result.exit_code == 2
-    for state in ("reserved", "committed", "released", "abandoned"):
-        assert state in result.output
-    result = dpctl("ledger", "history", "--url", applied, "--state", "committed", "--json")
-    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 2
 
 
 @pytest.mark.parametrize(

@@ -252,6 +252,7 @@ def _stdout_pipe() -> Iterator[None]:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0)
 
+
 def _decimal(text: str) -> str:
     from fractions import Fraction
 

@@ -1,20 +1,19 @@
 """``DPReleaseOperator``: noise upstream aggregates as a release spec says, charge the ledger, publish.
 
-The operator is thin (STYLE.md): it resolves inputs, calls :func:`dp_operators.release.run_release`, and
-publishes. No DP arithmetic happens here.
+The operator is thin (STYLE.md): it reads the true aggregates (:mod:`~dp_operators.operators.upstream`,
+:mod:`~dp_operators.operators.sources`), calls :func:`dp_operators.release.run_release`, and publishes what the ledger
+committed (:mod:`~dp_operators.operators.sinks`, :mod:`~dp_operators.operators.locations`). No DP arithmetic here.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, BaseOperator, ObjectStoragePath
+from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -26,11 +25,14 @@ from dp_operators.release import (
     ReleaseAbortedError,
     ReleaseConfigError,
     ReleaseInputError,
-    plan_release,
     run_release,
 )
-from dp_operators.release.publish import published_interval
-from dp_operators.spec import SpecError, load_spec_with_hash
+from dp_operators.operators.gate import load_planned_spec
+from dp_operators.operators.lineage import ReleaseLineageMixin
+from dp_operators.operators.locations import diagnostics_file, release_folder, release_stem
+from dp_operators.operators.sinks import SQLTableSink, check_formats, release_csv, write_files
+from dp_operators.operators.sources import is_reference, read_reference
+from dp_operators.operators.upstream import describe_missing, pull_return_value
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -42,72 +44,134 @@ if TYPE_CHECKING:
 _PERMANENT = (LedgerError, ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError)
 
 
-class DPReleaseOperator(BaseOperator):
-    """Release differentially private aggregates computed by an upstream task.
+@dataclass(frozen=True)
+class PublishedRelease:
+    """What one :meth:`DPReleaseOperator.execute` published (read by lineage and extra links).
+
+    Attributes:
+        output: the committed release (plain JSON, canonical key order).
+        replayed: True when the release key was already committed (nothing charged, no asset event).
+        locations: format (``json``, ``csv``, ``parquet``) -> URI of the file written.
+        sql_table: the SQL sink's table, if any.
+    """
+
+    output: dict[str, Any]
+    replayed: bool
+    locations: dict[str, str] = field(default_factory=dict)
+    sql_table: str | None = None
+
+
+#: The outlet every release operator declares; a new release adds one event for its own asset, a replay none
+#: (ADR 0021). One alias for all releases, so mapped operators (whose spec may be an expanded argument) declare it
+#: too. Schedule consumers on the release's asset, not on this alias (which carries every release's events).
+RELEASE_ALIAS = AssetAlias(name="dp-release")
+
+
+class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
+    """Release differentially private aggregates: noise them as a release spec says, charge the ledger, publish.
 
     The spec file is read and validated when the DAG is parsed, so a bad spec fails at DAG import with the file,
-    the field path and the reason. The upstream aggregates are pulled from XCom inside :meth:`execute`, never
-    through a templated field: Airflow stores rendered fields in its database and shows them in the UI.
+    the field path and the reason. The true aggregates are read inside :meth:`execute` (never through a templated
+    field: Airflow stores rendered fields in its database and shows them in the UI), from one source:
+
+    * ``aggregates_task_id``: the upstream task's return value (XCom), of the same map index when the release is
+      mapped with it (:mod:`dp_operators.operators.upstream`); a string (or a mapping of aggregate name -> string)
+      returned there is a *reference*: files read by :func:`dp_operators.operators.sources.read_reference`;
+    * ``aggregates_uri``: such a reference given directly (JSON, CSV or Parquet by ``ObjectStoragePath``);
+    * a subclass's :meth:`read_aggregates` (:class:`~dp_operators.operators.sql.DPSQLReleaseOperator` runs SQL).
+
+    What the ledger committed is published to XCom (``return_value``), to files under ``output_uri`` and to an
+    optional SQL table; a replay (the release key already committed: a retry, a cleared task) publishes the same
+    bytes everywhere and emits no asset event (the outlet is an :class:`~airflow.sdk.AssetAlias`, ADR 0021).
 
     Args:
         spec_path: path of the release spec YAML (absolute, or relative to the working directory).
-        aggregates_task_id: the upstream task whose return value holds the true aggregates (shape: see
-            :func:`dp_operators.release.prepare_inputs`).
-        output_uri: folder (any ``ObjectStoragePath`` URI, e.g. ``file:///srv/releases`` or ``s3://bucket/dp``)
-            where ``<release>/<run_id>/<task_id>.json`` and ``.csv`` are written. (templated)
+        aggregates_task_id: the upstream task returning the true aggregates (shape: see
+            :func:`dp_operators.release.prepare_inputs`) or a reference to files holding them.
+        aggregates_uri: a reference to files holding the true aggregates (instead of ``aggregates_task_id``):
+            one JSON file of the whole mapping, or a mapping aggregate name -> JSON/CSV/Parquet file. (templated)
+        output_uri: folder (any ``ObjectStoragePath`` URI: ``file:///srv/releases``, ``s3://bucket/dp``) where
+            ``<release>/<dag_id>/<run_id>/<task_id>[~<map_index>].<format>`` is written, each name encoded
+            reversibly (:mod:`dp_operators.operators.locations`). None: no files. (templated)
+        output_formats: the file formats under ``output_uri``: any of ``json``, ``csv``, ``parquet``.
+        sql_sink: a :class:`~dp_operators.operators.sinks.SQLTableSink` the released rows are upserted into.
         ledger_conn_id: Airflow connection of the budget ledger (see :class:`DPLedgerHook`).
-        asset: the asset whose event announces the release; default ``dp-release://<account>/<release>``.
+        asset: the asset whose event announces a new release; default ``Asset(name=<release>,
+            uri="dp-release://<release>")`` (independent of the budget account, so moving a release to another
+            account keeps its asset).
         diagnostics_uri: opt-in data-quality report: a folder (``ObjectStoragePath`` URI) where
-            ``<release>/<run_id>/<task_id>.diagnostics.json`` is written before any budget is reserved, whether or
-            not the release is then refused (:class:`~dp_operators.release.DiagnosticsReport`: rows outside the
-            public key domain with examples, NaN/None handled, values clamped, row index of a malformed row...).
-            It holds exact, data-derived numbers: point it next to the true aggregates, readable only by the people
-            who may see them. Default None: no report (the task log never holds such numbers). (templated)
+            ``<release>/<dag_id>/<run_id>/<task_id>~diagnostics.json`` is written before any budget is reserved,
+            whether or not the release is then refused (:class:`~dp_operators.release.DiagnosticsReport`). It holds
+            exact, data-derived numbers: point it next to the true aggregates, readable only by the people who may
+            see them. Default None: no report (the task log never holds such numbers). (templated)
 
-    Returns (XCom ``return_value``): the published release, plain JSON; identical, byte for byte, on every retry.
+    Returns (XCom ``return_value``): the published release, plain JSON; identical, byte for byte, on every replay.
+    Also pushes XCom ``release_location``: the JSON file's URI (the "DP release" extra link).
 
     Raises:
+        ValueError: at construction, neither or both of ``aggregates_task_id`` and ``aggregates_uri``, or an unknown
+            output format.
         AirflowFailException: budget exhausted, DAG not allowed, unknown account, ledger not initialised, a
-            missing or rotated spend key, malformed upstream aggregates: refusals that retrying cannot fix; and any
-            failure after the budget was reserved (:class:`~dp_operators.release.ReleaseAbortedError`), which a
-            retry would repeat while charging again.
+            missing or rotated spend key, missing or malformed upstream aggregates: refusals that retrying cannot
+            fix; and any failure after the budget was reserved (:class:`~dp_operators.release.ReleaseAbortedError`),
+            which a retry would repeat while charging again.
         AirflowException: retryable. Another try of this release is still running and holds the ledger's lease
             on its reservation (Airflow can start try 2 while try 1 still runs): nothing was charged, and a retry
             replays that try's committed output, or takes the release over once the lease has expired (that try
-            died; its charge stays spent). Also the ledger's database failing, and unexpected errors before any
-            reservation (their text withheld).
+            died; its charge stays spent). Also the ledger's database failing, a sink failing after the commit (a
+            retry replays and rewrites the same content), and unexpected errors before any reservation (their text
+            withheld).
     """
 
-    template_fields: Sequence[str] = ("output_uri", "diagnostics_uri")
+    template_fields: Sequence[str] = ("aggregates_uri", "output_uri", "diagnostics_uri")
     ui_color = "#e8f0fe"
 
     def __init__(
         self,
         *,
         spec_path: str | Path,
-        aggregates_task_id: str,
-        output_uri: str,
+        aggregates_task_id: str | None = None,
+        aggregates_uri: str | Mapping[str, str] | None = None,
+        output_uri: str | None = None,
+        output_formats: Sequence[str] = ("json", "csv"),
+        sql_sink: SQLTableSink | None = None,
         ledger_conn_id: str = DPLedgerHook.default_conn_name,
         asset: Asset | None = None,
         diagnostics_uri: str | None = None,
         **kwargs: Any,
     ) -> None:
         self.spec_path = str(spec_path)
-        self.release_spec, self.spec_sha256 = load_spec_with_hash(self.spec_path)
-        try:  # public checks of the plan (float grid, saturation, noise range) fail the DAG import, not the run
-            plan_release(self.release_spec)
-        except ReleaseConfigError as error:
-            raise SpecError(f"{self.spec_path}: the spec cannot be planned: {error}") from None
+        # read, validated and planned from public parameters: a bad spec fails the DAG import, not the run
+        self.release_spec, self.spec_sha256 = load_planned_spec(self.spec_path)
+        if type(self).read_aggregates is DPReleaseOperator.read_aggregates and (
+            (aggregates_task_id is None) == (aggregates_uri is None)
+        ):
+            raise ValueError(
+                f"task {kwargs.get('task_id')!r}: give exactly one of aggregates_task_id (the task returning the "
+                "aggregates or a reference to them) and aggregates_uri (files holding them)"
+            )
+        self.output_formats = check_formats(output_formats)
         self.release_asset = asset or Asset(
-            name=self.release_spec.release,
-            uri=f"dp-release://{self.release_spec.budget_account}/{self.release_spec.release}",
+            name=self.release_spec.release, uri=f"dp-release://{self.release_spec.release}"
         )
-        kwargs.setdefault("outlets", [self.release_asset])
+        #: the declared outlet: events are added to it only for new releases, so a replay announces nothing
+        self.release_alias = RELEASE_ALIAS
+        kwargs.setdefault("outlets", [self.release_alias])
         super().__init__(**kwargs)
         self.aggregates_task_id = aggregates_task_id
+        self.aggregates_uri = aggregates_uri
         self.output_uri = output_uri
+        self.sql_sink = sql_sink
         self.ledger_conn_id = ledger_conn_id
         self.diagnostics_uri = diagnostics_uri
+        self.published: PublishedRelease | None = None
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> Any:
+        """Airflow's ``.partial()``, declaring the :data:`RELEASE_ALIAS` outlet as ``__init__`` does (a mapped
+        operator's outlets come from ``partial``: without it a mapped release would emit no event)."""
+        kwargs.setdefault("outlets", [RELEASE_ALIAS])
+        return super().partial(**kwargs)
 
     def execute(self, context: Context) -> dict[str, Any]:
         ti = context["ti"]
@@ -118,11 +182,13 @@ class DPReleaseOperator(BaseOperator):
             map_index=-1 if ti.map_index is None else ti.map_index,
             release_name=self.release_spec.release,
         )
+        if self.output_uri:
+            release_folder(self.output_uri, key)  # refuses a location outside output_uri before anything is spent
         ledger = DPLedgerHook(ledger_conn_id=self.ledger_conn_id).get_ledger()
         try:
             result = run_release(
                 self.release_spec,
-                lambda: self._pull_aggregates(ti),  # pulled only if the release is not a replay
+                lambda: self.read_aggregates(context),  # read only if the release is not a replay
                 ledger,
                 key,
                 spec_hash=self.spec_sha256,
@@ -151,60 +217,82 @@ class DPReleaseOperator(BaseOperator):
         output = result.output
         if result.replayed:
             self.log.info("release %s already committed for this task instance: replaying it, nothing charged", key)
-        location = self._write_files(output, key)
-        self.log.info("published release %r to %s", output["release"], location)
-        context["outlet_events"][self.release_asset].extra = {
-            "release": output["release"],
-            "budget_account": output["budget_account"],
-            "charge": output["charge"],
-            "location": str(location),
-        }
+        self.published = self._publish(output, key, result.replayed, ti)
+        if not result.replayed:
+            context["outlet_events"][self.release_alias].add(
+                self.release_asset,
+                extra={
+                    "release": output["release"],
+                    "budget_account": output["budget_account"],
+                    "charge": output["charge"],
+                    "location": self.published.locations.get("json"),
+                },
+            )
         return output
 
-    def _pull_aggregates(self, ti: Any) -> Any:
-        """The upstream aggregates: the upstream task's return value, or, when it returned a string, the JSON file
-        at that ``ObjectStoragePath`` URI (pass by reference keeps raw values out of Airflow's XCom table)."""
-        pulled = ti.xcom_pull(task_ids=self.aggregates_task_id, key="return_value")
-        if pulled is None:
-            raise AirflowFailException(
-                f"task {self.aggregates_task_id!r} returned no aggregates; it must return a mapping with one entry "
-                f"per aggregate of {self.spec_path}, or the URI of a JSON file holding one"
-            )
-        if not isinstance(pulled, str):
-            return pulled
-        try:
-            return json.loads(ObjectStoragePath(pulled).read_text())
-        except (OSError, ValueError) as error:
-            raise AirflowFailException(
-                f"task {self.aggregates_task_id!r} returned the reference {pulled!r}, which is not a readable JSON "
-                f"file: {type(error).__name__}"
-            ) from None
+    def read_aggregates(self, context: Context) -> Any:
+        """The true aggregates: the upstream task's return value (of this map index), or the files it or
+        ``aggregates_uri`` references. Override to read them elsewhere (the result is checked by the engine).
 
-    def _write_files(self, output: dict[str, Any], key: ReleaseKey) -> ObjectStoragePath:
-        """Write ``<release>/<run_id>/<task_id>[_<map_index>].json`` and ``.csv``; returns the JSON's path."""
-        json_path = _release_path(self.output_uri, key, ".json")
-        json_path.write_text(json.dumps(output, indent=2, sort_keys=True) + "\n")
-        _release_path(self.output_uri, key, ".csv").write_text(release_csv(output))
-        return json_path
+        Raises:
+            AirflowFailException: no value, an upstream mapped differently, or an unreadable reference.
+        """
+        if self.aggregates_uri is not None:
+            return read_reference(self.aggregates_uri, self.release_spec)
+        assert self.aggregates_task_id is not None
+        pulled = pull_return_value(self, context, self.aggregates_task_id)
+        if pulled is None:
+            ti = context["ti"]
+            raise AirflowFailException(describe_missing(
+                self.aggregates_task_id,
+                -1 if ti.map_index is None else ti.map_index,
+                [aggregate.name for aggregate in self.release_spec.aggregates],
+            ))
+        if is_reference(pulled):
+            return read_reference(pulled, self.release_spec)
+        return pulled
+
+    def _publish(self, output: dict[str, Any], key: ReleaseKey, replayed: bool, ti: Any) -> PublishedRelease:
+        """Write the committed ``output`` to every sink; the same bytes on a replay. A sink failing here is
+        retryable: the retry replays the committed output (nothing charged) and rewrites it."""
+        locations: dict[str, str] = {}
+        try:
+            if self.output_uri:
+                written = write_files(output, release_folder(self.output_uri, key), release_stem(key),
+                                      self.output_formats)
+                locations = {fmt: str(path) for fmt, path in written.items()}
+            if self.sql_sink is not None:
+                self.sql_sink.write(output)
+        except AirflowFailException:  # a sink's own refusal (e.g. the connection is not SQL): no retry fixes it
+            raise
+        except Exception as error:
+            raise AirflowException(
+                f"release {key.release_name!r} is committed in the ledger but publishing it failed "
+                f"({type(error).__name__}: {error}); a retry replays the committed release and writes it again, "
+                "charging nothing"
+            ) from None
+        for fmt, location in locations.items():
+            self.log.info("published release %r (%s) to %s", output["release"], fmt, location)
+        if self.sql_sink is not None:
+            self.log.info("published release %r to SQL table %s", output["release"], self.sql_sink.table)
+        if "json" in locations:
+            ti.xcom_push(key="release_location", value=locations["json"])
+        return PublishedRelease(
+            output=output, replayed=replayed, locations=locations,
+            sql_table=None if self.sql_sink is None else self.sql_sink.table,
+        )
 
     def _diagnostics_writer(self, key: ReleaseKey) -> Callable[[DiagnosticsReport], None]:
-        """The callback writing the report to ``<diagnostics_uri>/<release>/<run_id>/<stem>.diagnostics.json``
-        (the release files' relative path); only its location is logged, never a number from it."""
+        """The callback writing the report to ``<diagnostics_uri>/<release>/<dag_id>/<run_id>/<stem>~diagnostics.json``;
+        only its location is logged, never a number from it."""
 
         def write(report: DiagnosticsReport) -> None:
-            path = _release_path(self.diagnostics_uri, key, ".diagnostics.json")  # type: ignore[arg-type]
+            path = diagnostics_file(self.diagnostics_uri, key)  # type: ignore[arg-type]
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(report.as_dict(), indent=2, sort_keys=True) + "\n")
             self.log.info("wrote the diagnostics report (exact, data-derived; not for publication) to %s", path)
 
         return write
-
-
-def _release_path(base_uri: str, key: ReleaseKey, suffix: str) -> ObjectStoragePath:
-    """``<base_uri>/<release>/<run_id>/<task_id>[_<map_index>]<suffix>``, its folder created."""
-    folder = ObjectStoragePath(base_uri) / key.release_name / _safe(key.run_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = key.task_id if key.map_index < 0 else f"{key.task_id}_{key.map_index}"
-    return folder / f"{stem}{suffix}"
 
 
 def lease_held_message(key: ReleaseKey, error: LeaseHeldError) -> str:
@@ -230,31 +318,4 @@ def _audit_context(context: Context) -> dict[str, Any]:
     return {name: str(value) for name, value in audit.items() if value is not None}
 
 
-def release_csv(output: dict[str, Any]) -> str:
-    """The released values as CSV: ``aggregate, kind, key, value, half_width, confidence, mechanism, saturated,
-    lower, upper``.
-
-    ``key`` is ``column=value`` pairs joined by ``;`` (empty for ungrouped aggregates). ``lower`` and ``upper`` are
-    the interval's ends (``value -+ half_width``, rounded outwards); a saturated value (``saturated`` true) has an
-    empty ``half_width`` and an empty end on its unbounded side (docs/mechanisms.md, "Saturation").
-    """
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(
-        ["aggregate", "kind", "key", "value", "half_width", "confidence", "mechanism", "saturated", "lower", "upper"]
-    )
-    for name, aggregate in output["aggregates"].items():
-        rows = aggregate.get("rows") or [aggregate]
-        for row in rows:
-            key = ";".join(f"{column}={row[column]}" for column in aggregate["group_by"])
-            lower, upper = published_interval(row)
-            writer.writerow(
-                [name, aggregate["kind"], key, row["value"], "" if row["half_width"] is None else row["half_width"],
-                 output["confidence"], aggregate["mechanism"], str(bool(row.get("saturated"))).lower(),
-                 "" if lower is None else lower, "" if upper is None else upper]
-            )
-    return buffer.getvalue()
-
-
-def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+__all__ = ["RELEASE_ALIAS", "DPReleaseOperator", "PublishedRelease", "lease_held_message", "release_csv"]

@@ -118,7 +118,7 @@ def _partition_units(aggregate: Aggregate, total: Mapping[str, Fraction], seen: 
     return out
 
 
-def _selection_units_field(spec: ReleaseSpec, aggregate: Aggregate) -> str | None:
+def selection_units_field(spec: ReleaseSpec, aggregate: Aggregate) -> str | None:
     """The row field holding a partition's number of distinct privacy units, under partition selection: ``count``
     for a count with one contribution per partition (the same number), else ``units``."""
     if aggregate.public_keys:
@@ -170,7 +170,7 @@ def _read_aggregate(
     """Read one aggregate's upstream value into ``prepared`` (shapes: :func:`prepare_inputs`). A problem goes to
     ``refuse(row index, field, message)``, which raises (a release) or records it and goes on (a check)."""
     components = list(aggregate.components)
-    units_field = _selection_units_field(spec, aggregate)
+    units_field = selection_units_field(spec, aggregate)
     grouped = bool(aggregate.group_by)
     needed = aggregate.group_by + components + ([units_field] if units_field not in (None, "count") else [])
     if grouped:

@@ -18,7 +18,7 @@ Order of one release (DESIGN.md section 2, invariant 1):
    :class:`~dp_operators.release.errors.ReleaseAbortedError` (a retry would charge again), and the reservation is
    released if no sampler was entered, else abandoned (still spent; the next attempt need not wait for its lease);
 7. commit it to the ledger under the release key (the token proves this attempt still owns the reservation) and
-   return it for publication.
+   return it for publication in the ledger's canonical form (sorted keys), the form every replay returns.
 
 Neighbouring relation: add or remove one privacy unit, which contributes to at most ``max_partitions_contributed``
 partitions of each aggregate, at most ``max_contributions_per_partition`` times each, every value clipped to the
@@ -38,7 +38,7 @@ from fractions import Fraction
 from typing import Any
 
 from dp_operators import __version__
-from dp_operators.ledger import AccountStatus, Ledger, LedgerError, ReleaseKey
+from dp_operators.ledger import AccountStatus, Ledger, LedgerError, ReleaseKey, canonical_json
 from dp_operators.release.diagnostics import DiagnosticsReport
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
 from dp_operators.release.inputs import PreparedInputs, prepare_inputs
@@ -213,7 +213,9 @@ def run_release(
     except Exception as error:  # the noise exists: the charge stays spent, and a retry must not charge again
         _give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=False) from error
-    return ReleaseResult(output=output, replayed=False)
+    # the committed form: what the ledger stores and every replay returns (sorted keys), so a first run and its
+    # replays publish the same bytes and the same XCom
+    return ReleaseResult(output=json.loads(canonical_json(output)), replayed=False)
 
 
 def _give_up(ledger: Ledger, reservation: Any, drawn: list[str]) -> bool:

@@ -30,8 +30,9 @@ Keys (``group_by`` columns) become ``str``, ``int`` or ``None``: ``str`` and its
 ``int`` and numpy integers -> int; an ``Enum`` (``StrEnum``, ``IntEnum``) -> its ``.value``, normalised again;
 ``datetime.date`` / ``datetime`` (and ``pandas.Timestamp``) -> ``isoformat()``, a naive datetime at midnight
 -> its date's ``isoformat()`` (pandas holds dates as midnight timestamps); ``None``, ``pandas.NA``,
-``pandas.NaT`` and a float NaN -> ``None`` (SQL's NULL group); an integral float -> ``int`` (pandas makes an int
-column float64 when a key is missing). A value no release can publish (a non-integral float, a ``str`` with lone
+``pandas.NaT`` and a float or ``Decimal`` NaN -> ``None`` (SQL's NULL group); an integral float -> ``int`` (pandas
+makes an int column float64 when a key is missing); an integral ``Decimal`` (a ``NUMERIC`` key column) -> ``int``.
+A value no release can publish (a non-integral float or ``Decimal``, a ``str`` with lone
 surrogates, an int beyond :data:`MAX_KEY_BITS` bits) makes its row ignored, counted in the diagnostics: a refusal
 would depend on that one row. ``bytes``, ``bool`` and other types are refused with the column, the type and how to
 fix it.
@@ -162,6 +163,15 @@ def normalise_key(value: Any, column: str) -> str | int | None | _Unpublishable:
         number = int(value)
         # Python refuses to print ints beyond 4300 digits; such a key could not be published or compared
         return number if number.bit_length() <= MAX_KEY_BITS else UNPUBLISHABLE
+    if isinstance(value, Decimal):
+        # a NUMERIC key column (PostgreSQL, Parquet decimal): NaN is the NULL group, an integral value its int, any
+        # other value no key at all; decided like floats, never refused by the value
+        if value.is_nan():
+            return None
+        if value.is_finite() and abs(value.adjusted()) <= DECIMAL_EXPONENT_LIMIT and value == value.to_integral_value():
+            number = int(value)
+            return number if number.bit_length() <= MAX_KEY_BITS else UNPUBLISHABLE
+        return UNPUBLISHABLE
     if isinstance(value, (float, np.floating)):
         # pandas turns an int key column into float64 when one key is missing: never refuse by the value (that
         # would make the refusal depend on one row). NaN is the NULL group, an integral float its int, any other

@@ -32,14 +32,32 @@ class FakeTaskInstance:
     map_index: int = -1
     try_number: int = 1
     pulls: list = field(default_factory=list)
+    pushed: dict = field(default_factory=dict)
 
-    def xcom_pull(self, task_ids, key="return_value"):
+    def xcom_pull(self, task_ids, key="return_value", map_indexes=None):
         self.pulls.append((task_ids, key))
         return self.upstream
 
+    def xcom_push(self, key, value):
+        self.pushed[key] = value
+
+
+class AliasEvents:
+    """The slice of Airflow's outlet-event accessor for an AssetAlias: the events a task adds to it."""
+
+    def __init__(self):
+        self.added = []
+
+    def add(self, asset, extra=None):
+        self.added.append((asset, extra or {}))
+
 
 def context_for(ti) -> dict:
-    return {"ti": ti, "outlet_events": defaultdict(lambda: SimpleNamespace(extra={}))}
+    return {"ti": ti, "outlet_events": defaultdict(AliasEvents)}
+
+
+#: where the fake task instance's files go: <release>/<dag_id>/<encoded run id>
+RUN_FOLDER = Path("adult_census_statistics") / "adult_census_release" / "manual__2026-11-29T10%3A00%3A00%2B00%3A00"
 
 
 @pytest.fixture
@@ -70,25 +88,31 @@ def test_execute_publishes_xcom_files_and_asset_event(tmp_path, ledger_conn, adu
     output = op.execute(context)
     assert ti.pulls == [("compute_aggregates", "return_value")]
     assert output["release_key"]["run_id"] == ti.run_id
-    folder = tmp_path / "out" / "adult_census_statistics" / "manual__2026-11-29T10_00_00_00_00"
+    folder = tmp_path / "out" / RUN_FOLDER
     assert json.loads((folder / "release.json").read_text()) == output
+    assert ti.pushed == {"release_location": f"file://{folder / 'release.json'}"}
     csv_lines = (folder / "release.csv").read_text().splitlines()
     assert csv_lines[0] == "aggregate,kind,key,value,half_width,confidence,mechanism,saturated,lower,upper"
     assert len(csv_lines) == 1 + 32 + 7 + 1
     assert (folder / "release.csv").read_text() == release_csv(output)
-    extra = context["outlet_events"][op.release_asset].extra
+    ((asset, extra),) = context["outlet_events"][op.release_alias].added
+    assert asset == op.release_asset and asset.uri == "dp-release://adult_census_statistics/"
     assert extra["release"] == "adult_census_statistics"
     assert extra["charge"]["rho_exact"] == str(example_charge())
     json.dumps(extra, allow_nan=False)
 
 
 def test_retry_returns_the_stored_release_byte_for_byte(tmp_path, ledger_conn, adult_aggregates):
-    first = operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates)))
-    folder = tmp_path / "out" / "adult_census_statistics" / "manual__2026-11-29T10_00_00_00_00"
-    first_bytes = (folder / "release.json").read_bytes()
-    retry = operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, try_number=2)))
-    assert json.dumps(retry, sort_keys=True) == json.dumps(first, sort_keys=True)
-    assert (folder / "release.json").read_bytes() == first_bytes
+    first_context = context_for(FakeTaskInstance(adult_aggregates))
+    first = operator(tmp_path).execute(first_context)
+    folder = tmp_path / "out" / RUN_FOLDER
+    first_bytes = {name: (folder / name).read_bytes() for name in ("release.json", "release.csv")}
+    retry_context = context_for(FakeTaskInstance(adult_aggregates, try_number=2))
+    retry = operator(tmp_path).execute(retry_context)
+    assert json.dumps(retry) == json.dumps(first)  # same keys in the same order: the XCom is identical
+    assert {name: (folder / name).read_bytes() for name in first_bytes} == first_bytes
+    assert [len(events.added) for events in first_context["outlet_events"].values()] == [1]
+    assert all(not events.added for events in retry_context["outlet_events"].values())  # a replay announces nothing
     assert len(list(ledger_conn.charges())) == 1
 
 
@@ -97,7 +121,7 @@ def test_exhaustion_fails_the_task_without_retry_and_publishes_nothing(tmp_path,
         operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, run_id=run)))
     with pytest.raises(AirflowFailException, match="remaining 0, short by"):
         operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, run_id="c")))
-    assert not (tmp_path / "out" / "adult_census_statistics" / "c").exists()
+    assert not (tmp_path / "out" / "adult_census_statistics" / "adult_census_release" / "c").exists()
     assert len(list(ledger_conn.charges())) == 2
 
 
@@ -129,7 +153,7 @@ def test_bad_spec_fails_at_construction_with_file_and_field(tmp_path):
 
 def test_only_the_output_and_diagnostics_locations_are_templated():
     """Locations only: Airflow stores rendered fields in its database and shows them in the UI."""
-    assert DPReleaseOperator.template_fields == ("output_uri", "diagnostics_uri")
+    assert DPReleaseOperator.template_fields == ("aggregates_uri", "output_uri", "diagnostics_uri")
 
 
 def test_aggregates_can_be_passed_by_reference(tmp_path, ledger_conn, adult_aggregates):
@@ -137,7 +161,7 @@ def test_aggregates_can_be_passed_by_reference(tmp_path, ledger_conn, adult_aggr
     stored.write_text(json.dumps(adult_aggregates))
     output = operator(tmp_path).execute(context_for(FakeTaskInstance(f"file://{stored}")))
     assert len(output["aggregates"]["people_by_education_sex"]["rows"]) == 32
-    with pytest.raises(AirflowFailException, match="not a readable JSON file"):
+    with pytest.raises(AirflowFailException, match="absent.json was not found; check the URI"):
         operator(tmp_path).execute(context_for(FakeTaskInstance(f"file://{tmp_path}/absent.json", run_id="x")))
     assert len(list(ledger_conn.charges())) == 1
 
@@ -173,9 +197,8 @@ def test_diagnostics_are_written_beside_the_release_path_and_only_their_location
     aggregates = json.loads(json.dumps(adult_aggregates))
     aggregates["people_by_age_band"].append({"age_band": "0-16", "count": 777})
     diagnosed_operator(tmp_path).execute(context_for(FakeTaskInstance(aggregates)))
-    relative = Path("adult_census_statistics") / "manual__2026-11-29T10_00_00_00_00"
-    report = json.loads((tmp_path / "private" / relative / "release.diagnostics.json").read_text())
-    assert (tmp_path / "out" / relative / "release.json").exists()
+    report = json.loads((tmp_path / "private" / RUN_FOLDER / "release~diagnostics.json").read_text())
+    assert (tmp_path / "out" / RUN_FOLDER / "release.json").exists()
     seen = report["aggregates"]["people_by_age_band"]
     assert seen["rows_outside_domain"] == 1 and seen["outside_domain_examples"] == [["0-16"]]
     assert report["notice"].startswith("Exact, data-derived numbers")
@@ -187,7 +210,7 @@ def test_diagnostics_are_written_beside_the_release_path_and_only_their_location
 def test_no_diagnostics_without_a_location(tmp_path, ledger_conn, adult_aggregates):
     operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates)))
     assert not (tmp_path / "private").exists()
-    assert not list((tmp_path / "out").rglob("*.diagnostics.json"))
+    assert not list((tmp_path / "out").rglob("*diagnostics.json"))
 
 
 def test_diagnostics_are_written_when_the_release_is_refused(tmp_path, ledger_conn, adult_aggregates):
@@ -195,7 +218,7 @@ def test_diagnostics_are_written_when_the_release_is_refused(tmp_path, ledger_co
     aggregates["people_by_age_band"].insert(3, {"age_band": "75+", "count": b"12"})
     with pytest.raises(AirflowFailException, match="a row's field 'count' holds a bytes, not a number"):
         diagnosed_operator(tmp_path).execute(context_for(FakeTaskInstance(aggregates)))
-    (written,) = (tmp_path / "private").rglob("release.diagnostics.json")
+    (written,) = (tmp_path / "private").rglob("release~diagnostics.json")
     problems = json.loads(written.read_text())["aggregates"]["people_by_age_band"]["problems"]
     assert [(p["row"], p["field"]) for p in problems] == [(3, "count")]
     assert list(ledger_conn.charges()) == []

@@ -27,6 +27,7 @@ from dp_operators.release import (
     prepare_inputs,
     run_release,
 )
+from dp_operators.release.upstream_types import UNPUBLISHABLE, normalise_key
 
 
 class Colour(enum.Enum):
@@ -63,6 +64,9 @@ ACCEPTED_KEYS = [
     pytest.param(1.0, 1, id="float 1.0"),
     pytest.param(np.float64(1.0), 1, id="numpy.float64 1.0"),
     pytest.param(np.float32(1.0), 1, id="numpy.float32 1.0"),
+    # a NUMERIC key column (PostgreSQL, Parquet decimal) arrives as Decimal
+    pytest.param(Decimal("1"), 1, id="Decimal 1"),
+    pytest.param(Decimal("NaN"), None, id="Decimal NaN"),
 ]
 #: (upstream key, the type name the message must give)
 REFUSED_KEYS = [
@@ -70,7 +74,6 @@ REFUSED_KEYS = [
     pytest.param(bytearray(b"a"), "bytearray", id="bytearray"),
     pytest.param(True, "bool", id="bool"),
     pytest.param(np.bool_(True), "bool", id="numpy.bool_"),
-    pytest.param(Decimal("1"), "Decimal", id="Decimal"),
     pytest.param(Fraction(1), "Fraction", id="Fraction"),
     pytest.param(np.datetime64("2024-01-31"), "numpy.datetime64", id="numpy.datetime64"),
     pytest.param(("a", 1), "tuple", id="tuple"),
@@ -455,3 +458,18 @@ def test_a_ledger_that_cannot_return_the_reservation_keeps_the_abort_permanent(
         run_release(build_spec(), {"x": [{"k": "a", "count": 5}]}, approx_ledger, release_key(), spec_hash="0" * 64)
     assert aborted.value.budget_returned is False
     assert [c["state"] for c in approx_ledger.charges()] == ["reserved"]  # the ledger could not be reached: the lease expires, the charge stays spent
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [(Decimal("17"), 17), (Decimal("17.000"), 17), (Decimal("1.7E+1"), 17), (Decimal("-3"), -3),
+     (Decimal("NaN"), None), (Decimal("sNaN"), None)],
+)
+def test_an_integral_decimal_key_is_its_int_and_a_decimal_nan_the_null_group(key, expected):
+    """NUMERIC key columns (PostgreSQL, Parquet decimal) arrive as Decimal; they read like integral floats."""
+    assert normalise_key(key, "age") == expected
+
+
+@pytest.mark.parametrize("key", [Decimal("17.5"), Decimal("Infinity"), Decimal("-Infinity"), Decimal("1E+2000")])
+def test_a_decimal_key_no_release_can_publish_is_ignored_not_refused(key):
+    assert normalise_key(key, "age") is UNPUBLISHABLE

@@ -1,0 +1,340 @@
+"""``dpctl ledger ...`` commands that read the ledger: show, history, verify, reconcile, export (docs/ledger.md).
+
+How charges print (tables, aligned lines, JSON lines) is in :mod:`.charges`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import datetime as dt
+import itertools
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from dp_operators.cli.charges import print_history, print_reconciled_table
+from dp_operators.cli.common import (
+    AuditKeyFileOption,
+    ConnOption,
+    EXIT_INCONSISTENT,
+    GovernorKeyFileOption,
+    UrlOption,
+    _decimal,
+    _fail,
+    _governor,
+    _key_file,
+    _keys,
+    _ledger,
+    _ledger_errors,
+    _locate,
+    _stdout_pipe,
+    console,
+    errors,
+    ledger_app,
+)
+from dp_operators.ledger import Keyring, Ledger, load_ledger_config
+from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV
+
+
+def _account_row(a) -> dict:
+    mu = a.accountant == "gaussian_dp"
+    return {
+        "account": a.name,
+        "accountant": a.accountant,
+        "unit": a.unit,
+        "cap": str(a.cap),
+        "spent": str(a.spent),
+        "reserved": str(a.reserved),
+        "remaining": str(a.remaining),
+        "delta": None if a.delta is None else str(a.delta),
+        "delta_spent": str(a.delta_spent) if a.accountant == "approx_dp" else None,
+        "cap_mu": float(a.cap) ** 0.5 if mu else None,
+        "spent_mu": float(a.spent) ** 0.5 if mu else None,
+        "spent_epsilon": a.as_epsilon(a.spent),
+        "cap_epsilon": a.as_epsilon(a.cap),
+        "privacy_unit": a.privacy_unit,
+        "allowed_dags": list(a.allowed_dags),
+    }
+
+
+@ledger_app.command("show")
+def ledger_show(
+    url: UrlOption = None,
+    conn_id: ConnOption = None,
+    account: Annotated[Optional[str], typer.Option(help="Only this budget account.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (exact numbers as fractions).")] = False,
+) -> None:
+    """Accounts: cap, spent, reserved and remaining in the account's unit, and as epsilon.
+
+    Units: epsilon (pure_dp, approx_dp; approx_dp also shows the delta spent), rho (zcdp), mu^2 (gaussian_dp; mu
+    shown beside it). "As epsilon" is the spend and the cap converted at the account's delta (CKS 2020 for zcdp,
+    Dong-Roth-Su for gaussian_dp), rounded up.
+    """
+    with _ledger_errors():
+        ledger = _ledger(url, conn_id)
+        accounts = [ledger.account(account)] if account else ledger.accounts()
+        rows = [_account_row(a) for a in accounts]
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    table = Table(title="Budget accounts")
+    for column in ("account", "accountant", "unit", "cap", "spent", "reserved", "remaining",
+                   "as epsilon (spent / cap)"):
+        table.add_column(column, justify="right" if column in ("cap", "spent", "reserved", "remaining") else "left")
+    for row in rows:
+        if row["spent_epsilon"] is None:
+            as_eps = "-"
+        else:
+            as_eps = f"{row['spent_epsilon']:.4g} / {row['cap_epsilon']:.4g}"
+            if row["accountant"] == "approx_dp":
+                as_eps += f", delta {_decimal(row['delta_spent'])} / {_decimal(row['delta'])}"
+            elif row["delta"]:
+                as_eps += f" at delta {_decimal(row['delta'])}"
+        cap = _decimal(row["cap"]) + (f" (mu {row['cap_mu']:.4g})" if row["cap_mu"] is not None else "")
+        spent = _decimal(row["spent"]) + (f" (mu {row['spent_mu']:.4g})" if row["spent_mu"] is not None else "")
+        table.add_row(
+            row["account"], row["accountant"], row["unit"], cap, spent, _decimal(row["reserved"]),
+            _decimal(row["remaining"]), as_eps,
+        )
+    console.print(table)
+
+
+class ChargeState(str, Enum):
+    """The states of a charge (``ledger history --state``)."""
+
+    reserved = "reserved"
+    committed = "committed"
+    released = "released"
+    abandoned = "abandoned"
+
+
+def _date(value: Optional[str], option: str) -> Optional[dt.datetime]:
+    if value is None:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an ISO date or date-time (e.g. 2026-01-31)", param_hint=option)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+
+
+@ledger_app.command("history")
+def ledger_history(
+    account: Annotated[Optional[str], typer.Option(help="Only this budget account.")] = None,
+    dag_id: Annotated[Optional[str], typer.Option("--dag-id", help="Only this DAG.")] = None,
+    state: Annotated[Optional[ChargeState], typer.Option(help="Only charges in this state.")] = None,
+    since: Annotated[Optional[str], typer.Option(help="Charges created at or after this ISO date (UTC).")] = None,
+    until: Annotated[Optional[str], typer.Option(help="Charges created before this ISO date (UTC).")] = None,
+    limit: Annotated[
+        Optional[int],
+        typer.Option(min=1, help="At most this many charges (a page); the next page's --after is printed."),
+    ] = None,
+    after: Annotated[
+        Optional[int],
+        typer.Option(min=0, help="Only charges with an id above this one (the cursor of the next page)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines instead of a table.")] = False,
+    url: UrlOption = None,
+    conn_id: ConnOption = None,
+) -> None:
+    """Charges, oldest first: release key, attempt, state and amount (filter by account, DAG, state, date).
+
+    Streams from the database, so memory stays flat however long the ledger. Page with --limit N: when more charges
+    follow, "more: --after ID" on stderr gives the option that prints the next page. A table needs every row before
+    it prints, so a history longer than 1000 charges (without --limit) prints as aligned lines instead. The table
+    shows each charge's release key in full, one part a line (DAG, run, task[map index], release). --json prints one
+    JSON object a line: every column but output and token_hash, mechanisms and context as nested JSON.
+    """
+    with _ledger_errors(), _stdout_pipe():
+        charges = _ledger(url, conn_id).charges(
+            account=account,
+            dag_id=dag_id,
+            state=state.value if state else None,
+            since=_date(since, "--since"),
+            until=_date(until, "--until"),
+            after=after,
+            limit=None if limit is None else limit + 1,  # one more than shown tells whether a next page exists
+        )
+        page = charges if limit is None else itertools.islice(charges, limit)
+        count, last = print_history(page, as_json)
+        more = limit is not None and count == limit and next(charges, None) is not None
+        charges.close()
+    if more:
+        errors.print(f"more: --after {last}", highlight=False)
+
+
+def _print_verify_report(report, note: str | None = None) -> None:
+    """A consistent ledger's summary and chain heads on stdout; an inconsistent one's problems on stderr (the first
+    line names the first broken row), then exit 3. ``note`` (authenticity not checked) goes to stderr last."""
+    if not report.problems:
+        console.print(
+            f"ledger consistent: {report.events} audit events, {report.accounts} accounts, {report.charges} charges"
+            + ("; every event authenticated" if report.authenticated else ""),
+            highlight=False,
+        )
+        for name, head in sorted(report.heads.items()):
+            console.print(f"  {name}: chain head {head}", highlight=False, soft_wrap=True)
+        if note:
+            errors.print(note, highlight=False, soft_wrap=True)
+        return
+    errors.print(
+        Text.assemble(("ledger inconsistent:", "red"), f" first broken: {report.problems[0]}"),
+        highlight=False,
+        soft_wrap=True,
+    )
+    for problem in report.problems[1:50]:
+        errors.print(f"  also: {problem}", highlight=False, soft_wrap=True)
+    if len(report.problems) > 50:
+        errors.print(f"  ... and {len(report.problems) - 50} more", highlight=False, soft_wrap=True)
+    if note:
+        errors.print(note, highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_INCONSISTENT)
+
+
+@ledger_app.command("verify")
+def ledger_verify(
+    url: UrlOption = None,
+    conn_id: ConnOption = None,
+    governor_key_file: GovernorKeyFileOption = None,
+    audit_key_file: AuditKeyFileOption = None,
+    keys: Annotated[
+        Optional[Path],
+        typer.Option("--keys", help="More keys to check MACs with, one a line (e.g. retired spend keys)."),
+    ] = None,
+    config: Annotated[
+        Optional[Path],
+        typer.Option("--config", help="Also check that the accounts match this ledger configuration (ledgers.yaml)."),
+    ] = None,
+) -> None:
+    """Replay every account's audit chain under the ledger's state machine and cross-check it with every charge,
+    every account row and the guard triggers; with the keys, check every event's MAC and signer.
+
+    Authenticity needs the governor key (--governor-key-file or DP_LEDGER_GOVERNOR_KEY) and the spend keys
+    (--audit-key-file or DP_LEDGER_AUDIT_KEY; retired keys on later lines of the key files, or in --keys). Without
+    the governor key every other check runs and stderr says authenticity was not checked.
+
+    Exit 0 and print each account's chain head (worth recording outside the database: a chain rewritten from the
+    start by someone with every key would then no longer match); exit 3 naming the first broken row and every
+    other inconsistency found.
+    """
+    with _ledger_errors():
+        target = _locate(url, conn_id)
+        governor_keys, spend_keys = _keys(target, governor_key_file, audit_key_file)
+        more_keys = _key_file("--keys", keys) if keys is not None else []
+        parsed = load_ledger_config(config) if config is not None else None
+        governor = _governor(target, governor_keys, spend_keys)
+        if not governor_keys:
+            if spend_keys or more_keys:
+                note = (
+                    f"authenticity not checked: no governor key given (--governor-key-file or {GOVERNOR_KEY_ENV}); "
+                    "governance events cannot be checked without it"
+                )
+            else:
+                note = (
+                    "authenticity not checked: no keys given (--governor-key-file/--audit-key-file or "
+                    f"{GOVERNOR_KEY_ENV}/{SPEND_KEY_ENV})"
+                )
+            report = governor.verify(Keyring(), parsed)
+        else:
+            note = None
+            if not spend_keys and not more_keys:
+                _fail(
+                    f"verify checks spend events with the spend key: give --audit-key-file or {SPEND_KEY_ENV} too "
+                    "(retired spend keys on later lines of the file, or in --keys)"
+                )
+            report = governor.verify(
+                Keyring([*governor_keys, *spend_keys, *more_keys]),
+                parsed,
+                governor_key_ids={key.key_id for key in governor_keys},
+            )
+    _print_verify_report(report, note)
+
+
+@ledger_app.command("reconcile")
+def ledger_reconcile(
+    url: UrlOption = None,
+    conn_id: ConnOption = None,
+    governor_key_file: GovernorKeyFileOption = None,
+    audit_key_file: AuditKeyFileOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the abandoned charges as JSON.")] = False,
+) -> None:
+    """Mark every reservation whose lease has expired (its attempt died without committing or releasing) abandoned,
+    and list them. Abandoned charges stay counted as spent: their noise may have been drawn.
+
+    Signs the ``abandoned`` events with the governor key if given (--governor-key-file or DP_LEDGER_GOVERNOR_KEY),
+    else with the spend key (--audit-key-file, DP_LEDGER_AUDIT_KEY or the connection's extra audit_key).
+    Safe to run at any time (e.g. on a schedule): a live reservation's lease is renewed by its owner.
+    """
+    with _ledger_errors():
+        target = _locate(url, conn_id)
+        governor_keys, spend_keys = _keys(target, governor_key_file, audit_key_file)
+        if governor_keys:
+            abandoned = _governor(target, governor_keys, spend_keys).reconcile()
+        elif spend_keys:
+            abandoned = Ledger(target.url, audit_key=spend_keys[0]).reconcile()
+        else:
+            _fail(
+                "reconcile signs the 'abandoned' events: give the spend key (--audit-key-file, "
+                f"{SPEND_KEY_ENV} or the --conn-id connection's extra audit_key) or the governor key "
+                f"(--governor-key-file or {GOVERNOR_KEY_ENV})"
+            )
+    if as_json:
+        typer.echo(json.dumps(abandoned, default=str, sort_keys=True))
+        return
+    if not abandoned:
+        console.print("no expired reservations", highlight=False)
+        return
+    print_reconciled_table(abandoned)
+
+
+@ledger_app.command("export")
+def ledger_export(
+    fmt: Annotated[str, typer.Option("--format", help="jsonl (one JSON object a line) or csv.")] = "jsonl",
+    what: Annotated[str, typer.Option(help="events (the audit log) or charges (without outputs).")] = "events",
+    account: Annotated[Optional[str], typer.Option(help="Only this budget account.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
+    url: UrlOption = None,
+    conn_id: ConnOption = None,
+) -> None:
+    """Export the audit log (every column, MACs included, so it can be re-verified elsewhere) or the charges
+    (without outputs and token hashes). Streams: memory stays flat however long the ledger."""
+    if fmt not in ("jsonl", "csv"):
+        raise typer.BadParameter("use jsonl or csv", param_hint="--format")
+    if what not in ("events", "charges"):
+        raise typer.BadParameter("use events or charges", param_hint="--what")
+    from dp_operators.ledger import schema
+
+    with _ledger_errors():
+        ledger = _ledger(url, conn_id)
+        ledger.check_schema()
+        rows = ledger.events(account) if what == "events" else ledger.charges(account=account)
+        count = 0
+        try:
+            destination = (
+                output.open("w", encoding="utf-8", newline="") if output else contextlib.nullcontext(sys.stdout)
+            )
+        except OSError as error:
+            _fail(f"cannot write {output}: {error.strerror or error}")
+        with _stdout_pipe(), destination as out:
+            if fmt == "jsonl":
+                for row in rows:
+                    out.write(json.dumps(row, default=str, sort_keys=True, ensure_ascii=False) + "\n")
+                    count += 1
+            else:
+                table = schema.audit_events if what == "events" else schema.charges
+                hidden = () if what == "events" else ("output", "token_hash")  # what Ledger.charges leaves out
+                columns = [c.name for c in table.c if c.name not in hidden]
+                writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+                writer.writeheader()
+                for row in rows:
+                    writer.writerow({name: row.get(name) for name in columns})
+                    count += 1
+    if output:
+        errors.print(f"wrote {count} {what} to {output}", highlight=False, soft_wrap=True)

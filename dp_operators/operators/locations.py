@@ -1,0 +1,111 @@
+"""Where a release is published: one folder per release key, collision-free and inside the output URI.
+
+Layout (ADR 0021)::
+
+    <output_uri>/<release>/<dag_id>/<run_id>/<task_id>[~<map_index>].<format>
+    <diagnostics_uri>/<release>/<dag_id>/<run_id>/<task_id>[~<map_index>]~diagnostics.json
+
+Each of ``release``, ``dag_id``, ``run_id`` and ``task_id`` is one path component, encoded by
+:func:`encode_component`: a reversible percent-encoding (RFC 3986 section 2.1) of the component's UTF-8 bytes that
+keeps ``A-Z a-z 0-9 _ -`` and ``.`` (except a leading one) and encodes every other byte, ``%`` and ``~`` included.
+So:
+
+* distinct keys never share a path: the encoding is injective, ``~`` never appears unencoded inside a component (it
+  only separates the map index and the diagnostics suffix), and the format suffixes end differently;
+* no component is empty, contains ``/`` or ``\\``, or starts with ``.``: nothing can climb out of ``output_uri``
+  (``..``, ``.``, absolute paths) or hide as a dot-file; :func:`release_stem` checks the result lies under the base;
+* a path can be read back to its release key (:func:`decode_component`), which an auditor uses to match files to
+  ledger rows.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+from airflow.sdk import ObjectStoragePath
+
+from dp_operators.ledger import ReleaseKey
+
+#: Bytes kept as they are (besides ``.`` not in first position); every other byte is written ``%XX``.
+_KEPT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
+
+#: Separates a task id from its map index and from the diagnostics suffix; never produced by the encoding.
+SEPARATOR = "~"
+
+
+def encode_component(text: str) -> str:
+    """``text`` as one safe, reversible path component (see the module docstring).
+
+    Raises:
+        ValueError: ``text`` is empty (no Airflow id is).
+    """
+    if not text:
+        raise ValueError("an empty name cannot be a path component")
+    out = []
+    for position, byte in enumerate(text.encode("utf-8")):
+        if byte in _KEPT and not (position == 0 and byte == ord(".")):
+            out.append(chr(byte))
+        else:
+            out.append(f"%{byte:02X}")
+    return "".join(out)
+
+
+def decode_component(component: str) -> str:
+    """The inverse of :func:`encode_component`."""
+    return unquote(component, encoding="utf-8", errors="strict")
+
+
+def release_folder(base_uri: str, key: ReleaseKey) -> ObjectStoragePath:
+    """``<base_uri>/<release>/<dag_id>/<run_id>``, not created. ``base_uri`` is any ``ObjectStoragePath`` URI."""
+    base = ObjectStoragePath(base_uri)
+    folder = base
+    for part in (key.release_name, key.dag_id, key.run_id):
+        folder = folder / encode_component(part)
+    _check_inside(base, folder)
+    return folder
+
+
+def release_stem(key: ReleaseKey) -> str:
+    """``<task_id>`` or ``<task_id>~<map_index>``, encoded: the file name without its suffix."""
+    stem = encode_component(key.task_id)
+    return stem if key.map_index < 0 else f"{stem}{SEPARATOR}{key.map_index}"
+
+
+def release_file(base_uri: str, key: ReleaseKey, fmt: str) -> ObjectStoragePath:
+    """The file of ``key`` in format ``fmt`` (``json``, ``csv``, ``parquet``) under ``base_uri``, not created."""
+    return release_folder(base_uri, key) / f"{release_stem(key)}.{fmt}"
+
+
+def diagnostics_file(base_uri: str, key: ReleaseKey) -> ObjectStoragePath:
+    """The diagnostics report of ``key`` under ``base_uri``: ``<stem>~diagnostics.json``, not created."""
+    return release_folder(base_uri, key) / f"{release_stem(key)}{SEPARATOR}diagnostics.json"
+
+
+def key_of(path: ObjectStoragePath | str, base_uri: str) -> tuple[ReleaseKey, str]:
+    """The release key and format of a published file (the inverse of :func:`release_file`).
+
+    Raises:
+        ValueError: ``path`` is not a release file under ``base_uri``.
+    """
+    base = str(ObjectStoragePath(base_uri)).rstrip("/")
+    text = str(path)
+    if not text.startswith(base + "/"):
+        raise ValueError(f"{text} is not under {base}")
+    parts = text[len(base) + 1:].split("/")
+    if len(parts) != 4 or "." not in parts[3]:
+        raise ValueError(f"{text} is not <release>/<dag_id>/<run_id>/<task>.<format> under {base}")
+    stem, fmt = parts[3].rsplit(".", 1)
+    task, _, map_index = stem.partition(SEPARATOR)
+    release, dag_id, run_id = (decode_component(p) for p in parts[:3])
+    key = ReleaseKey(
+        dag_id=dag_id, run_id=run_id, task_id=decode_component(task),
+        map_index=int(map_index) if map_index else -1, release_name=release,
+    )
+    return key, fmt
+
+
+def _check_inside(base: ObjectStoragePath, path: ObjectStoragePath) -> None:
+    """Refuse a path that is not strictly below ``base`` (defence in depth: the encoding already prevents it)."""
+    root = str(base).rstrip("/") + "/"
+    if not str(path).startswith(root) or any(part in ("", ".", "..") for part in str(path)[len(root):].split("/")):
+        raise ValueError(f"the release path {path} escapes the output location {base}")

@@ -1,0 +1,283 @@
+"""File sources: JSON, CSV and Parquet files of real UCI Adult aggregates, read by ``read_reference`` into exactly
+what the engine gets from the same aggregates in memory; and every refusal, which names the file and the column but
+never a value."""
+
+from __future__ import annotations
+
+import json
+import logging
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from airflow.sdk.exceptions import AirflowFailException
+from dp_operators.operators.sources import is_reference, read_reference, value_columns
+from dp_operators.release import ReleaseInputError
+from dp_operators.release.inputs import prepare_inputs
+from dp_operators.spec import parse_spec
+
+from source_tables import (
+    AGE_SPEC,
+    age_spec,
+    assert_same_inputs,
+    hours_per_day_by_sex,
+    hours_spec,
+    people_by_age,
+    write_aggregate,
+)
+
+FORMATS = [pytest.param(".json", id="JSON"), pytest.param(".csv", id="CSV"), pytest.param(".parquet", id="Parquet")]
+#: A value that must never appear in a message or a log line.
+SECRET = "Secret-Key-8675309"
+
+
+def write_each(folder: Path, spec, aggregates: dict, suffix: str) -> dict[str, str]:
+    """One file per aggregate; returns the reference mapping (file:// URIs)."""
+    return {
+        aggregate.name: f"file://{write_aggregate(folder / f'{aggregate.name}{suffix}', aggregate, aggregates[aggregate.name])}"
+        for aggregate in spec.aggregates
+    }
+
+
+def test_one_json_file_holds_the_whole_mapping(tmp_path, example_spec, adult_aggregates):
+    stored = tmp_path / "aggregates.json"
+    stored.write_text(json.dumps(adult_aggregates))
+    for reference in (f"file://{stored}", str(stored)):  # a bare path is a local file
+        read = read_reference(reference, example_spec)
+        assert_same_inputs(example_spec, read, adult_aggregates)
+
+
+@pytest.mark.parametrize("suffix", FORMATS)
+def test_one_file_per_aggregate_reads_as_the_in_memory_aggregates(tmp_path, example_spec, adult_aggregates, suffix):
+    reference = write_each(tmp_path, example_spec, adult_aggregates, suffix)
+    read = read_reference(reference, example_spec)
+    assert read == adult_aggregates  # the same rows and types (ints), so the same prepared integers
+    assert_same_inputs(example_spec, read, adult_aggregates)
+
+
+def test_formats_can_be_mixed_and_suffixes_are_case_insensitive(tmp_path, example_spec, adult_aggregates):
+    reference = {
+        aggregate.name: str(write_aggregate(tmp_path / f"{aggregate.name}{suffix}", aggregate,
+                                            adult_aggregates[aggregate.name]))
+        for aggregate, suffix in zip(example_spec.aggregates, (".CSV", ".pq", ".Json"))
+    }
+    assert_same_inputs(example_spec, read_reference(reference, example_spec), adult_aggregates)
+
+
+@pytest.mark.parametrize("suffix", [pytest.param(".csv", id="CSV"), pytest.param(".parquet", id="Parquet")])
+def test_a_single_table_file_for_a_one_aggregate_spec(tmp_path, adult_csv, suffix):
+    spec, expected = age_spec(), people_by_age(adult_csv)
+    path = write_aggregate(tmp_path / f"ages{suffix}", spec.aggregates[0], expected["people_by_age"])
+    read = read_reference(f"file://{path}", spec)
+    assert all(type(row["age"]) is int for row in read["people_by_age"])  # the domain's type, also from CSV text
+    assert_same_inputs(spec, read, expected)
+
+
+def test_csv_int_keys_accept_integral_numbers_and_ignore_other_text(tmp_path, adult_csv):
+    """pandas writes an int column holding a NULL as floats (25.0); text that is no integer is outside the domain:
+    its row is ignored like any key outside it, never refused (the refusal would depend on that row)."""
+    spec, expected = age_spec(), people_by_age(adult_csv)
+    rows = expected["people_by_age"]
+    lines = ["age,count"] + [f"{row['age']}.0,{row['count']}" for row in rows] + [f"{SECRET},5", ",7"]
+    path = tmp_path / "ages.csv"
+    path.write_text("\n".join(lines) + "\n")
+    read = read_reference(f"file://{path}", spec)
+    assert read["people_by_age"][-2:] == [{"age": None, "count": 5}, {"age": None, "count": 7}]
+    assert_same_inputs(spec, read, expected)
+
+
+def test_csv_numbers_are_read_exactly(tmp_path, adult_csv):
+    spec, expected = hours_spec(), hours_per_day_by_sex(adult_csv)
+    path = write_aggregate(tmp_path / "hours.csv", spec.aggregates[0], expected["hours_per_day_by_sex"])
+    read = read_reference(f"file://{path}", spec)
+    assert read == expected
+    assert all(type(row["sum"]) is Decimal and type(row["count"]) is int for row in read["hours_per_day_by_sex"])
+    assert_same_inputs(spec, read, expected)
+
+
+def test_parquet_decimals_stay_decimals_and_are_read_exactly(tmp_path, adult_csv):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    spec, expected = hours_spec(), hours_per_day_by_sex(adult_csv)
+    rows = expected["hours_per_day_by_sex"]
+    table = pa.table({
+        "sex": [row["sex"] for row in rows],
+        "sum": pa.array([row["sum"] for row in rows], pa.decimal128(14, 2)),
+        "count": pa.array([row["count"] for row in rows], pa.int64()),
+    })
+    pq.write_table(table, tmp_path / "hours.parquet")
+    read = read_reference({"hours_per_day_by_sex": f"file://{tmp_path / 'hours.parquet'}"}, spec)
+    assert all(type(row["sum"]) is Decimal for row in read["hours_per_day_by_sex"])
+    assert_same_inputs(spec, read, expected)
+    # negative control: the same sums as binary floats are refused under exact arithmetic, so the Decimal path is
+    # what makes the file usable (and a float sneaking through would fail this test)
+    as_floats = {"hours_per_day_by_sex": [dict(row, sum=float(row["sum"])) for row in rows]}
+    with pytest.raises(ReleaseInputError, match="upstream.arithmetic is 'exact'"):
+        prepare_inputs(spec, as_floats)
+
+
+@pytest.mark.parametrize(
+    ("cell", "expected"),
+    [
+        pytest.param("12", 12, id="integer"),
+        pytest.param("-3", -3, id="negative integer"),
+        pytest.param("12.50", Decimal("12.50"), id="decimal"),
+        pytest.param("1e3", Decimal("1E+3"), id="exponent"),
+        pytest.param("", None, id="empty is NULL"),
+        pytest.param(" 7 ", 7, id="padded"),
+    ],
+)
+def test_csv_value_cells(tmp_path, cell, expected):
+    spec = hours_spec()
+    (tmp_path / "h.csv").write_text(f"sex,sum,count\nFemale,{cell},1\n")
+    (row,) = read_reference({"hours_per_day_by_sex": str(tmp_path / "h.csv")}, spec)["hours_per_day_by_sex"]
+    assert row["sum"] == expected and type(row["sum"]) is type(expected)
+
+
+@pytest.mark.parametrize("cell", ["nan", "NaN", "inf", "-Infinity"])
+def test_csv_nan_and_infinity_follow_the_non_finite_policy(tmp_path, cell):
+    """Decimal specials follow ``non_finite`` in both arithmetic modes; a float infinity in a sum would be refused
+    under ``exact`` arithmetic (negative control)."""
+    spec = hours_spec()
+    (tmp_path / "h.csv").write_text(f"sex,sum,count\nFemale,{cell},10\nMale,20,10\n")
+    read = read_reference({"hours_per_day_by_sex": str(tmp_path / "h.csv")}, spec)
+    prepared = prepare_inputs(spec, read)  # replaced by 0: no exception
+    assert prepared.values[("hours_per_day_by_sex", "count")] == [10, 10]
+    if "inf" in cell.lower():
+        as_float = {"hours_per_day_by_sex": [dict(row, sum=float(row["sum"])) for row in read["hours_per_day_by_sex"]]}
+        with pytest.raises(ReleaseInputError):
+            prepare_inputs(spec, as_float)
+
+
+def test_value_columns_follow_the_kind_and_partition_selection():
+    spec = parse_spec(
+        AGE_SPEC.replace("keys: {age: " + str(list(range(17, 91))) + "}",
+                         "partition_selection: {budget: {epsilon: 0.1, delta: 1e-6}}")
+        .replace("kind: count", "kind: variance\n    bounds: [0, 99]"),
+        source="variance spec",
+    )
+    assert value_columns(spec, spec.aggregates[0]) == ["sum", "count", "sum_squares", "units"]
+    assert value_columns(age_spec(), age_spec().aggregates[0]) == ["count"]
+
+
+def test_is_reference():
+    assert is_reference("s3://bucket/aggregates.json")
+    assert is_reference({"a": "file:///a.csv"})
+    assert not is_reference({"a": [{"k": "x", "count": 1}]})
+    assert not is_reference({})
+
+
+def _refusal(tmp_path: Path, case: str):
+    """Build the failing reference of ``case``; returns (reference, spec)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    spec = hours_spec()
+    name = spec.aggregates[0].name
+    csv_file = tmp_path / "h.csv"
+    if case == "missing file":
+        return {name: f"file://{tmp_path / 'absent.csv'}"}, spec
+    if case == "unreadable parquet":
+        (tmp_path / "h.parquet").write_bytes(SECRET.encode() * 10)
+        return {name: str(tmp_path / "h.parquet")}, spec
+    if case == "unreadable json":
+        (tmp_path / "all.json").write_text('{"hours_per_day_by_sex": [' + SECRET)
+        return str(tmp_path / "all.json"), spec
+    if case == "json not an object":
+        (tmp_path / "all.json").write_text(json.dumps([SECRET]))
+        return str(tmp_path / "all.json"), spec
+    if case == "unknown suffix":
+        return {name: str(tmp_path / "h.txt")}, spec
+    if case == "unknown aggregate":
+        return {name: str(csv_file), SECRET: str(csv_file)}, spec
+    if case == "missing aggregate":
+        return {}, spec
+    if case == "missing column csv":
+        csv_file.write_text(f"sex,total,count\n{SECRET},1,2\n")
+        return {name: str(csv_file)}, spec
+    if case == "headerless csv":
+        csv_file.write_text(f"{SECRET},1,2\n")
+        return {name: str(csv_file)}, spec
+    if case == "missing column parquet":
+        pq.write_table(pa.table({"sex": [SECRET], "sum": [1]}), tmp_path / "h.parquet")
+        return {name: str(tmp_path / "h.parquet")}, spec
+    if case == "text in a numeric csv column":
+        csv_file.write_text(f"sex,sum,count\nFemale,{SECRET},2\n")
+        return {name: str(csv_file)}, spec
+    if case == "text column in parquet":
+        pq.write_table(pa.table({"sex": ["Female"], "sum": [SECRET], "count": [2]}), tmp_path / "h.parquet")
+        return {name: str(tmp_path / "h.parquet")}, spec
+    if case == "float32 column in parquet":
+        pq.write_table(pa.table({"sex": ["Female"], "sum": pa.array([1.5], pa.float32()), "count": [2]}),
+                       tmp_path / "h.parquet")
+        return {name: str(tmp_path / "h.parquet")}, spec
+    if case == "ragged csv row":
+        csv_file.write_text(f"sex,sum,count\nFemale,1,2,{SECRET}\n")
+        return {name: str(csv_file)}, spec
+    if case == "empty csv":
+        csv_file.write_text("")
+        return {name: str(csv_file)}, spec
+    if case == "table file for a spec of several aggregates":
+        from support import EXAMPLE_SPEC
+        from dp_operators.spec import load_spec
+
+        csv_file.write_text("a,count\nb,1\n")
+        return str(csv_file), load_spec(EXAMPLE_SPEC)
+    if case == "ungrouped file with two rows":
+        spec = parse_spec(AGE_SPEC.replace("    group_by: [age]\n", "").replace(
+            "    keys: {age: " + str(list(range(17, 91))) + "}\n", ""), source="ungrouped")
+        csv_file.write_text("count\n1\n2\n")
+        return str(csv_file), spec
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        pytest.param("missing file", r"absent\.csv was not found; check the URI", id="missing file"),
+        pytest.param("unreadable parquet", r"h\.parquet is not a readable Parquet file", id="unreadable Parquet"),
+        pytest.param("unreadable json", r"all\.json is not a readable JSON file \(JSONDecodeError\)",
+                     id="unreadable JSON"),
+        pytest.param("json not an object", "holds a JSON list, not an object", id="JSON not an object"),
+        pytest.param("unknown suffix", r"has suffix '\.txt'; name the file \.json, \.csv", id="unknown suffix"),
+        pytest.param("unknown aggregate", r"names 1 name\(s\) that the spec does not release",
+                     id="unknown aggregate name"),
+        pytest.param("missing aggregate", r"misses \['hours_per_day_by_sex'\]", id="missing aggregate"),
+        pytest.param("missing column csv", r"h\.csv \(aggregate 'hours_per_day_by_sex'\) has no column 'sum';",
+                     id="missing column (CSV)"),
+        pytest.param("headerless csv", "has no column 'sex'; give one row per key with the columns",
+                     id="CSV without a header"),
+        pytest.param("missing column parquet", "has no column 'count'", id="missing column (Parquet)"),
+        pytest.param("text in a numeric csv column", "column 'sum' holds text that is not a number",
+                     id="text in a numeric CSV column"),
+        pytest.param("text column in parquet", "column 'sum' is of type string, not a number",
+                     id="text column in Parquet"),
+        pytest.param("float32 column in parquet", "column 'sum' is float, which holds neither",
+                     id="float32 column in Parquet"),
+        pytest.param("ragged csv row", "a row whose number of fields differs from its header", id="ragged CSV"),
+        pytest.param("empty csv", "is empty; write a header row", id="empty CSV"),
+        pytest.param("table file for a spec of several aggregates", "holds the rows of one aggregate, but the spec "
+                     "releases 3", id="one CSV for three aggregates"),
+        pytest.param("ungrouped file with two rows", "must hold exactly one row", id="ungrouped file, two rows"),
+    ],
+)
+def test_refusals_name_the_file_and_column_never_a_value(tmp_path, case, message, caplog, capsys):
+    reference, spec = _refusal(tmp_path, case)
+    with caplog.at_level(logging.DEBUG), pytest.raises(AirflowFailException, match=message) as caught:
+        read_reference(reference, spec)
+    assert SECRET not in str(caught.value)
+    error = caught.value  # no chained parser text (it can quote the file)
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
+    assert SECRET not in caplog.text and SECRET not in capsys.readouterr().out
+
+
+def test_reading_logs_no_data_value(tmp_path, adult_csv, caplog, capsys):
+    spec, expected = hours_spec(), hours_per_day_by_sex(adult_csv)
+    path = write_aggregate(tmp_path / "hours.csv", spec.aggregates[0], expected["hours_per_day_by_sex"])
+    with caplog.at_level(logging.DEBUG):
+        read_reference(f"file://{path}", spec)
+    logged = caplog.text + capsys.readouterr().out
+    for row in expected["hours_per_day_by_sex"]:
+        assert str(row["sum"]) not in logged and str(row["count"]) not in logged
