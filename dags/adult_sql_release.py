@@ -5,7 +5,8 @@
 ``config/releases/adult_census.yaml`` on that connection inside its own ``execute()``, so the true aggregates go
 from the database into the release engine without passing through XCom, Airflow's database or the task log; it
 charges the budget account ``census_adult`` (shared with ``adult_census_release``: the same spec and release name)
-and publishes JSON and CSV plus an asset event.
+and publishes JSON and CSV files, the released rows into the table ``dp_releases`` of the same database (a SQL sink
+keyed by the release key), and an asset event.
 
 The queries are portable SQL (``CASE``, ``SUM``, ``COUNT``): pointing ``adult_sqlite`` at a PostgreSQL database runs
 them unchanged there (install the postgres provider). Neither task logs a number computed from the table: pandas'
@@ -32,11 +33,13 @@ from pathlib import Path
 import pendulum
 
 from airflow.sdk import BaseHook, dag, task
+from dp_operators.operators.sinks import SQLTableSink
 from dp_operators.operators.sql import DPSQLReleaseOperator
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "config" / "releases" / "adult_census.yaml"
 CONN_ID = "adult_sqlite"
+RELEASE_TABLE = "dp_releases"
 SQL_DB = Path(os.environ.get("DP_OPERATORS_SQL_DB", REPO / ".demo" / "adult.db"))
 os.environ.setdefault(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps({"conn_type": "sqlite", "host": str(SQL_DB)}))
 
@@ -106,6 +109,8 @@ def adult_sql_release():
         conn_id=CONN_ID,
         queries=QUERIES,
         output_uri=os.environ.get("DP_OPERATORS_OUTPUT_URI", f"file://{REPO / '.demo' / 'releases'}"),
+        # the released rows also go to a SQL table beside the source (idempotent: a replay rewrites the same rows)
+        sql_sink=SQLTableSink(conn_id=CONN_ID, table=RELEASE_TABLE),
         ledger_conn_id="dp_ledger_default",
         retries=2,
     )

@@ -8,12 +8,6 @@ BIN="$ROOT/.venv/bin"
 DEMO="$ROOT/.demo"
 mkdir -p "$DEMO"
 
-export AIRFLOW_HOME="$DEMO/airflow"
-export AIRFLOW__CORE__DAGS_FOLDER="$ROOT/dags"
-export AIRFLOW__CORE__LOAD_EXAMPLES=False
-export AIRFLOW__CORE__UNIT_TEST_MODE=False
-export DP_LEDGER_URL="sqlite:///$DEMO/ledger.db"
-
 # The two audit keys (docs/ledger.md), made once: the governor key stays with the privacy officer (here: this
 # shell's dpctl); the spend key goes in the workers' ledger connection (extra audit_key) and to 'dpctl ledger apply'.
 KEYS="$DEMO/keys"
@@ -26,12 +20,8 @@ for role in governor spend; do
   fi
   chmod 600 "$KEYS/$role.key"
 done
-DP_LEDGER_GOVERNOR_KEY="$(head -n 1 "$KEYS/governor.key")"
-DP_LEDGER_AUDIT_KEY="$(head -n 1 "$KEYS/spend.key")"
-export DP_LEDGER_GOVERNOR_KEY DP_LEDGER_AUDIT_KEY
-export AIRFLOW_CONN_DP_LEDGER_DEFAULT="{\"conn_type\": \"dp_ledger\", \"extra\": {\"url\": \"$DP_LEDGER_URL\", \"audit_key\": \"$DP_LEDGER_AUDIT_KEY\"}}"
-export DP_OPERATORS_ADULT_CSV="$ROOT/.data/adult.csv"
-export DP_OPERATORS_OUTPUT_URI="file://$DEMO/releases"
+# Airflow home, ledger URL, keys, the ledger connection, data and output locations
+source "$ROOT/scripts/demo_env.sh"
 
 "$BIN/python" scripts/fetch_adult.py --out "$DP_OPERATORS_ADULT_CSV"
 if [ ! -f "$AIRFLOW_HOME/airflow.db" ]; then

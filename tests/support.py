@@ -57,3 +57,4 @@ def make_ledger(path: Path, *, cap="1/2", accountant="zcdp", dags=("adult_census
         )
     )
     return spender(f"sqlite:///{path}")
+

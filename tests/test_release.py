@@ -6,7 +6,6 @@ import json
 import logging
 import math
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 import yaml

@@ -12,7 +12,7 @@ Exit codes (every command; ``--help`` on each):
   the spend key), a change ``ledger apply`` refuses (lower a cap below spend, change an accountant, change the
   privacy unit of an account that was charged);
 * 2 — usage error (unknown option, missing argument: typer/click's own);
-* 3 — ``ledger verify`` found the ledger inconsistent: an audit event whose MAC does not match or whose signer has
+* 3 — ``ledger verify`` found the ledger inconsistent (``release verify``: a published file differs from the ledger, is not in it, or is not a release): an audit event whose MAC does not match or whose signer has
   the wrong role, a transition the state machine forbids, an edited, inserted or deleted row, totals that disagree
   with the audit log, guard triggers changed or disabled (the first line names the first broken row).
 

@@ -1,20 +1,33 @@
-"""``dpctl release show``: print a published release."""
+"""``dpctl release show``: print a published release; ``dpctl release verify``: compare published files with the
+ledger (:mod:`dp_operators.operators.verification`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
+from dp_operators.cli.charges import release_key_cell
 from dp_operators.cli.common import (
+    EXIT_INCONSISTENT,
+    ConnOption,
+    UrlOption,
     _fail,
+    _ledger_errors,
+    _locate,
+    _stdout_pipe,
     console,
     release_app,
 )
+from dp_operators.ledger import Ledger
+
+if TYPE_CHECKING:
+    from dp_operators.operators.verification import FileVerdict
+
 
 @release_app.command("show")
 def release_show(
@@ -88,3 +101,74 @@ def _shown_half_width(row: dict) -> str:
     return f"{row['half_width']:.3g}" + (" (saturated)" if row.get("saturated") else "")
 
 
+
+
+@release_app.command("verify")
+def release_verify(
+    path: Annotated[str, typer.Argument(help="A release file or a folder of them: a local path or a URI (s3://...).")],
+    url: UrlOption = None,
+    conn_id: ConnOption = None,
+    output_uri: Annotated[
+        Optional[str],
+        typer.Option("--output-uri", help="The operator's output_uri: check every file's path is its key's location "
+                     "under it (default: inferred from the folders the files lie in)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object a file, instead of a table.")] = False,
+) -> None:
+    """Compare published release files with the ledger's committed outputs, the authority on what was released.
+
+    For each .json release (and its .csv and .parquet siblings) under PATH: the file must be exactly
+    what the operator writes for the committed output of its release key (the JSON's release_key): the JSON
+    equal and byte for byte, the CSV byte for byte, the Parquet file byte for byte or (written by another pyarrow
+    version) the same table, which the verdict says. Its path must be its key's location under the output root
+    (--output-uri, else the root the folders show), so a file copied into another DAG's folder is caught.
+    Diagnostics reports are skipped. Reading needs no key; run 'dpctl ledger verify' to authenticate the ledger
+    itself.
+
+    Exit 0 when every file matches; 3 when any differs, is not in the ledger, is not a release or cannot be read;
+    1 when PATH or the ledger cannot be read.
+    """
+    from dp_operators.operators.verification import release_files, storage_path, verify_published
+
+    with _ledger_errors():
+        ledger = Ledger(_locate(url, conn_id).url)  # reading needs no spend key
+        ledger.check_schema()
+        root = storage_path(path)
+        try:
+            files = release_files(root)
+        except FileNotFoundError:
+            _fail(f"no such file or folder: {path}")
+        except (OSError, ValueError) as error:
+            _fail(f"cannot read {path}: {error}")
+        if not files:
+            _fail(f"no release files (.json, .csv, .parquet) under {path}")
+        verdicts = verify_published(files, ledger.stored_output, output_uri)
+    with _stdout_pipe():
+        if as_json:
+            for verdict in verdicts:
+                typer.echo(json.dumps(verdict.as_dict()))
+        else:
+            _print_verdicts(verdicts, str(root if root.is_dir() else root.parent))
+    if not all(verdict.matches for verdict in verdicts):
+        raise typer.Exit(EXIT_INCONSISTENT)
+
+
+def _print_verdicts(verdicts: list[FileVerdict], folder: str) -> None:
+    """A table of ``verdicts`` (file names relative to ``folder``, the URI they lie under) and a count."""
+    table = Table(title=f"release files under {folder}")
+    table.add_column("file", overflow="fold")
+    table.add_column("release key (dag / run / task / release)", overflow="fold")
+    table.add_column("verdict", overflow="fold")
+    for verdict in verdicts:
+        key = "-" if verdict.key is None else release_key_cell(verdict.key.as_dict())
+        reasons = verdict.problems + verdict.notes
+        shown = Text(verdict.verdict, style="green" if verdict.matches else "red")
+        if reasons:
+            shown.append(": " + "; ".join(reasons))
+        table.add_row(verdict.file.removeprefix(folder.rstrip("/") + "/"), key, shown)
+    console.print(table)
+    bad = sum(not verdict.matches for verdict in verdicts)
+    console.print(
+        f"{len(verdicts)} files: {len(verdicts) - bad} match the ledger" + (f", {bad} do not" if bad else ""),
+        highlight=False,
+    )

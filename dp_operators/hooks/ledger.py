@@ -37,6 +37,26 @@ AUDIT_KEY_EXTRA = "audit_key"
 GOVERNOR_KEY_EXTRA = "governor_key"
 
 
+#: The connection extra setting the lease of reservations, in seconds.
+LEASE_SECONDS_EXTRA = "lease_seconds"
+
+
+def lease_seconds_from_extra(conn_id: str, value: Any) -> float:
+    """The extra ``lease_seconds`` as a float in (0, MAX_LEASE_SECONDS].
+
+    Raises:
+        ValueError: not a number (bool included), not finite, or outside that range; names the connection.
+    """
+    from dp_operators.ledger.schema import MAX_LEASE_SECONDS
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_LEASE_SECONDS:
+        raise ValueError(
+            f"connection {conn_id!r}: extra {LEASE_SECONDS_EXTRA!r} must be a number of seconds in "
+            f"(0, {MAX_LEASE_SECONDS}], got {value!r}"
+        )
+    return float(value)
+
+
 def ledger_url_from_connection(conn: Any) -> str:
     """Build the ledger's SQLAlchemy URL from an Airflow ``Connection``.
 
@@ -148,11 +168,13 @@ class DPLedgerHook(BaseHook):
 
     def get_ledger(self, **kwargs: Any) -> Ledger:
         """The spender's :class:`Ledger` on the connection's database, signing with the connection's ``audit_key``
-        (the schema must already exist: ``dpctl ledger init``). ``kwargs`` go to :class:`Ledger` (e.g.
-        ``lease_seconds``).
+        (the schema must already exist: ``dpctl ledger init``). ``kwargs`` go to :class:`Ledger`; the extra
+        ``lease_seconds`` (a number of seconds in (0, 3600], default 120) sets the reservations' lease unless
+        ``kwargs`` does: how long a dead try's reservation blocks its retry (docs/deployment.md).
 
         Raises:
-            ValueError: the connection names no ledger. LedgerKeyError: its ``audit_key`` is not a valid key.
+            ValueError: the connection names no ledger, or its ``lease_seconds`` is not such a number.
+            LedgerKeyError: its ``audit_key`` is not a valid key.
         """
         conn = self.get_connection(self.ledger_conn_id)
         if (conn.extra_dejson or {}).get(GOVERNOR_KEY_EXTRA):
@@ -161,6 +183,9 @@ class DPLedgerHook(BaseHook):
                 "Keep the governor key in a connection only the privacy officer's dpctl uses.",
                 self.ledger_conn_id,
             )
+        lease = (conn.extra_dejson or {}).get(LEASE_SECONDS_EXTRA)
+        if lease is not None and "lease_seconds" not in kwargs:
+            kwargs["lease_seconds"] = lease_seconds_from_extra(conn.conn_id, lease)
         return Ledger(ledger_url_from_connection(conn), audit_key=audit_key_from_connection(conn), **kwargs)
 
     def test_connection(self) -> tuple[bool, str]:

@@ -3,17 +3,25 @@
 
 CSV holds text, read as follows:
 
-* a value cell is read exactly: an integer literal as ``int``, any other number as ``decimal.Decimal``
-  (``12.5``, ``1e3``; ``nan``, ``inf``, ``-Infinity`` as Decimal specials, which follow the aggregate's
-  ``non_finite`` policy in both arithmetic modes, where a float infinity in a sum would be refused under
-  ``exact``); an empty cell is NULL. A Decimal is taken as the exact number it spells: write sums from exact
-  arithmetic (integers, or SQL ``NUMERIC``), since a float sum printed as text passes as exact (Casacuberta,
-  Shoemate, Vadhan, Wagaman, CCS 2022). Text that is not a number fails the task.
+* a value cell: an integer literal (``12``, ``-3``) is an ``int``; any other number (``12.5``, ``1e3``, ``40.0``,
+  ``nan``, ``inf``) is a Python ``float``, exactly as if the upstream task had returned that float through XCom,
+  so the engine's float rules apply (:mod:`dp_operators.release.upstream_types`): under ``upstream.arithmetic:
+  exact`` a sum may only hold integral floats (up to 2^53), under ``binary64`` any float. Text with a fraction is
+  never taken for an exact decimal: a float sum printed as text would otherwise pass as exact (Casacuberta,
+  Shoemate, Vadhan, Wagaman, CCS 2022); exact decimal sums go in Parquet ``decimal128`` columns or SQL ``NUMERIC``.
+  An empty cell, and text that is not a number (``N/A``, ``-``), is NULL (``None``): it follows the aggregate's
+  ``non_finite`` ``nan`` policy like SQL's NULL, never a refusal (that would depend on one cell's value). An
+  integer literal beyond Python's int-parsing digit limit is an exact ``Decimal`` (the engine saturates it).
 * a key cell is text, read as ``int`` when the column's declared public keys are all integers: an integer literal,
-  or an integral number (``25.0``, as pandas writes an int column holding a NULL); any other text there cannot be a
-  key of the domain and is read as NULL (its row is ignored, counted in the diagnostics as a NULL key, never
-  refused: a refusal would depend on that one row). Elsewhere a key is its text, verbatim, and an empty cell NULL.
-  Under ``partition_selection`` keys are text: use Parquet for typed keys.
+  or an integral number (``25.0``, as pandas writes an int column holding a NULL; exponents are bounded by
+  :data:`~dp_operators.release.upstream_types.DECIMAL_EXPONENT_LIMIT`, so ``1e9999999`` costs no time); any other
+  text there cannot be a key of the domain and is read as NULL (its row is ignored, counted in the diagnostics as
+  a NULL key, never refused: a refusal would depend on that one row). Elsewhere a key is its text, verbatim, and
+  an empty cell NULL. Aggregates under ``partition_selection`` (no public key domain) cannot read CSV at all: the
+  published keys would be the file's spelling of them (``17`` or ``17.0``, depending on a NULL elsewhere in the
+  column); :mod:`dp_operators.operators.sources` refuses such a file before reading it.
+* the file's structure must be valid: a header row naming the columns, and every row with as many fields as the
+  header; a file that breaks it is refused (its name is given, never its content).
 
 Parquet columns arrive typed through pyarrow's ``to_pylist()``: integers as ``int``, ``decimal128``/``decimal256``
 as ``Decimal``, doubles as ``float``, NULL as ``None``; a value column of another type (text, float16/float32) is
@@ -32,6 +40,8 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
+
+from dp_operators.release.upstream_types import UNPUBLISHABLE, normalise_key
 
 if TYPE_CHECKING:
     from airflow.sdk import ObjectStoragePath
@@ -93,31 +103,29 @@ def csv_rows(path: ObjectStoragePath, aggregate: Aggregate, values: list[str], s
 
 def _csv_row(cells: list[str], width: int, positions: dict[str, int], key_reader: dict, source: str) -> dict:
     if len(cells) != width:
-        raise AirflowFailException(f"{source} has a row whose number of fields differs from its header's")
+        raise AirflowFailException(
+            f"{source} has a row whose number of fields differs from its header's; write a valid CSV file (quote "
+            "cells holding commas)"
+        )
     row = {}
     for column, index in positions.items():
         reader = key_reader.get(column)
-        row[column] = reader(cells[index]) if reader else _csv_number(cells[index], column, source)
+        row[column] = reader(cells[index]) if reader else _csv_number(cells[index])
     return row
 
 
-def _csv_number(text: str, column: str, source: str) -> int | Decimal | None:
-    """A CSV value cell read exactly (module docstring)."""
+def _csv_number(text: str) -> int | float | Decimal | None:
+    """A CSV value cell (module docstring): ``int``, ``float``, or ``None`` for an empty or non-numeric cell."""
     text = text.strip()
-    if not text:
-        return None
     if _INTEGER.fullmatch(text):
         try:
             return int(text)
-        except ValueError:  # beyond Python's int-parsing digit limit: the engine saturates the Decimal
-            pass
+        except ValueError:  # beyond Python's int-parsing digit limit: an exact integer all the same
+            return Decimal(text)
     try:
-        return Decimal(text)
-    except InvalidOperation:
-        raise AirflowFailException(
-            f"{source}: column {column!r} holds text that is not a number; write numbers (12, 12.5, 1e3), an empty "
-            "cell for NULL, or nan / inf"
-        ) from None
+        return float(text)
+    except ValueError:  # empty, or not a number: NULL, never a refusal by the cell's value
+        return None
 
 
 def _key_reader(aggregate: Aggregate, column: str) -> Callable[[str], int | str | None]:
@@ -131,17 +139,15 @@ def _text_key(text: str) -> str | None:
 
 
 def _int_key(text: str) -> int | None:
+    """An integer key cell: an integral number as ``int`` (through the engine's ``normalise_key``, which bounds the
+    exponent it expands), anything else ``None``."""
     text = text.strip()
-    if _INTEGER.fullmatch(text):
-        try:
-            return int(text)
-        except ValueError:
-            return None
     try:
-        number = Decimal(text)
-    except InvalidOperation:
+        number: int | Decimal = int(text) if _INTEGER.fullmatch(text) else Decimal(text)
+    except (ValueError, InvalidOperation):  # not a number, or an integer beyond the int-parsing digit limit
         return None  # no key of an integer domain: NULL, outside it (see the module docstring)
-    return int(number) if number.is_finite() and number == number.to_integral_value() else None
+    key = normalise_key(number, "")
+    return None if key is UNPUBLISHABLE else key  # type: ignore[return-value]
 
 
 def parquet_rows(path: ObjectStoragePath, aggregate: Aggregate, values: list[str], source: str) -> list[dict]:

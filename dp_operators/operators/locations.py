@@ -20,6 +20,7 @@ So:
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import unquote
 
 from airflow.sdk import ObjectStoragePath
@@ -31,6 +32,12 @@ _KEPT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01234567
 
 #: Separates a task id from its map index and from the diagnostics suffix; never produced by the encoding.
 SEPARATOR = "~"
+
+#: Longest file or folder name, in bytes, common file systems and object-store tools accept (NAME_MAX).
+MAX_NAME_BYTES = 255
+#: What the longest file name adds to the stem: ``~diagnostics.json`` (17), plus the sinks' temporary sibling
+#: ``.<name>.<8 random>.tmp`` (14).
+_STEM_OVERHEAD = len(f"{SEPARATOR}diagnostics.json") + len(".") + len(".12345678.tmp")
 
 
 def encode_component(text: str) -> str:
@@ -102,6 +109,46 @@ def key_of(path: ObjectStoragePath | str, base_uri: str) -> tuple[ReleaseKey, st
         map_index=int(map_index) if map_index else -1, release_name=release,
     )
     return key, fmt
+
+
+def check_publishable(base_uri: str, key: ReleaseKey) -> ObjectStoragePath:
+    """The folder of ``key`` under ``base_uri``, checked to be writable as published files: called before any
+    budget is reserved, so a name that cannot be a file never costs a charge it cannot publish.
+
+    Raises:
+        ValueError: an encoded name longer than :data:`MAX_NAME_BYTES` bytes (a long run id of ``:``/``+``, which
+            encode to 3 bytes each, or a long non-ASCII task id), or, on local storage, a symbolic link between
+            ``base_uri`` and the folder (a planted link would redirect the files elsewhere).
+    """
+    names = {"release name": key.release_name, "dag_id": key.dag_id, "run_id": key.run_id}
+    for what, name in names.items():
+        encoded = encode_component(name)
+        if len(encoded) > MAX_NAME_BYTES:
+            raise ValueError(
+                f"the {what} {name[:40]!r}... is {len(encoded)} bytes once encoded as a path component, more than "
+                f"{MAX_NAME_BYTES}; use a shorter {what}"
+            )
+    stem = release_stem(key)
+    if len(stem) + _STEM_OVERHEAD > MAX_NAME_BYTES:
+        raise ValueError(
+            f"the task id {key.task_id[:40]!r}... is {len(stem)} bytes once encoded as a file name, more than "
+            f"{MAX_NAME_BYTES - _STEM_OVERHEAD}; use a shorter task id"
+        )
+    folder = release_folder(base_uri, key)
+    _check_no_links(ObjectStoragePath(base_uri), folder)
+    return folder
+
+
+def _check_no_links(base: ObjectStoragePath, folder: ObjectStoragePath) -> None:
+    """On local storage, refuse a symbolic link at any level below ``base`` down to ``folder``."""
+    if base.protocol not in ("file", "local", ""):
+        return
+    root = Path(base.path)
+    current = root
+    for part in Path(folder.path).relative_to(root).parts:
+        current = current / part
+        if current.is_symlink():
+            raise ValueError(f"{current} is a symbolic link: release files are never written through one")
 
 
 def _check_inside(base: ObjectStoragePath, path: ObjectStoragePath) -> None:

@@ -29,10 +29,11 @@ from dp_operators.release import (
 )
 from dp_operators.operators.gate import load_planned_spec
 from dp_operators.operators.lineage import ReleaseLineageMixin
-from dp_operators.operators.locations import diagnostics_file, release_folder, release_stem
+from dp_operators.operators.locations import check_publishable, diagnostics_file, release_folder, release_stem
 from dp_operators.operators.sinks import SQLTableSink, check_formats, release_csv, write_files
 from dp_operators.operators.sources import is_reference, read_reference
 from dp_operators.operators.upstream import describe_missing, pull_return_value
+from dp_operators.spec import load_spec_with_hash
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -75,8 +76,10 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
     field: Airflow stores rendered fields in its database and shows them in the UI), from one source:
 
     * ``aggregates_task_id``: the upstream task's return value (XCom), of the same map index when the release is
-      mapped with it (:mod:`dp_operators.operators.upstream`); a string (or a mapping of aggregate name -> string)
-      returned there is a *reference*: files read by :func:`dp_operators.operators.sources.read_reference`;
+      mapped with it (:mod:`dp_operators.operators.upstream`); a reference returned there (a URI with a scheme, or
+      an absolute path, ending .json/.csv/.parquet/.pq, or a mapping of aggregate name -> such URIs:
+      :func:`~dp_operators.operators.sources.is_reference`) is read by
+      :func:`dp_operators.operators.sources.read_reference`;
     * ``aggregates_uri``: such a reference given directly (JSON, CSV or Parquet by ``ObjectStoragePath``);
     * a subclass's :meth:`read_aggregates` (:class:`~dp_operators.operators.sql.DPSQLReleaseOperator` runs SQL).
 
@@ -151,12 +154,14 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                 "aggregates or a reference to them) and aggregates_uri (files holding them)"
             )
         self.output_formats = check_formats(output_formats)
-        self.release_asset = asset or Asset(
-            name=self.release_spec.release, uri=f"dp-release://{self.release_spec.release}"
-        )
+        self.release_asset = asset or default_asset(self.release_spec.release)
         #: the declared outlet: events are added to it only for new releases, so a replay announces nothing
         self.release_alias = RELEASE_ALIAS
-        kwargs.setdefault("outlets", [self.release_alias])
+        kwargs["outlets"] = _with_alias(kwargs.get("outlets"))
+        # Airflow 3.3 creates an asset first announced through an alias at run time, and two tasks doing so at once
+        # collide on its unique key: the loser is marked failed after its release was committed. Declaring the
+        # asset as an inlet registers it when the DAG is parsed (an inlet emits no event).
+        kwargs.setdefault("inlets", [self.release_asset])
         super().__init__(**kwargs)
         self.aggregates_task_id = aggregates_task_id
         self.aggregates_uri = aggregates_uri
@@ -170,7 +175,11 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
     def partial(cls, **kwargs: Any) -> Any:
         """Airflow's ``.partial()``, declaring the :data:`RELEASE_ALIAS` outlet as ``__init__`` does (a mapped
         operator's outlets come from ``partial``: without it a mapped release would emit no event)."""
-        kwargs.setdefault("outlets", [RELEASE_ALIAS])
+        kwargs["outlets"] = _with_alias(kwargs.get("outlets"))
+        spec_path = kwargs.get("spec_path")
+        if "inlets" not in kwargs and isinstance(spec_path, (str, Path)):  # registers the asset at parse time
+            release = load_spec_with_hash(str(spec_path))[0].release
+            kwargs["inlets"] = [kwargs.get("asset") or default_asset(release)]
         return super().partial(**kwargs)
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -182,9 +191,11 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             map_index=-1 if ti.map_index is None else ti.map_index,
             release_name=self.release_spec.release,
         )
-        if self.output_uri:
-            release_folder(self.output_uri, key)  # refuses a location outside output_uri before anything is spent
-        ledger = DPLedgerHook(ledger_conn_id=self.ledger_conn_id).get_ledger()
+        self._check_sinks(key)  # before anything is spent: a release that cannot be published is never charged
+        try:
+            ledger = DPLedgerHook(ledger_conn_id=self.ledger_conn_id).get_ledger()
+        except (ValueError, LedgerError) as error:  # the connection is misconfigured: no retry fixes it
+            raise AirflowFailException(str(error)) from None
         try:
             result = run_release(
                 self.release_spec,
@@ -218,17 +229,60 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         if result.replayed:
             self.log.info("release %s already committed for this task instance: replaying it, nothing charged", key)
         self.published = self._publish(output, key, result.replayed, ti)
-        if not result.replayed:
+        if not result.replayed or not self._announced(context, key, output):
             context["outlet_events"][self.release_alias].add(
                 self.release_asset,
                 extra={
                     "release": output["release"],
+                    "release_key": output["release_key"],
                     "budget_account": output["budget_account"],
                     "charge": output["charge"],
                     "location": self.published.locations.get("json"),
                 },
             )
         return output
+
+    def _announced(self, context: Context, key: ReleaseKey, output: dict[str, Any]) -> bool:
+        """Whether an earlier try of this task instance already announced the committed release: an event of the
+        release's asset (read through the inlet the operator declares) from this dag run, task and map index, after
+        the release was drawn. A replay after a successful try (a cleared task) finds it and stays silent; a replay
+        after a try that died between the commit and its success finds none and announces the release once.
+
+        If Airflow cannot answer (no inlet for the asset, an older API), the answer is True: stay silent.
+        """
+        try:
+            events = context["inlet_events"][self.release_asset].after(output["released_at"])
+            return any(
+                (event.source_dag_id, event.source_run_id, event.source_task_id, event.source_map_index)
+                == (key.dag_id, key.run_id, key.task_id, key.map_index)
+                for event in events
+            )
+        except Exception as error:  # noqa: BLE001 - any failure to ask means: do not announce twice
+            self.log.info("could not read this release's earlier asset events (%s): a replay stays silent",
+                          type(error).__name__)
+            return True
+
+    def _check_sinks(self, key: ReleaseKey) -> None:
+        """Refuse, before the ledger is called, what would make publishing fail after the commit: a file name too
+        long or a link under ``output_uri`` / ``diagnostics_uri``; create the SQL sink's table if needed.
+
+        Raises:
+            AirflowFailException: a location that cannot hold this release's files (no retry fixes it).
+        """
+        try:
+            for base in (self.output_uri, self.diagnostics_uri):
+                if base:
+                    check_publishable(base, key)
+        except ValueError as error:
+            raise AirflowFailException(f"release {key.release_name!r} cannot be published: {error}") from None
+        if self.sql_sink is not None:
+            try:
+                self.sql_sink.prepare()
+            except SQLAlchemyError as error:
+                raise AirflowException(
+                    f"the SQL sink's database failed before anything was reserved (a retry is safe): "
+                    f"{type(error).__name__}"
+                ) from None
 
     def read_aggregates(self, context: Context) -> Any:
         """The true aggregates: the upstream task's return value (of this map index), or the files it or
@@ -293,6 +347,17 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             self.log.info("wrote the diagnostics report (exact, data-derived; not for publication) to %s", path)
 
         return write
+
+
+def default_asset(release: str) -> Asset:
+    """The asset announcing ``release``: ``dp-release://<release>``, independent of the budget account."""
+    return Asset(name=release, uri=f"dp-release://{release}")
+
+
+def _with_alias(outlets: Any) -> list[Any]:
+    """``outlets`` with :data:`RELEASE_ALIAS` added: a DAG author's own outlets never silence new releases."""
+    declared = list(outlets or [])
+    return declared if RELEASE_ALIAS in declared else [*declared, RELEASE_ALIAS]
 
 
 def lease_held_message(key: ReleaseKey, error: LeaseHeldError) -> str:

@@ -46,8 +46,9 @@ def release_rows(output: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The flat table of a published release: one dict per released value, with the keys :data:`COLUMNS`.
 
     * ``aggregate``, ``kind``, ``mechanism``: the aggregate's name, kind and mechanism, as published;
-    * ``key``: ``column=value`` pairs of the row's ``group_by`` columns joined by ``;``, in ``group_by`` order
-      (``education=Bachelors;sex=Female``); ``""`` for an ungrouped aggregate;
+    * ``key``: the row's ``group_by`` columns and values as a compact JSON object, in ``group_by`` order
+      (``{"education":"Bachelors","sex":"Female"}``; ``{}`` for an ungrouped aggregate): unambiguous, so NULL
+      and ``"None"``, ``1`` and ``"1"``, and values holding ``;``, ``=`` or NUL stay distinct keys;
     * ``value``: the noised value (``int`` for counts and integer sums, else ``float``), in the aggregate's units;
     * ``half_width``: half-width of the confidence interval (``float``), ``None`` for a saturated value;
     * ``confidence``: the interval's confidence level (the release's, e.g. 0.95);
@@ -71,7 +72,8 @@ def release_rows(output: Mapping[str, Any]) -> list[dict[str, Any]]:
             rows.append({
                 "aggregate": name,
                 "kind": aggregate["kind"],
-                "key": ";".join(f"{column}={row[column]}" for column in group_by),
+                "key": json.dumps({column: row[column] for column in group_by}, ensure_ascii=False,
+                                  separators=(",", ":")),
                 "value": row["value"],
                 "half_width": row["half_width"],
                 "confidence": output["confidence"],
@@ -256,8 +258,8 @@ def sql_release_table(name: str) -> sa.Table:
         sa.Column("run_id", text, primary_key=True),
         sa.Column("task_id", text, primary_key=True),
         sa.Column("map_index", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("release_name", text, primary_key=True),
-        sa.Column("aggregate", text, primary_key=True),
+        sa.Column("release_name", sa.Text, primary_key=True),  # spec names have no length limit
+        sa.Column("aggregate", sa.Text, primary_key=True),
         sa.Column("key", sa.Text, primary_key=True),
         sa.Column("kind", sa.String(16), nullable=False),
         sa.Column("value", sa.Double, nullable=False),
@@ -316,6 +318,30 @@ class SQLTableSink:
              "released_at": released_at, "spec_hash": output["spec_hash"]}
             for row in release_rows(output)
         ]
+
+    def prepare(self) -> None:
+        """Make sure the table exists (created when ``create_table``), before the release reserves any budget, so a
+        missing table or a connection that is not SQL fails the task before it is charged, not after.
+
+        Raises:
+            AirflowFailException: the connection's hook is not a SQL hook, or the table is missing and
+                ``create_table`` is false.
+            sqlalchemy.exc.SQLAlchemyError: the database failed (retryable).
+        """
+        from airflow.sdk.exceptions import AirflowFailException
+
+        engine = self._engine()
+        table = sql_release_table(self.table)
+        try:
+            if self.create_table:
+                table.metadata.create_all(engine, checkfirst=True)
+            elif not sa.inspect(engine).has_table(table.name, schema=table.schema):
+                raise AirflowFailException(
+                    f"table {self.table!r} does not exist on connection {self.conn_id!r}; create it (see "
+                    "sql_release_table) or let the sink create it (create_table=True)"
+                )
+        finally:
+            engine.dispose()
 
     def write(self, output: Mapping[str, Any]) -> int:
         """Replace the rows of ``output``'s release key with its rows, in one transaction; returns the row count.

@@ -16,13 +16,23 @@ variance                  ``sum``, ``count``, ``sum_squares``
 ========================  =====================================================================================
 
 plus ``units`` (distinct privacy units per key) under ``partition_selection``, except for a count with one
-contribution per partition. An ungrouped aggregate has exactly one row.
+contribution per partition. An ungrouped aggregate has at most one row: no row (a query whose ``WHERE`` or
+``HAVING`` matched nobody, an empty file) is the aggregate of nobody, as SQL's ``COUNT`` and ``SUM`` give it: count
+0, sums NULL (``None``, which follows the aggregate's ``non_finite`` ``nan`` policy). Whether a row exists can
+depend on one person, so it never decides a refusal.
 
 Types. Parquet and SQL values arrive typed (pyarrow, the DB-API driver): ints, ``Decimal`` (Parquet ``decimal128``,
 SQL ``NUMERIC``) and floats go to the engine as they are, which reads each exactly or refuses it by its type
-(:mod:`dp_operators.release.upstream_types`). CSV cells are text, read exactly as
-:mod:`dp_operators.operators.file_tables` says (integers as ``int``, other numbers as ``Decimal``, key columns as
-``int`` where the spec's public keys are integers).
+(:mod:`dp_operators.release.upstream_types`). CSV cells are text, read as
+:mod:`dp_operators.operators.file_tables` says: integer literals as ``int``, any other number as a ``float`` (the
+engine's float rules apply: non-integral sums need ``upstream.arithmetic: binary64``), non-numeric text as NULL,
+key columns as ``int`` where the spec's public keys are integers. CSV is refused for an aggregate under
+``partition_selection`` (its keys would be published as the file spells them): use Parquet or JSON.
+
+References. An upstream value is read as a reference (:func:`is_reference`) only when every string in it is a URI
+with a scheme (``s3://...``) or an absolute path, ending in a suffix of :data:`FORMATS`; any other string goes to
+the engine, which refuses a string by its type without echoing it (an upstream returning ``str(total)`` must not
+see its total in the task log).
 
 Errors are :class:`~airflow.sdk.exceptions.AirflowFailException` (retrying cannot fix them), raised before any
 budget is reserved; they name the file or query, the column and how to fix it, never a data value or a row index.
@@ -31,6 +41,7 @@ budget is reserved; they name the file or query, the column and how to fix it, n
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
@@ -50,6 +61,8 @@ __all__ = ["FORMATS", "is_reference", "query_aggregates", "read_reference", "val
 FORMATS = {".json": "JSON", ".csv": "CSV", ".parquet": "Parquet", ".pq": "Parquet"}
 #: DB-API (PEP 249) error classes that a retry cannot fix: the query or the data, not the connection.
 _PERMANENT_DB_ERRORS = {"ProgrammingError", "DataError", "IntegrityError", "NotSupportedError"}
+#: A reference string: a URI scheme (RFC 3986) or an absolute path, and a suffix of FORMATS, in any case.
+_REFERENCE = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]*://|/).*\.(?:json|csv|parquet|pq)", re.IGNORECASE | re.DOTALL)
 
 
 def value_columns(spec: ReleaseSpec, aggregate: Aggregate) -> list[str]:
@@ -61,18 +74,26 @@ def value_columns(spec: ReleaseSpec, aggregate: Aggregate) -> list[str]:
 
 
 def is_reference(value: Any) -> bool:
-    """True if an upstream value is a reference :func:`read_reference` reads (a URI, or a non-empty mapping of
-    aggregate name to URI) rather than the aggregates themselves (no aggregate's value is a string)."""
-    if isinstance(value, (str, ObjectStoragePath)):
+    """True if an upstream value is a reference :func:`read_reference` reads rather than the aggregates
+    themselves: an ``ObjectStoragePath``, a reference string, or a non-empty mapping whose values all are. A
+    reference string is a URI with a scheme (``file://``, ``s3://``, ...) or an absolute path, ending in ``.json``,
+    ``.csv``, ``.parquet`` or ``.pq`` (any case). Anything else (``"8675309.25"``, ``"data.csv"``) is a value for
+    the engine, which refuses a string by its type without echoing it."""
+    if isinstance(value, Mapping):
+        return bool(value) and all(_is_reference_path(v) for v in value.values())
+    return _is_reference_path(value)
+
+
+def _is_reference_path(value: Any) -> bool:
+    if isinstance(value, ObjectStoragePath):
         return True
-    return isinstance(value, Mapping) and bool(value) and all(
-        isinstance(v, (str, ObjectStoragePath)) for v in value.values()
-    )
+    return isinstance(value, str) and _REFERENCE.fullmatch(value) is not None
 
 
 def read_reference(reference: str | Mapping[str, str], spec: ReleaseSpec) -> dict[str, Any]:
     """Read the true aggregates a reference points to, in the shape of
-    :func:`~dp_operators.release.prepare_inputs` (aggregate name -> value).
+    :func:`~dp_operators.release.prepare_inputs` (aggregate name -> value). Messages quote the reference's URIs:
+    pass an upstream (XCom) value here only if :func:`is_reference` accepts it.
 
     Args:
         reference: an ``ObjectStoragePath`` URI (``file://``, ``s3://``, ``gs://``, ...; a bare path is local):
@@ -80,16 +101,19 @@ def read_reference(reference: str | Mapping[str, str], spec: ReleaseSpec) -> dic
             fraction or an exponent is a binary float there: give sums as integers), or, for a spec with exactly
             one aggregate, a ``.csv`` or ``.parquet`` (``.pq``) file of its rows. Or a mapping of aggregate name to
             URI, one file per aggregate of the spec: a ``.json`` file holds that aggregate's value (a number, a
-            ``{"sum", "count"}`` mapping, a list of rows), a CSV or Parquet file its rows (module docstring).
+            ``{"sum", "count"}`` mapping, a list of rows), a CSV or Parquet file its rows (module docstring). An
+            aggregate under ``partition_selection`` cannot be read from CSV (module docstring).
         spec: the release spec.
 
     Returns:
         ``{aggregate name: value}``; the engine checks types and shapes.
 
     Raises:
-        AirflowFailException: an unknown suffix, a missing or unreadable file, a mapping that misses an aggregate
-            of the spec or names another, a missing or non-numeric column, an ungrouped file without exactly one
-            row. The message names the file and the column, never a value.
+        AirflowFailException: an unknown suffix, a CSV file for an aggregate under ``partition_selection``
+            (checked on the spec and the suffixes, before any file is read), a missing or unreadable file, a
+            mapping that misses an aggregate of the spec or names another, a missing column, a CSV row with more
+            or fewer fields than its header, a Parquet value column that is not numeric, an ungrouped file of
+            more than one row. The message names the file and the column, never a value.
     """
     if isinstance(reference, (str, ObjectStoragePath)):
         path, kind = _located(reference, "the aggregates reference")
@@ -108,20 +132,25 @@ def read_reference(reference: str | Mapping[str, str], spec: ReleaseSpec) -> dic
                 f"of {[a.name for a in spec.aggregates]}, or one JSON file holding the whole mapping"
             )
         aggregate = spec.aggregates[0]
+        _check_csv_keys(path, kind, aggregate)
         return {aggregate.name: _read_table(path, kind, spec, aggregate)}
     if not isinstance(reference, Mapping):
         raise AirflowFailException(
             f"an aggregates reference is a URI or a mapping of aggregate name to URI, got {type(reference).__name__}"
         )
     _check_names(reference, spec, "the aggregates reference", "files", echo_unknown=False)
-    aggregates: dict[str, Any] = {}
-    for aggregate in spec.aggregates:
+    located = {}
+    for aggregate in spec.aggregates:  # every file's format is checked before any is read
         uri = reference[aggregate.name]
         if not isinstance(uri, (str, ObjectStoragePath)):
             raise AirflowFailException(
                 f"the aggregates reference maps {aggregate.name!r} to a {type(uri).__name__}; give a file URI"
             )
-        path, kind = _located(uri, f"the file of aggregate {aggregate.name!r}")
+        located[aggregate.name] = _located(uri, f"the file of aggregate {aggregate.name!r}")
+        _check_csv_keys(*located[aggregate.name], aggregate)
+    aggregates: dict[str, Any] = {}
+    for aggregate in spec.aggregates:
+        path, kind = located[aggregate.name]
         aggregates[aggregate.name] = _read_json(path) if kind == "JSON" else _read_table(path, kind, spec, aggregate)
     return aggregates
 
@@ -134,8 +163,9 @@ def query_aggregates(
 
     Each query returns one row per key with the aggregate's ``group_by`` and value columns, by name (module
     docstring; e.g. ``SELECT education, sex, COUNT(*) AS count FROM adult GROUP BY education, sex``); an ungrouped
-    aggregate's query returns one row. A column is matched by its exact name, else case-insensitively when that is
-    unambiguous (Snowflake and Oracle upper-case unquoted names). Values stay as the driver returns them:
+    aggregate's query returns one row, or none (the empty aggregate: count 0, sums NULL). A column is matched by
+    its exact name, else case-insensitively when that is unambiguous (Snowflake and Oracle upper-case unquoted
+    names). Values stay as the driver returns them:
     PostgreSQL's ``SUM`` over ``NUMERIC`` (or over ``BIGINT``) is a ``Decimal``, read exactly by the engine.
 
     The queries run on one connection from ``hook.get_conn()``, through its DB-API cursor rather than
@@ -150,7 +180,7 @@ def query_aggregates(
 
     Raises:
         AirflowFailException: a missing or extra query (checked before any query runs), a query returning no
-            result set, a missing or duplicated column, an ungrouped query not returning exactly one row, or a
+            result set, a missing or duplicated column, an ungrouped query returning more than one row, or a
             database error a retry cannot fix (PEP 249 ``ProgrammingError``, ``DataError``, ...).
         AirflowException: another database error (a lost connection: retryable). Database error messages are
             withheld from both (they can quote data values); the error class is named.
@@ -230,6 +260,17 @@ def _located(uri: str | ObjectStoragePath, what: str) -> tuple[ObjectStoragePath
     return path, kind
 
 
+def _check_csv_keys(path: ObjectStoragePath, kind: str, aggregate: Aggregate) -> None:
+    """Refuse a CSV file for an aggregate without a public key domain (decided by the spec and the suffix alone)."""
+    if kind == "CSV" and not aggregate.public_keys:
+        raise AirflowFailException(
+            f"the file of aggregate {aggregate.name!r} ({path}) is CSV, but the aggregate has no public key domain "
+            "(partition_selection): its keys would be published as the CSV spells them (17 or 17.0, as pandas "
+            "writes an int column holding a NULL), so the published keys could depend on one person. Write it as "
+            "Parquet or JSON, which keep the keys' types, or declare the keys in the spec"
+        )
+
+
 def _read_json(path: ObjectStoragePath) -> Any:
     try:
         with path.open("r", encoding="utf-8") as handle:
@@ -247,15 +288,21 @@ def _read_table(path: ObjectStoragePath, kind: str, spec: ReleaseSpec, aggregate
 
 def _aggregate_value(aggregate: Aggregate, spec: ReleaseSpec, rows: Iterable[dict], source: str) -> Any:
     """A tabular source's rows as the engine's value: the list of rows when grouped, else the one row's value (a
-    number for a count or sum, ``{"sum", "count", ...}`` for a mean or variance)."""
+    number for a count or sum, ``{"sum", "count", ...}`` for a mean or variance); no row is the empty aggregate
+    (module docstring)."""
     if aggregate.group_by:
         return list(rows)
     rows = list(rows)
-    if len(rows) != 1:  # an aggregate without GROUP BY always returns one row; the count is not echoed
+    if len(rows) > 1:  # the number of rows is not echoed
         raise AirflowFailException(
-            f"{source} must hold exactly one row for the ungrouped aggregate {aggregate.name!r} (an aggregate "
-            "query without GROUP BY); it does not"
+            f"{source} must hold at most one row for the ungrouped aggregate {aggregate.name!r} (an aggregate "
+            "query without GROUP BY); it holds more: return one row, or add the grouping columns to the spec's group_by"
         )
-    (row,) = rows
     columns = value_columns(spec, aggregate)
+    row = rows[0] if rows else _empty_row(columns)
     return row[columns[0]] if len(columns) == 1 else row
+
+
+def _empty_row(columns: list[str]) -> dict[str, Any]:
+    """The aggregate of nobody, as SQL computes it: ``COUNT`` (and a count of units) 0, ``SUM`` NULL."""
+    return {column: None if column in ("sum", "sum_squares") else 0 for column in columns}

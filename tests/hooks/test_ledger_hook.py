@@ -113,3 +113,20 @@ def test_the_hook_is_registered_as_a_connection_type():
         "connection-types"
     ]
     assert DPLedgerHook.default_conn_name == "dp_ledger_default" and DPLedgerHook.conn_type == "dp_ledger"
+
+
+def test_the_lease_can_be_set_on_the_connection(tmp_path, monkeypatch):
+    path = tmp_path / "ledger.db"
+    make_ledger(path)
+    extra = {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text, "lease_seconds": 30}
+    connection_env(monkeypatch, "lease_test", conn_type="dp_ledger", extra=json.dumps(extra))
+    assert DPLedgerHook(ledger_conn_id="lease_test").get_ledger().lease_seconds == 30
+    assert DPLedgerHook(ledger_conn_id="lease_test").get_ledger(lease_seconds=5).lease_seconds == 5
+
+
+@pytest.mark.parametrize("lease", [0, -1, 3601, "60", True, float("nan")])
+def test_a_bad_lease_on_the_connection_is_refused_with_its_name(tmp_path, monkeypatch, lease):
+    extra = {"url": f"sqlite:///{tmp_path / 'l.db'}", "lease_seconds": lease}
+    connection_env(monkeypatch, "lease_bad", conn_type="dp_ledger", extra=json.dumps(extra, allow_nan=True))
+    with pytest.raises(ValueError, match="connection 'lease_bad': extra 'lease_seconds' must be a number of seconds"):
+        DPLedgerHook(ledger_conn_id="lease_bad").get_ledger()

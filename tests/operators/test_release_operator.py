@@ -7,10 +7,7 @@ import json
 import re
 import threading
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -18,42 +15,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from dp_operators.operators.release import DPReleaseOperator, release_csv
 from dp_operators.spec import SpecError
 
+from airflow_fakes import FakeAssetEvents, FakeTaskInstance, context_for
 from support import EXAMPLE_SPEC, SPEND_KEY, example_charge, make_ledger, spender
-
-
-@dataclass
-class FakeTaskInstance:
-    """The slice of Airflow's RuntimeTaskInstance the operator uses."""
-
-    upstream: object
-    run_id: str = "manual__2026-11-29T10:00:00+00:00"
-    dag_id: str = "adult_census_release"
-    task_id: str = "release"
-    map_index: int = -1
-    try_number: int = 1
-    pulls: list = field(default_factory=list)
-    pushed: dict = field(default_factory=dict)
-
-    def xcom_pull(self, task_ids, key="return_value", map_indexes=None):
-        self.pulls.append((task_ids, key))
-        return self.upstream
-
-    def xcom_push(self, key, value):
-        self.pushed[key] = value
-
-
-class AliasEvents:
-    """The slice of Airflow's outlet-event accessor for an AssetAlias: the events a task adds to it."""
-
-    def __init__(self):
-        self.added = []
-
-    def add(self, asset, extra=None):
-        self.added.append((asset, extra or {}))
-
-
-def context_for(ti) -> dict:
-    return {"ti": ti, "outlet_events": defaultdict(AliasEvents)}
 
 
 #: where the fake task instance's files go: <release>/<dag_id>/<encoded run id>
@@ -103,11 +66,14 @@ def test_execute_publishes_xcom_files_and_asset_event(tmp_path, ledger_conn, adu
 
 
 def test_retry_returns_the_stored_release_byte_for_byte(tmp_path, ledger_conn, adult_aggregates):
-    first_context = context_for(FakeTaskInstance(adult_aggregates))
+    history = FakeAssetEvents()  # what Airflow records of the successful tries' events
+    first_ti = FakeTaskInstance(adult_aggregates)
+    first_context = context_for(first_ti, history)
     first = operator(tmp_path).execute(first_context)
+    history.record(first_context, first_ti)
     folder = tmp_path / "out" / RUN_FOLDER
     first_bytes = {name: (folder / name).read_bytes() for name in ("release.json", "release.csv")}
-    retry_context = context_for(FakeTaskInstance(adult_aggregates, try_number=2))
+    retry_context = context_for(FakeTaskInstance(adult_aggregates, try_number=2), history)
     retry = operator(tmp_path).execute(retry_context)
     assert json.dumps(retry) == json.dumps(first)  # same keys in the same order: the XCom is identical
     assert {name: (folder / name).read_bytes() for name in first_bytes} == first_bytes
@@ -370,3 +336,28 @@ def test_a_try_after_a_dead_tries_lease_expired_takes_the_release_over(tmp_path,
     assert output["release_key"]["run_id"] == ti.run_id
     assert _states(ledger_conn) == [(1, "abandoned"), (2, "committed")]
     assert ledger_conn.account("census_adult").spent == 2 * example_charge()
+
+
+def test_run_ids_that_used_to_collide_or_escape_publish_to_their_own_files(tmp_path, ledger_conn, adult_aggregates):
+    """`2026-01:eu` and `2026-01+eu` once shared a folder, `..` wrote outside the release folder (issue 10)."""
+    outputs = {}
+    for run_id in ("2026-01:eu", "2026-01+eu"):
+        outputs[run_id] = operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, run_id=run_id)))
+    written = sorted((tmp_path / "out").rglob("release.json"))
+    assert len(written) == 2
+    assert {json.loads(p.read_text())["release_key"]["run_id"] for p in written} == set(outputs)
+    assert all((tmp_path / "out" / "adult_census_statistics" / "adult_census_release") in p.parents for p in written)
+
+
+def test_two_dags_sharing_a_spec_and_a_run_id_keep_their_own_files(tmp_path, tmp_path_factory, adult_aggregates,
+                                                                     monkeypatch):
+    path = tmp_path / "ledger.db"
+    make_ledger(path, cap=str(2 * example_charge()), dags=("dag_a", "dag_b"))
+    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_TEST", json.dumps(
+        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
+    scheduled = "scheduled__2026-01-01T00:00:00+00:00"
+    for dag_id in ("dag_a", "dag_b"):
+        operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, dag_id=dag_id, run_id=scheduled)))
+    files = {p.parent.parent.name: json.loads(p.read_text()) for p in (tmp_path / "out").rglob("release.json")}
+    assert {name: output["release_key"]["dag_id"] for name, output in files.items()} == {"dag_a": "dag_a",
+                                                                                         "dag_b": "dag_b"}

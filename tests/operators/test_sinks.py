@@ -100,10 +100,12 @@ def test_release_rows_are_the_published_values_aggregates_sorted(output):
     mean = rows[0]
     published = output["aggregates"]["mean_hours_per_week"]
     assert (mean["key"], mean["kind"], mean["value"], mean["half_width"], mean["mechanism"]) == (
-        "", "mean", published["value"], published["half_width"], "discrete_laplace")
+        "{}", "mean", published["value"], published["half_width"], "discrete_laplace")
     education = rows[8:]
-    assert [r["key"] for r in education] == [f"education={r['education']};sex={r['sex']}" for r in spec_domain]
-    assert education[0]["key"] == "education=Preschool;sex=Female"  # the spec's key order, not sorted
+    assert [json.loads(r["key"]) for r in education] == [
+        {"education": r["education"], "sex": r["sex"]} for r in spec_domain
+    ]
+    assert education[0]["key"] == '{"education":"Preschool","sex":"Female"}'  # the spec's key order, not sorted
     assert [r["value"] for r in education] == [r["value"] for r in spec_domain]
     for row in rows:
         assert row["confidence"] == output["confidence"] == 0.95

@@ -1,0 +1,339 @@
+"""Check published release files against the ledger, the authority on what was released (``dpctl release verify``).
+
+Anyone who can write to the storage a release is published to can overwrite its files; the ledger's committed output
+(:meth:`dp_operators.ledger.Ledger.stored_output`, authenticated by ``dpctl ledger verify``) cannot be changed
+unseen. :func:`verify_published` compares every release file under a folder with what the sinks
+(:mod:`~dp_operators.operators.sinks`) write for the committed output of its release key:
+
+* ``<stem>.json``: parses, equals the committed output, and its bytes are :func:`~.sinks.release_json` of it;
+* ``<stem>.csv``: its bytes are :func:`~.sinks.release_csv` of it;
+* ``<stem>.parquet``: its bytes are :func:`~.sinks.release_parquet` of it, or (a file another pyarrow version wrote,
+  which :func:`~.sinks.write_files` leaves in place) it holds the same table, which the verdict says;
+* the path is the one :mod:`~dp_operators.operators.locations` gives the key under the output root, so a file copied
+  into another DAG's, run's or release's folder is caught. The root is given, or inferred: a folder ``B`` is an
+  output root when a release JSON lies at ``B/<its own release, encoded>/<dag>/<run>/<file>``; every file under the
+  outermost such ``B`` is then held to the layout. A file under no known root has its path unchecked (said so).
+
+The release key of ``<stem>.*`` is the JSON's ``release_key``; without a readable JSON, the one its path encodes
+(under a known root). Diagnostics reports (``<stem>~diagnostics.json``) hold true aggregates: they are skipped,
+never read. Verdicts name where a file differs (a field path, a line, a row), never a value.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import ObjectStoragePath
+
+from dp_operators.ledger import ReleaseKey
+from dp_operators.operators.locations import SEPARATOR, encode_component, key_of, release_file
+from dp_operators.operators.sinks import FORMATS, release_csv, release_json, release_parquet, release_table
+
+#: Verdicts, from the one that passes to those that do not.
+MATCHES = "matches"
+DIFFERS = "differs"
+NOT_IN_LEDGER = "not in the ledger"
+NOT_A_RELEASE = "not a release"
+UNREADABLE = "unreadable"
+
+_DIAGNOSTICS_SUFFIX = f"{SEPARATOR}diagnostics.json"
+_KEY_FIELDS = {"dag_id": str, "run_id": str, "task_id": str, "map_index": int, "release_name": str}
+
+
+@dataclass(frozen=True)
+class FileVerdict:
+    """The verdict on one published file.
+
+    Attributes:
+        file: the file's URI (``file:///...`` for a local file).
+        fmt: ``json``, ``csv`` or ``parquet``.
+        key: the release key it was checked against, or ``None`` when none could be read.
+        verdict: :data:`MATCHES`, :data:`DIFFERS`, :data:`NOT_IN_LEDGER`, :data:`NOT_A_RELEASE` or
+            :data:`UNREADABLE`.
+        problems: why it does not match, one sentence each (empty when it matches).
+        notes: what a matching verdict rests on (a Parquet file matched by content; the path not checked).
+        path_checked: whether the path was compared with the key's location.
+    """
+
+    file: str
+    fmt: str
+    key: ReleaseKey | None
+    verdict: str
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    path_checked: bool = False
+
+    @property
+    def matches(self) -> bool:
+        return self.verdict == MATCHES
+
+    def as_dict(self) -> dict[str, Any]:
+        """One JSON object: ``file``, ``format``, ``release_key`` (object or null), ``verdict``, ``matches``,
+        ``problems``, ``notes``, ``path_checked``."""
+        return {
+            "file": self.file, "format": self.fmt, "release_key": None if self.key is None else self.key.as_dict(),
+            "verdict": self.verdict, "matches": self.matches, "problems": list(self.problems),
+            "notes": list(self.notes), "path_checked": self.path_checked,
+        }
+
+
+def storage_path(location: str) -> ObjectStoragePath:
+    """``location`` as an :class:`ObjectStoragePath`: a URI as it is, a local path made absolute as ``file://``
+    (so that paths and output roots compare as the same strings)."""
+    if "://" in location:
+        return ObjectStoragePath(location)
+    # not Path.as_uri(): it would percent-encode the "%" of encoded components, which ObjectStoragePath keeps as is
+    return ObjectStoragePath(f"file://{Path(location).expanduser().resolve()}")
+
+
+def release_files(path: ObjectStoragePath) -> list[ObjectStoragePath]:
+    """The release files at or under ``path``, sorted: ``*.json``, ``*.csv``, ``*.parquet``, without diagnostics
+    reports and hidden (temporary) files. A file ``path`` brings its siblings of the same stem.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    if path.is_file():
+        stem = _stem(path.name)
+        found = [p for p in path.parent.iterdir() if _is_release_file(p.name) and _stem(p.name) == stem]
+        return sorted(found or [path], key=str)
+    if not path.exists():
+        raise FileNotFoundError(str(path))
+    found = [folder / name for folder, _, names in path.walk() for name in names if _is_release_file(name)]
+    return sorted(found, key=str)
+
+
+def verify_published(
+    files: Iterable[ObjectStoragePath],
+    stored_output: Callable[[ReleaseKey], Mapping[str, Any] | None],
+    output_uri: str | None = None,
+) -> list[FileVerdict]:
+    """The verdict on each of ``files`` (from :func:`release_files`), in order.
+
+    Args:
+        files: release files; those sharing a folder and stem are one release.
+        stored_output: the ledger's committed output of a key, or ``None`` (``Ledger.stored_output``); called once
+            per key.
+        output_uri: the output root the files were published under; ``None`` to infer it (module docstring).
+
+    Raises:
+        whatever ``stored_output`` raises (the ledger is unreadable).
+    """
+    groups: dict[tuple[str, str], list[ObjectStoragePath]] = {}
+    for path in files:
+        groups.setdefault((str(path.parent), _stem(path.name)), []).append(path)
+    # the JSONs first (their keys place the output roots); the other files one at a time, when checked
+    contents = {str(p): _read(p) for group in groups.values() for p in group if _suffix(p.name) == "json"}
+    json_keys = {group_id: _json_key(group, contents) for group_id, group in groups.items()}
+    roots = [str(storage_path(output_uri)).rstrip("/")] if output_uri else _inferred_roots(groups, json_keys)
+    outputs: dict[ReleaseKey, Mapping[str, Any] | None] = {}
+    verdicts = []
+    for group_id, group in groups.items():
+        json_key, json_problem = json_keys[group_id]
+        root = next((r for r in roots if group_id[0].startswith(r + "/")), None)
+        key = json_key or _path_key(group[0], root)
+        if key is not None and key not in outputs:
+            outputs[key] = stored_output(key)
+        for path in group:
+            problem = _path_problem(path, key, root, given=bool(output_uri))
+            verdicts.append(_verdict(
+                path, contents.pop(str(path), None) or _read(path), key, outputs.get(key) if key else None, json_problem, problem,
+                path_checked=root is not None or problem is not None,
+            ))
+    return sorted(verdicts, key=lambda v: v.file)
+
+
+def _is_release_file(name: str) -> bool:
+    return not name.startswith(".") and not name.endswith(_DIAGNOSTICS_SUFFIX) and _suffix(name) in FORMATS
+
+
+def _stem(name: str) -> str:
+    return name.rpartition(".")[0]
+
+
+def _suffix(name: str) -> str:
+    return name.rpartition(".")[2]
+
+
+def _read(path: ObjectStoragePath) -> bytes | OSError:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        return error
+
+
+def _json_key(group: list[ObjectStoragePath], contents: Mapping[str, bytes | OSError]) -> tuple[ReleaseKey | None,
+                                                                                                  str | None]:
+    """The release key of the group's JSON, or ``None`` and why (``None`` when the group has no JSON)."""
+    json_file = next((p for p in group if _suffix(p.name) == "json"), None)
+    if json_file is None:
+        return None, None
+    data = contents[str(json_file)]
+    if isinstance(data, OSError):
+        return None, None
+    try:
+        release = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return None, f"not valid JSON ({error})"
+    found = release.get("release_key") if isinstance(release, dict) else None
+    if not isinstance(found, dict):
+        return None, "no release_key object: not a release published by dp-operators"
+    wrong = [name for name, kind in _KEY_FIELDS.items()
+             if not isinstance(found.get(name), kind) or isinstance(found.get(name), bool) or found.get(name) == ""]
+    if wrong:
+        return None, f"release_key has no valid {', '.join(wrong)}: not a release published by dp-operators"
+    return ReleaseKey(**{name: found[name] for name in _KEY_FIELDS}), None
+
+
+def _inferred_roots(groups: Mapping[tuple[str, str], list[ObjectStoragePath]],
+                    json_keys: Mapping[tuple[str, str], tuple[ReleaseKey | None, str | None]]) -> list[str]:
+    """Output roots: ``B`` for each JSON at ``B/<its release, encoded>/<dag>/<run>/<file>``, outermost first."""
+    roots = set()
+    for group_id, group in groups.items():
+        key = json_keys[group_id][0]
+        if key is None:
+            continue
+        release_folder = group[0].parent.parent.parent
+        if release_folder.name == encode_component(key.release_name) and release_folder.parent != release_folder:
+            roots.add(str(release_folder.parent).rstrip("/"))
+    outermost = [r for r in roots if not any(r.startswith(other + "/") for other in roots)]
+    return sorted(outermost, key=len)
+
+
+def _path_key(path: ObjectStoragePath, root: str | None) -> ReleaseKey | None:
+    """The key ``path`` encodes under ``root``; ``None`` without a root or when it is not a release path."""
+    if root is None:
+        return None
+    try:
+        return key_of(path, root)[0]
+    except ValueError:
+        return None
+
+
+def _path_problem(path: ObjectStoragePath, key: ReleaseKey | None, root: str | None, *, given: bool) -> str | None:
+    """Why ``path`` is not the location of ``key`` under ``root`` (:func:`~.locations.release_file`), or ``None``
+    (also when there is no root or no key to compare with)."""
+    if root is None:
+        return "not under --output-uri" if given else None
+    if key is None:
+        return None
+    try:
+        path_key = key_of(path, root)[0]
+    except ValueError:
+        return f"not at a release path (<release>/<dag_id>/<run_id>/<task>.<format>) under {root}"
+    if path_key != key:
+        differing = [name for name in _KEY_FIELDS if getattr(key, name) != getattr(path_key, name)]
+        return f"path is not its release key's location under {root}: " + ", ".join(
+            f"{name} is {getattr(path_key, name)!r} in the path but {getattr(key, name)!r} in the JSON's release_key"
+            for name in differing
+        )
+    expected = str(release_file(root, key, _suffix(path.name)))
+    if str(path) != expected:  # the same key, spelt otherwise (an unencoded ":", "%41" for "A"...)
+        return f"path is not the one its release key is published at: {expected}"
+    return None
+
+
+def _verdict(path: ObjectStoragePath, data: bytes | OSError, key: ReleaseKey | None,
+             output: Mapping[str, Any] | None, json_problem: str | None, path_problem: str | None, *,
+             path_checked: bool) -> FileVerdict:
+    fmt = _suffix(path.name)
+    base = FileVerdict(file=str(path), fmt=fmt, key=key, verdict=MATCHES, path_checked=path_checked)
+    if isinstance(data, OSError):
+        return replace(base, verdict=UNREADABLE, problems=(f"cannot read: {data.strerror or data}",))
+    problems = [json_problem] if fmt == "json" and json_problem else []
+    if key is None or problems:
+        if not problems:
+            problems.append("no readable release JSON beside it names its release key, and it lies under no "
+                            "output root to read the key from its path (give --output-uri)")
+        return replace(base, verdict=NOT_A_RELEASE, problems=tuple(problems + [path_problem] * bool(path_problem)))
+    problems += [path_problem] * bool(path_problem)
+    if output is None:
+        problems.append("the ledger has no committed output for its release key")
+        return replace(base, verdict=NOT_IN_LEDGER, problems=tuple(problems))
+    notes = []
+    if fmt == "json":
+        problems += _json_problems(data, output)
+    elif fmt == "csv":
+        problems += _csv_problems(data, output)
+    else:
+        found, note = _parquet_problems(data, output)
+        problems += found
+        notes += [note] * bool(note)
+    if not path_checked:
+        notes.append("path not checked: it lies under no output root (give --output-uri)")
+    return replace(base, verdict=DIFFERS if problems else MATCHES, problems=tuple(problems), notes=tuple(notes))
+
+
+def _json_problems(data: bytes, output: Mapping[str, Any]) -> list[str]:
+    expected = release_json(output).encode("utf-8")
+    if data == expected:
+        return []
+    where = first_difference(json.loads(data.decode("utf-8")), json.loads(expected))
+    if where is not None:
+        return [f"content differs from the ledger's committed output at {where}"]
+    return ["same content as the committed output, but not the bytes published (release_json): rewritten"]
+
+
+def _csv_problems(data: bytes, output: Mapping[str, Any]) -> list[str]:
+    expected = release_csv(output).encode("utf-8")
+    if data == expected:
+        return []
+    found, wanted = data.split(b"\n"), expected.split(b"\n")
+    line = next((n for n, (a, b) in enumerate(zip(found, wanted), start=1) if a != b), None)
+    if line is not None:
+        return [f"line {line} differs from the committed output's CSV (release_csv)"]
+    return [f"has {len(found) - 1} lines, the committed output's CSV (release_csv) {len(wanted) - 1}"]
+
+
+def _parquet_problems(data: bytes, output: Mapping[str, Any]) -> tuple[list[str], str | None]:
+    """Problems of a Parquet file, and the note when it matches by content rather than by bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    expected = release_parquet(output)
+    if data == expected:
+        return [], None
+    try:
+        found = pq.ParquetFile(pa.BufferReader(data))
+        table = found.read()
+    except (pa.ArrowException, OSError) as error:
+        return [f"not a readable Parquet file ({type(error).__name__})"], None
+    wanted = release_table(output)
+    if not table.schema.equals(wanted.schema, check_metadata=False):
+        return ["its schema differs from the committed output's (release_table)"], None
+    if not table.equals(wanted):
+        rows, wanted_rows = table.to_pylist(), wanted.to_pylist()
+        row = next((n for n, (a, b) in enumerate(zip(rows, wanted_rows)) if a != b), None)
+        if row is None:
+            return [f"has {len(rows)} rows, the committed output's table {len(wanted_rows)}"], None
+        return [f"row {row} differs from the committed output's table (release_table)"], None
+    writer = pq.ParquetFile(pa.BufferReader(expected)).metadata.created_by
+    if found.metadata.created_by != writer:
+        return [], (f"same table as the committed output; bytes differ: written by {found.metadata.created_by!r}, "
+                    f"this pyarrow writes {writer!r}")
+    return [], "same table as the committed output; bytes differ (not written by release_parquet's settings)"
+
+
+def first_difference(found: Any, expected: Any, where: str = "") -> str | None:
+    """The path of the first place ``found`` differs from ``expected`` (``aggregates.x.rows[3].value``; ``<root>``
+    for the whole value), or ``None`` when they are equal, types included (``1`` is not ``1.0`` nor ``true``)."""
+    here = where or "<root>"
+    if isinstance(expected, dict) and isinstance(found, dict):
+        for name in sorted(set(found) | set(expected)):
+            if name not in found or name not in expected:
+                return f"{where}.{name}".lstrip(".") + (" (missing)" if name not in found else " (added)")
+            inner = first_difference(found[name], expected[name], f"{where}.{name}".lstrip("."))
+            if inner is not None:
+                return inner
+        return None
+    if isinstance(expected, list) and isinstance(found, list):
+        for index, (a, b) in enumerate(zip(found, expected)):
+            inner = first_difference(a, b, f"{where}[{index}]")
+            if inner is not None:
+                return inner
+        return None if len(found) == len(expected) else f"{here} (length {len(found)}, committed {len(expected)})"
+    return None if type(found) is type(expected) and found == expected else here

@@ -1,0 +1,335 @@
+"""DP review of issue 10's sources (dp_operators/operators/sources.py, file_tables.py): run the readers and the
+operator on neighbouring inputs and compare what an observer sees. Each test failed against the code before its
+fix; the numbered weaknesses below are the ones found (all fixed: see dp_operators/operators/file_tables.py).
+
+1. CSV decimal text is read as an exact Decimal, so a binary float sum printed by pandas passes ``arithmetic:
+   exact``, which the XCom/JSON/Parquet paths refuse for a non-integral float: neighbouring float sums land two grid
+   units apart where the plan charged one (ADR 0017's own counterexample, Casacuberta et al. CCS 2022).
+2. A CSV value cell that is not a number fails the task (before any budget, without echoing the value, but still):
+   whether the release runs depends on a data value (DESIGN.md 2.4). Shown with pandas' ``na_rep="N/A"``: the cell
+   says N/A only when a key's group is empty, i.e. when one person is removed from a group of one.
+3. An integer-domain CSV key is parsed with ``int(Decimal(text))`` without the exponent limit the engine applies to
+   the same Decimal (upstream_types.DECIMAL_EXPONENT_LIMIT): one short key cell (``1e9999999``) makes the read take
+   hours (the time taken is then a function of a data value; the task sits until ``execution_timeout``).
+4. An ungrouped SQL aggregate whose query returns no row (``... WHERE sex = 'F' GROUP BY sex``, or ``HAVING``) is
+   refused, so the refusal depends on whether one person is present.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sqlite3
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from airflow.sdk.exceptions import AirflowFailException
+from dp_operators.operators.release import DPReleaseOperator
+from dp_operators.operators.sources import query_aggregates, read_reference
+from dp_operators.release import ReleaseInputError
+from dp_operators.release.inputs import prepare_inputs
+from dp_operators.release.plan import plan_release
+from dp_operators.spec import parse_spec
+
+from support import SPEND_KEY, make_ledger
+
+DAG = "review_dp_sources"
+
+SUM_SPEC = """
+version: 1
+release: review_float_sum
+budget_account: acct
+privacy_unit: person
+contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
+aggregates:
+  - name: total
+    kind: sum
+    bounds: [0, 1]
+    mechanism: discrete_laplace
+    budget: {epsilon: 1}
+"""
+
+MEAN_SPEC = """
+version: 1
+release: review_mean_by_sex
+budget_account: acct
+privacy_unit: person
+contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
+aggregates:
+  - name: hours_by_sex
+    kind: mean
+    group_by: [sex]
+    keys: {sex: [F, M]}
+    bounds: [0, 100]
+    mechanism: discrete_laplace
+    budget: {epsilon: 1}
+"""
+
+AGE_SPEC = """
+version: 1
+release: review_ages
+budget_account: acct
+privacy_unit: person
+contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
+aggregates:
+  - name: people_by_age
+    kind: count
+    group_by: [age]
+    keys: {age: [17, 18, 19]}
+    mechanism: discrete_laplace
+    budget: {epsilon: 1}
+"""
+
+COUNT_SPEC = """
+version: 1
+release: review_women
+budget_account: acct
+privacy_unit: person
+contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
+aggregates:
+  - name: women
+    kind: count
+    mechanism: discrete_laplace
+    budget: {epsilon: 1}
+"""
+
+
+# -- 1. a float sum laundered through CSV text ----------------------------------------------------------------------
+
+def test_a_float_sum_printed_to_csv_keeps_the_planned_sensitivity(tmp_path):
+    """Neighbours {0.49999999999999994} and {0.49999999999999994, 1} (bounds [0, 1], grid 1, Linf 1 planned): pandas
+    sums them to 0.49999999999999994 and 1.5 and writes exactly that text. Through XCom both floats are refused under
+    ``exact``; through CSV both are read as exact Decimals and land on grid units 0 and 2."""
+    import pandas as pd
+
+    spec = parse_spec(SUM_SPEC, source="SUM_SPEC")
+    (step,) = plan_release(spec).steps
+    linf = step.describe()["linf_grid_units"]
+    read = {}
+    for name, values in (("without", [0.49999999999999994]), ("with", [0.49999999999999994, 1.0])):
+        path = tmp_path / f"{name}.csv"
+        pd.DataFrame({"sum": [pd.Series(values).sum()]}).to_csv(path, index=False)  # an ordinary upstream task
+        try:
+            read[name] = prepare_inputs(spec, read_reference({"total": f"file://{path}"}, spec)).values[("total", "sum")]
+        except (AirflowFailException, ReleaseInputError):
+            read[name] = None  # refused (as the XCom path refuses these floats): no sensitivity to break
+        with pytest.raises(ReleaseInputError, match="upstream.arithmetic is 'exact'"):  # the XCom path, for contrast
+            prepare_inputs(spec, {"total": float(pd.Series(values).sum())})
+    if read["without"] is not None and read["with"] is not None:
+        gap = abs(read["with"][0] - read["without"][0])
+        assert gap <= linf, (
+            f"neighbouring CSV sums were read {gap} grid units apart; the plan charged Linf = {linf}: a float sum "
+            "printed as text passed 'arithmetic: exact'"
+        )
+
+
+# -- 2. a refusal that depends on a value cell ----------------------------------------------------------------------
+
+@dataclass
+class FakeTaskInstance:
+    run_id: str
+    dag_id: str = DAG
+    task_id: str = "release"
+    map_index: int = -1
+    try_number: int = 1
+    pushed: dict = field(default_factory=dict)
+
+    def xcom_pull(self, *args, **kwargs):
+        raise AssertionError("the release reads its aggregates_uri, not XCom")
+
+    def xcom_push(self, key, value):
+        self.pushed[key] = value
+
+
+class AliasEvents:
+    def __init__(self):
+        self.added = []
+
+    def add(self, asset, extra=None):
+        self.added.append((asset, extra or {}))
+
+
+def test_whether_a_csv_release_runs_does_not_depend_on_a_data_value(tmp_path, monkeypatch, capsys):
+    """Mean hours by sex, the upstream a pandas ``groupby`` reindexed over the public keys and written with
+    ``na_rep="N/A"``. Neighbours: with and without the only woman. The first release runs; the second fails the
+    task, because the empty group's sum cell says ``N/A``. Nothing is charged and no value is echoed, but the
+    success or failure of the task is a deterministic, noise-free function of the data."""
+    import pandas as pd
+
+    spec_path = tmp_path / "mean.yaml"
+    spec_path.write_text(MEAN_SPEC)
+    make_ledger(tmp_path / "ledger.db", cap="100", accountant="pure_dp", dags=(DAG,), account="acct")
+    monkeypatch.setenv("AIRFLOW_CONN_REVIEW_LEDGER", json.dumps(
+        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{tmp_path / 'ledger.db'}",
+                                             "audit_key": SPEND_KEY.text}}))
+    people = {"with her": pd.DataFrame({"sex": ["F", "M", "M"], "hours": [40, 30, 50]}),
+              "without her": pd.DataFrame({"sex": ["M", "M"], "hours": [30, 50]})}
+    outcomes, ledger_rows = {}, {}
+    for name, table in people.items():
+        grouped = table.groupby("sex")["hours"].agg(sum="sum", count="count").reindex(["F", "M"])
+        grouped["count"] = grouped["count"].fillna(0).astype(int)
+        path = tmp_path / f"{name.replace(' ', '_')}.csv"
+        grouped.rename_axis("sex").reset_index().to_csv(path, index=False, na_rep="N/A")
+        operator = DPReleaseOperator(
+            task_id="release", spec_path=spec_path, aggregates_uri=f"file://{path}",
+            output_uri=f"file://{tmp_path / 'out'}", ledger_conn_id="review_ledger",
+        )
+        ti = FakeTaskInstance(run_id=f"manual__{name.replace(' ', '_')}")
+        try:
+            operator.execute({"ti": ti, "outlet_events": defaultdict(AliasEvents)})
+            outcomes[name] = "released"
+        except AirflowFailException as error:
+            assert "N/A" not in str(error) and "40" not in str(error)  # no value is echoed (holds today)
+            outcomes[name] = f"refused: {type(error).__name__}"
+        ledger_rows[name] = [c for c in make_ledger_reader(tmp_path).charges() if c["run_id"] == ti.run_id]
+    capsys.readouterr()
+    assert not ledger_rows["without her"] or outcomes["without her"] == "released"  # refused before any charge
+    assert outcomes["with her"] == outcomes["without her"], (
+        f"neighbouring data, different task outcomes: {outcomes} (a refusal must depend on public parameters only; "
+        "an unparsable value cell should follow the aggregate's non_finite policy like NaN, as an unparsable key "
+        "cell is read as NULL)"
+    )
+
+
+def make_ledger_reader(tmp_path: Path):
+    from support import spender
+
+    return spender(f"sqlite:///{tmp_path / 'ledger.db'}")
+
+
+# -- 3. an integer key cell with a huge exponent ---------------------------------------------------------------------
+
+def _read_ages(path: str) -> None:
+    spec = parse_spec(AGE_SPEC, source="AGE_SPEC")
+    read_reference(f"file://{path}", spec)
+
+
+def test_an_integer_key_cell_is_read_in_bounded_time(tmp_path):
+    """``_int_key('1e9999999')``: ``Decimal`` says it is integral, ``int()`` then builds a ten-million-digit integer
+    (about a minute for 1e999999, hours for this one). ``normalise_key`` refuses to expand such a Decimal; the CSV
+    key reader should do the same (or hand ``Decimal(text)`` to ``normalise_key``)."""
+    path = tmp_path / "ages.csv"
+    path.write_text("age,count\n17,5\n18,6\n1e9999999,1\n19,7\n")
+    context = multiprocessing.get_context("spawn")
+    process = context.Process(target=_read_ages, args=(str(path),))
+    process.start()
+    process.join(30)
+    finished = not process.is_alive()
+    if not finished:
+        process.kill()
+        process.join()
+    assert finished, "reading a 4-row CSV did not finish in 30 s: one key cell '1e9999999' is being expanded to an int"
+    assert process.exitcode == 0
+
+
+# -- 4. an ungrouped SQL aggregate whose query returns no row --------------------------------------------------------
+
+class SqliteConnections:
+    """A DB-API hook over one SQLite file (what ``query_aggregates`` needs: ``get_conn``)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def get_conn(self):
+        return sqlite3.connect(self.path)
+
+
+def test_an_ungrouped_query_without_a_row_is_not_refused_by_the_data(tmp_path):
+    """``SELECT COUNT(*) AS count FROM people WHERE sex = 'F' GROUP BY sex`` returns one row when a woman is present
+    and none when the only one is removed: the release runs on one neighbour and is refused on the other. An
+    ungrouped aggregate over an empty set is 0 (COUNT) or NULL (SUM): read no row as that, via the non_finite policy."""
+    spec = parse_spec(COUNT_SPEC, source="COUNT_SPEC")
+    query = {"women": "SELECT COUNT(*) AS count FROM people WHERE sex = 'F' GROUP BY sex"}
+    outcomes = {}
+    for name, rows in (("with her", ["F", "M", "M"]), ("without her", ["M", "M"])):
+        path = tmp_path / f"{name.replace(' ', '_')}.db"
+        with sqlite3.connect(path) as connection:
+            connection.execute("CREATE TABLE people (sex TEXT)")
+            connection.executemany("INSERT INTO people VALUES (?)", [(sex,) for sex in rows])
+        try:
+            prepare_inputs(spec, query_aggregates(SqliteConnections(path), query, spec))
+            outcomes[name] = "read"
+        except (AirflowFailException, ReleaseInputError) as error:
+            outcomes[name] = f"refused: {error}"
+    assert outcomes["with her"] == outcomes["without her"], f"neighbouring databases, different outcomes: {outcomes}"
+
+
+# -- 5. a true value passed as a string is taken for a file reference and echoed --------------------------------------
+
+def test_a_count_returned_as_a_string_is_not_echoed_in_the_task_error(tmp_path, monkeypatch, capsys):
+    """An upstream returning its aggregates as strings (``{"women": str(total)}``, a common way to get a Decimal
+    through XCom) is taken by ``is_reference`` for a mapping of file URIs; ``_located`` then fails with the "URI" in
+    the message: the true count lands in the task log and the Airflow UI. Before issue 10 the engine refused the same
+    value as "field 'count' holds a str" without echoing it (DESIGN.md 2.8)."""
+    spec_path = tmp_path / "women.yaml"
+    spec_path.write_text(COUNT_SPEC)
+    make_ledger(tmp_path / "ledger.db", cap="100", accountant="pure_dp", dags=(DAG,), account="acct")
+    monkeypatch.setenv("AIRFLOW_CONN_REVIEW_LEDGER", json.dumps(
+        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{tmp_path / 'ledger.db'}",
+                                             "audit_key": SPEND_KEY.text}}))
+
+    class Upstream(FakeTaskInstance):
+        def xcom_pull(self, *args, **kwargs):
+            return {"women": "8675309.25"}  # the true sum/count, stringified for XCom
+
+    operator = DPReleaseOperator(task_id="release", spec_path=spec_path, aggregates_task_id="compute",
+                                 ledger_conn_id="review_ledger")
+    with pytest.raises(Exception) as failed:
+        operator.execute({"ti": Upstream(run_id="manual__1"), "outlet_events": defaultdict(AliasEvents)})
+    seen = str(failed.value) + capsys.readouterr().out
+    assert "8675309" not in seen, f"the true value is in the task error: {failed.value}"
+
+
+# -- 6. CSV key text under partition selection ------------------------------------------------------------------------
+
+SELECTION_SPEC = """
+version: 1
+release: review_selected_ages
+budget_account: acct
+privacy_unit: person
+contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
+aggregates:
+  - name: people_by_age
+    kind: count
+    group_by: [age]
+    mechanism: discrete_laplace
+    budget: {epsilon: 1}
+    partition_selection: {mechanism: discrete_laplace, budget: {epsilon: 1, delta: 1e-8}}
+"""
+
+
+def test_the_published_key_set_does_not_reveal_one_person_with_a_null_key(tmp_path):
+    """pandas holds an int column with one NaN as float64, so ``groupby('age').size().to_csv()`` writes ``17.0`` when
+    one person's age is missing and ``17`` when not. Under partition selection the CSV reader keeps key text
+    verbatim, so every released key changes its spelling with that one person: the published key set (not its noise)
+    tells whether they are in the data. The XCom and Parquet paths normalise the integral float 17.0 to the int 17
+    (upstream_types.normalise_key) and publish the same keys for both neighbours."""
+    import numpy as np
+    import pandas as pd
+
+    from dp_operators.ledger import ReleaseKey
+    from dp_operators.release import run_release
+
+    spec = parse_spec(SELECTION_SPEC, source="SELECTION_SPEC")
+    ledger = make_ledger(tmp_path / "ledger.db", cap="100", accountant="approx_dp", dags=(DAG,), account="acct")
+    published = {}
+    for name, extra in (("without", []), ("with a NULL age", [np.nan])):
+        people = pd.DataFrame({"age": [17] * 5000 + [18] * 5000 + extra})
+        path = tmp_path / f"{len(extra)}.csv"
+        people.groupby("age").size().rename("count").reset_index().to_csv(path, index=False)
+        try:
+            aggregates = read_reference(f"file://{path}", spec)
+        except AirflowFailException as error:  # the fix: CSV is refused without a public key domain, by the spec
+            assert "no public key domain" in str(error)
+            published[name] = "refused: CSV without a public key domain"
+            continue
+        output = run_release(spec, aggregates, ledger,
+                             ReleaseKey(DAG, f"run_{len(extra)}", "release", -1, spec.release),
+                             spec_hash="0" * 64).output
+        published[name] = sorted(row["age"] for row in output["aggregates"]["people_by_age"]["rows"])
+    assert published["without"] == published["with a NULL age"], (
+        f"published keys: {published} (5000 people per age; one person with a missing age changes every key)"
+    )
