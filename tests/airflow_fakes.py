@@ -40,28 +40,57 @@ class AliasEvents:
         self.added.append((asset, extra or {}))
 
 
+def emitted_events(context, operator) -> list[tuple]:
+    """The asset events Airflow emits when ``operator``'s ``execute`` returns: one per ``Asset`` among the
+    operator's outlets *as they are then* (with the ``extra`` set on its accessor), plus every event added to an
+    alias (as ``task_runner.finalize`` builds them: ``task_outlets`` from ``ti.task.outlets``). As (asset, extra)."""
+    from airflow.sdk import Asset
+
+    events = [(outlet, getattr(context["outlet_events"][outlet], "extra", None) or {})
+              for outlet in operator.outlets or [] if isinstance(outlet, Asset)]
+    for accessor in list(context["outlet_events"].values()):
+        events += getattr(accessor, "added", [])
+    return events
+
+
 class FakeAssetEvents:
     """What Airflow records of a release's asset events, read back by the operator through ``inlet_events``: the
-    events added by tries that succeeded (call :meth:`record` after a successful ``execute``)."""
+    events of tries that succeeded (call :meth:`record` after a successful ``execute``)."""
 
     def __init__(self):
         self.events = []
 
-    def record(self, context, ti) -> None:
-        for accessor in context["outlet_events"].values():
-            for _asset, extra in accessor.added:
-                self.events.append(SimpleNamespace(
-                    source_dag_id=ti.dag_id, source_run_id=ti.run_id, source_task_id=ti.task_id,
-                    source_map_index=ti.map_index, extra=extra,
-                ))
+    def record(self, context, ti, operator) -> None:
+        for _asset, extra in emitted_events(context, operator):
+            self.events.append(SimpleNamespace(
+                source_dag_id=ti.dag_id, source_run_id=ti.run_id, source_task_id=ti.task_id,
+                source_map_index=ti.map_index, extra=extra,
+            ))
 
-    def __getitem__(self, asset):  # inlet_events[asset]
+    def __getitem__(self, asset):  # inlet_events[asset]: the accessor, read oldest first
         return self
 
     def after(self, timestamp):
-        return list(self.events)
+        return self
+
+    def ascending(self, ascending=True):
+        return self
+
+    def limit(self, limit):
+        return self
+
+    def __iter__(self):
+        return iter(list(self.events))
 
 
 def context_for(ti, history: FakeAssetEvents | None = None) -> dict:
     """The task context ``execute`` reads: the task instance, outlet events, and the recorded asset events."""
     return {"ti": ti, "outlet_events": defaultdict(AliasEvents), "inlet_events": history or FakeAssetEvents()}
+
+
+@dataclass
+class NoXComTaskInstance(FakeTaskInstance):
+    """A task instance for operators that must not read XCom (SQL and file sources): pulling fails the test."""
+
+    def xcom_pull(self, task_ids=None, key="return_value", map_indexes=None):
+        raise AssertionError(f"the operator read XCom ({task_ids!r}, {key!r}); its source is not XCom")

@@ -1,7 +1,11 @@
 """Rows of one aggregate from a CSV or Parquet file, typed for the release engine (used by
 :mod:`dp_operators.operators.sources`, which documents the columns a file holds).
 
-CSV holds text, read as follows:
+CSV holds text, decoded as UTF-8 (a leading byte-order mark is skipped) with ``errors="surrogateescape"``: a cell
+written in another encoding (one source system's Latin-1 ``Z\xfcrich``) becomes text with lone surrogates, never a
+refusal of the whole file (that would depend on the one row holding it). Such a text key is one no release can
+publish (``normalise_key`` -> ``UNPUBLISHABLE``: its row is ignored and counted); in an integer key or a value cell
+it is no number (NULL, below); in the header it names no column the spec needs. Cells are read as follows:
 
 * a value cell: an integer literal (``12``, ``-3``) is an ``int``; any other number (``12.5``, ``1e3``, ``40.0``,
   ``nan``, ``inf``) is a Python ``float``, exactly as if the upstream task had returned that float through XCom,
@@ -9,6 +13,11 @@ CSV holds text, read as follows:
   exact`` a sum may only hold integral floats (up to 2^53), under ``binary64`` any float. Text with a fraction is
   never taken for an exact decimal: a float sum printed as text would otherwise pass as exact (Casacuberta,
   Shoemate, Vadhan, Wagaman, CCS 2022); exact decimal sums go in Parquet ``decimal128`` columns or SQL ``NUMERIC``.
+  Residual (accepted, as ADR 0017 accepts it for XCom floats): CSV has no column types, so under ``exact`` whether
+  a sum column holds floats is only known from its cells, and a float sum with a fraction (``70.5``) is refused
+  where its neighbour's integral one (``30.0``) is read: whether the release runs then depends on a value. Write
+  sums as integers (``30``, never ``30.0``), or give them in Parquet (refused by the column's type, below), or
+  declare ``upstream: {arithmetic: binary64, max_rows: N}``.
   An empty cell, and text that is not a number (``N/A``, ``-``), is NULL (``None``): it follows the aggregate's
   ``non_finite`` ``nan`` policy like SQL's NULL, never a refusal (that would depend on one cell's value). An
   integer literal beyond Python's int-parsing digit limit is an exact ``Decimal`` (the engine saturates it).
@@ -23,9 +32,22 @@ CSV holds text, read as follows:
 * the file's structure must be valid: a header row naming the columns, and every row with as many fields as the
   header; a file that breaks it is refused (its name is given, never its content).
 
-Parquet columns arrive typed through pyarrow's ``to_pylist()``: integers as ``int``, ``decimal128``/``decimal256``
-as ``Decimal``, doubles as ``float``, NULL as ``None``; a value column of another type (text, float16/float32) is
-refused by its type.
+Parquet columns are typed: every refusal is decided by the file's schema (and the spec), before any value is
+read, so it never depends on a row. Values arrive through pyarrow's ``to_pylist()``: integers as ``int``,
+``decimal128``/``decimal256`` as ``Decimal``, doubles as ``float``, dates as ``datetime.date``, timestamps as
+``datetime``, NULL as ``None``.
+
+* a value column must be an integer, decimal or double (or all-NULL) column; text and float16/float32 are refused.
+  Under ``upstream.arithmetic: exact`` (the default) a floating ``sum`` or ``sum_squares`` column is refused
+  whatever it holds: write sums as integers or ``decimal128`` (pandas: the nullable ``Int64`` dtype), or declare
+  ``upstream: {arithmetic: binary64, max_rows: N}``. Counts (``count``, ``units``) may be doubles (pandas makes an
+  int column float64 when it holds a NULL): the engine rounds them as it does for XCom.
+* a key column must be an integer, string, date, timestamp, decimal, double or all-NULL column (also
+  dictionary-encoded: pandas categoricals); bool, binary, time, duration and nested columns are refused, and so is
+  a column whose keys can never match the spec's public keys (integers for text keys; text, dates or timestamps
+  for integer keys), as the engine refuses such keys, but also when no row holds one. A date or timestamp Python
+  cannot hold (beyond year 9999 or before year 1: a sentinel, a typo) is ``UNPUBLISHABLE``: its row is ignored and
+  counted in the diagnostics, like any key no release can publish.
 
 Messages name the file and the column, never a cell, a header the file may not have (its first row would be data)
 or a row index.
@@ -49,6 +71,8 @@ if TYPE_CHECKING:
     from dp_operators.spec import Aggregate
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+#: Value columns that hold sums (refused as floating Parquet columns under ``upstream.arithmetic: exact``).
+_SUM_COLUMNS = ("sum", "sum_squares")
 
 
 def column_positions(
@@ -89,7 +113,9 @@ def csv_rows(path: ObjectStoragePath, aggregate: Aggregate, values: list[str], s
     """The rows of a CSV file: ``group_by`` and ``values`` columns, typed as the module docstring says."""
     key_reader = {column: _key_reader(aggregate, column) for column in aggregate.group_by}
     try:
-        with path.open("r", encoding="utf-8-sig", newline="") as handle:  # utf-8-sig: spreadsheets write a BOM
+        # utf-8-sig: spreadsheets write a BOM; surrogateescape: a cell in another encoding (one source system's
+        # Latin-1 key) is text with lone surrogates, which the engine reads as no key (module docstring)
+        with path.open("r", encoding="utf-8-sig", errors="surrogateescape", newline="") as handle:
             reader = csv.reader(handle)
             header = next(reader, None)
             if header is None:
@@ -151,33 +177,108 @@ def _int_key(text: str) -> int | None:
 
 
 def parquet_rows(path: ObjectStoragePath, aggregate: Aggregate, values: list[str], source: str) -> list[dict]:
-    """The rows of a Parquet file: ``group_by`` and ``values`` columns, renamed to the spec's names."""
+    """The rows of a Parquet file: ``group_by`` and ``values`` columns, renamed to the spec's names. Every column's
+    type is checked (module docstring) from the file's schema, before any value is read."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         with path.open("rb") as handle:
             parquet = pq.ParquetFile(handle)
-            names = parquet.schema_arrow.names
-            positions = column_positions(names, aggregate.group_by + values, source)
+            schema = parquet.schema_arrow
+            positions = column_positions(schema.names, aggregate.group_by + values, source)
+            for column, index in positions.items():  # by the schema: no refusal depends on a value
+                if column not in aggregate.group_by:
+                    _check_parquet_value_type(schema.types[index], column, aggregate, source)
+                else:
+                    _check_parquet_key_type(schema.types[index], column, aggregate, source)
             # read() keeps the file's column order: select puts them in the order of ``positions``
-            wanted = [names[i] for i in positions.values()]
+            wanted = [schema.names[i] for i in positions.values()]
             table = parquet.read(columns=wanted).select(wanted)
     except (OSError, ValueError, pa.ArrowException) as error:
         raise unreadable(path, "Parquet", error) from None
-    table = table.rename_columns(list(positions))  # the spec's names, also after a case-insensitive match
-    for column in values:
-        _check_parquet_value_type(table.schema.field(column).type, column, source)
-    return table.to_pylist()
+    columns = [
+        _key_values(table.column(i)) if column in aggregate.group_by else table.column(i).to_pylist()
+        for i, column in enumerate(positions)  # the spec's names, also after a case-insensitive match
+    ]
+    return [dict(zip(positions, row)) for row in zip(*columns)]
 
 
-def _check_parquet_value_type(kind: Any, column: str, source: str) -> None:
-    """Refuse a value column by its Parquet type: text, or floats too narrow for counts and sums (the engine
-    refuses numpy float16/float32 for the same reason, but ``to_pylist()`` would widen them to Python floats)."""
+def _key_values(column: Any) -> list:
+    """A key column's values as Python objects; a value Python cannot hold (a date or timestamp beyond year 9999
+    or before year 1: ``OverflowError``) is :data:`UNPUBLISHABLE` (its row is ignored and counted, never refused)."""
     import pyarrow as pa
 
-    if pa.types.is_dictionary(kind):
-        kind = kind.value_type
+    try:
+        return column.to_pylist()
+    except (OverflowError, ValueError, pa.ArrowException):
+        return [_key_value(scalar) for scalar in column]
+
+
+def _key_value(scalar: Any) -> Any:
+    import pyarrow as pa
+
+    try:
+        return scalar.as_py()
+    except (OverflowError, ValueError, pa.ArrowException):
+        return UNPUBLISHABLE
+
+
+def _unwrapped(kind: Any) -> Any:
+    import pyarrow as pa
+
+    return kind.value_type if pa.types.is_dictionary(kind) else kind  # pandas categoricals
+
+
+def _check_parquet_key_type(kind: Any, column: str, aggregate: Aggregate, source: str) -> None:
+    """Refuse a key column by its Parquet type: one the engine takes no key of (bool, binary, time, nested), or one
+    whose keys can never match the spec's public keys (an integer column for text keys, text or dates for integer
+    keys), as :func:`~dp_operators.release.prepare_inputs` refuses such keys, but whatever the rows hold."""
+    import pyarrow as pa
+
+    kind = _unwrapped(kind)
+    if pa.types.is_boolean(kind):
+        raise AirflowFailException(
+            f"{source}: key column {column!r} is bool, which is no key; write it as a string column (e.g. "
+            "'yes'/'no') or an integer column"
+        )
+    if (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)
+            or pa.types.is_binary_view(kind)):
+        raise AirflowFailException(
+            f"{source}: key column {column!r} is {kind} (bytes), which is no key; write it as a string column "
+            "(decode it upstream, e.g. .decode('utf-8'))"
+        )
+    if pa.types.is_integer(kind):
+        stands_for: type | None = int
+    elif (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+          or pa.types.is_date(kind) or pa.types.is_timestamp(kind)):
+        stands_for = str  # a date or timestamp key is published as its ISO text
+    elif pa.types.is_floating(kind) or pa.types.is_decimal(kind) or pa.types.is_null(kind):
+        stands_for = None  # an integral value is its int, any other no key: decided per value by the engine
+    else:
+        raise AirflowFailException(
+            f"{source}: key column {column!r} is of type {kind}, which is no key; write it as a string, integer, "
+            "date or timestamp column"
+        )
+    declared = {type(v) for v in aggregate.keys[column]} if aggregate.public_keys else set()  # type: ignore[index]
+    if stands_for is not None and declared and stands_for not in declared:
+        fix = ("cast the column to string upstream, or list the spec's keys as integers" if stands_for is int
+               else "write it as an integer column, or quote the spec's keys")
+        listed = " and ".join(sorted(t.__name__ for t in declared))
+        raise AirflowFailException(
+            f"{source}: key column {column!r} is {kind}, whose keys are {stands_for.__name__}, but the spec's public "
+            f"domain lists only {listed} values, so no row could match; {fix}"
+        )
+
+
+def _check_parquet_value_type(kind: Any, column: str, aggregate: Aggregate, source: str) -> None:
+    """Refuse a value column by its Parquet type: text, floats too narrow for counts and sums (the engine refuses
+    numpy float16/float32 for the same reason, but pyarrow would widen them to Python floats), and under
+    ``upstream.arithmetic: exact`` any floating column of sums (``sum``, ``sum_squares``): the engine reads an
+    integral float sum and refuses one with a fraction, so the refusal would depend on a value."""
+    import pyarrow as pa
+
+    kind = _unwrapped(kind)
     if pa.types.is_float16(kind) or pa.types.is_float32(kind):
         raise AirflowFailException(
             f"{source}: column {column!r} is {kind}, which holds neither every count above 2^24 nor a sum to double "
@@ -188,4 +289,12 @@ def _check_parquet_value_type(kind: Any, column: str, source: str) -> None:
         raise AirflowFailException(
             f"{source}: column {column!r} is of type {kind}, not a number; write it as an integer, decimal or "
             "double column"
+        )
+    if pa.types.is_floating(kind) and column in _SUM_COLUMNS and aggregate.upstream.arithmetic == "exact":
+        raise AirflowFailException(
+            f"{source}: column {column!r} is {kind}, a binary float, but the spec's upstream.arithmetic is 'exact' "
+            "(the default): a float sum may be further from its neighbour's than the planned sensitivity "
+            "(Casacuberta, Shoemate, Vadhan, Wagaman, CCS 2022), so a floating sum column is refused by its type "
+            "whatever it holds. Write sums as integers or decimal128 (pandas: the nullable Int64 dtype), or declare "
+            "the float arithmetic in the spec: upstream: {arithmetic: binary64, max_rows: N}"
         )

@@ -70,7 +70,7 @@ class ReleaseLineageMixin:
         except ImportError:
             return None
         lineage = OperatorLineage()
-        reference = getattr(self, "aggregates_uri", None)
+        reference = getattr(self, "aggregates_uri", None) or getattr(self, "aggregates_reference", None)
         if reference:
             uris = reference.values() if isinstance(reference, Mapping) else [reference]
             lineage.inputs.extend(lineage_facets.dataset_for_uri(str(uri)) for uri in uris)

@@ -7,13 +7,14 @@ committed (:mod:`~dp_operators.operators.sinks`, :mod:`~dp_operators.operators.l
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, AssetAlias, BaseOperator
+from airflow.sdk import Asset, AssetAlias, BaseOperator, ObjectStoragePath
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -62,10 +63,16 @@ class PublishedRelease:
     sql_table: str | None = None
 
 
-#: The outlet every release operator declares; a new release adds one event for its own asset, a replay none
-#: (ADR 0021). One alias for all releases, so mapped operators (whose spec may be an expanded argument) declare it
-#: too. Schedule consumers on the release's asset, not on this alias (which carries every release's events).
+#: The alias every release operator declares beside its asset, through which it announces when its asset is not a
+#: declared outlet (a spec expanded at run time, outlets given by the DAG author); ADR 0021. One alias for all
+#: releases. Schedule consumers on the release's asset, not on this alias (which carries every release's events).
 RELEASE_ALIAS = AssetAlias(name="dp-release")
+
+#: How far before a release's ``released_at`` (worker clock) a replay looks for its earlier asset event (API
+#: server clock): tolerates that much clock skew between workers and the API server.
+CLOCK_MARGIN = dt.timedelta(hours=1)
+#: Asset events read per request when a replay looks for its earlier announcement.
+ANNOUNCEMENT_PAGE = 100
 
 
 class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
@@ -155,13 +162,11 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             )
         self.output_formats = check_formats(output_formats)
         self.release_asset = asset or default_asset(self.release_spec.release)
-        #: the declared outlet: events are added to it only for new releases, so a replay announces nothing
         self.release_alias = RELEASE_ALIAS
-        kwargs["outlets"] = _with_alias(kwargs.get("outlets"))
-        # Airflow 3.3 creates an asset first announced through an alias at run time, and two tasks doing so at once
-        # collide on its unique key: the loser is marked failed after its release was committed. Declaring the
-        # asset as an inlet registers it when the DAG is parsed (an inlet emits no event).
-        kwargs.setdefault("inlets", [self.release_asset])
+        kwargs["outlets"] = release_outlets(kwargs.get("outlets"), self.release_asset)
+        # the asset is also an inlet: the operator reads its earlier events (_announced); an inlet emits no event
+        inlets = list(kwargs.get("inlets") or [])
+        kwargs["inlets"] = inlets if self.release_asset in inlets else [*inlets, self.release_asset]
         super().__init__(**kwargs)
         self.aggregates_task_id = aggregates_task_id
         self.aggregates_uri = aggregates_uri
@@ -170,16 +175,25 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         self.ledger_conn_id = ledger_conn_id
         self.diagnostics_uri = diagnostics_uri
         self.published: PublishedRelease | None = None
+        #: the reference the upstream task returned, once read (lineage reports it as the input)
+        self.aggregates_reference: str | Mapping[str, str] | None = None
 
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:
-        """Airflow's ``.partial()``, declaring the :data:`RELEASE_ALIAS` outlet as ``__init__`` does (a mapped
-        operator's outlets come from ``partial``: without it a mapped release would emit no event)."""
-        kwargs["outlets"] = _with_alias(kwargs.get("outlets"))
+        """Airflow's ``.partial()``, declaring the outlets and inlet ``__init__`` declares (a mapped operator's come
+        from ``partial``). With ``spec_path`` among the expanded arguments the asset is not known when the DAG is
+        parsed: only :data:`RELEASE_ALIAS` is declared, and each instance announces through it."""
         spec_path = kwargs.get("spec_path")
-        if "inlets" not in kwargs and isinstance(spec_path, (str, Path)):  # registers the asset at parse time
-            release = load_spec_with_hash(str(spec_path))[0].release
-            kwargs["inlets"] = [kwargs.get("asset") or default_asset(release)]
+        asset = kwargs.get("asset")
+        if asset is None and isinstance(spec_path, (str, Path)):
+            asset = default_asset(load_spec_with_hash(str(spec_path))[0].release)
+        if "outlets" in kwargs or asset is None:
+            kwargs["outlets"] = release_outlets(kwargs.get("outlets"), None)
+        else:
+            kwargs["outlets"] = release_outlets(None, asset)
+        if asset is not None:
+            inlets = list(kwargs.get("inlets") or [])
+            kwargs["inlets"] = inlets if asset in inlets else [*inlets, asset]
         return super().partial(**kwargs)
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -229,37 +243,54 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         if result.replayed:
             self.log.info("release %s already committed for this task instance: replaying it, nothing charged", key)
         self.published = self._publish(output, key, result.replayed, ti)
-        if not result.replayed or not self._announced(context, key, output):
-            context["outlet_events"][self.release_alias].add(
-                self.release_asset,
-                extra={
-                    "release": output["release"],
-                    "release_key": output["release_key"],
-                    "budget_account": output["budget_account"],
-                    "charge": output["charge"],
-                    "location": self.published.locations.get("json"),
-                },
-            )
+        self._announce(context, key, output, announce=not result.replayed or not self._announced(context, key, output))
         return output
+
+    def _announce(self, context: Context, key: ReleaseKey, output: dict[str, Any], *, announce: bool) -> None:
+        """Emit the release's one asset event, or none (ADR 0021). When the asset is a declared outlet (registered
+        at parse time), Airflow emits its event at the task's success: set its ``extra``, or, to stay silent, drop
+        it from this instance's outlets (Airflow builds the event list from the running task's outlets). Otherwise
+        (an outlet list of the DAG author's, a spec expanded at run time) add the event through the alias."""
+        extra = {
+            "release": output["release"],
+            "release_key": output["release_key"],
+            "budget_account": output["budget_account"],
+            "charge": output["charge"],
+            "location": self.published.locations.get("json") if self.published else None,
+        }
+        if self.release_asset in (self.outlets or []):
+            if announce:
+                context["outlet_events"][self.release_asset].extra = extra
+            else:
+                self.outlets = [outlet for outlet in self.outlets if outlet != self.release_asset]
+        elif announce:
+            context["outlet_events"][self.release_alias].add(self.release_asset, extra=extra)
 
     def _announced(self, context: Context, key: ReleaseKey, output: dict[str, Any]) -> bool:
         """Whether an earlier try of this task instance already announced the committed release: an event of the
-        release's asset (read through the inlet the operator declares) from this dag run, task and map index, after
-        the release was drawn. A replay after a successful try (a cleared task) finds it and stays silent; a replay
-        after a try that died between the commit and its success finds none and announces the release once.
+        release's asset (read through the inlet the operator declares) from this dag run, task and map index. A
+        replay after a successful try (a cleared task) finds it and stays silent; a replay after a try that died
+        between the commit and its success finds none and announces the release once.
 
-        If Airflow cannot answer (no inlet for the asset, an older API), the answer is True: stay silent.
+        Events are read oldest first in pages of :data:`ANNOUNCEMENT_PAGE`, from :data:`CLOCK_MARGIN` before the
+        release's ``released_at`` (the worker's clock; the event's timestamp is the API server's), and the search
+        stops at the first match. If Airflow cannot answer, the answer is True: stay silent (logged).
         """
+        identity = (key.dag_id, key.run_id, key.task_id, key.map_index)
         try:
-            events = context["inlet_events"][self.release_asset].after(output["released_at"])
-            return any(
-                (event.source_dag_id, event.source_run_id, event.source_task_id, event.source_map_index)
-                == (key.dag_id, key.run_id, key.task_id, key.map_index)
-                for event in events
-            )
+            accessor = context["inlet_events"][self.release_asset]
+            cursor: Any = dt.datetime.fromisoformat(output["released_at"]) - CLOCK_MARGIN
+            while True:
+                page = list(accessor.after(cursor.isoformat()).ascending(True).limit(ANNOUNCEMENT_PAGE))
+                if any((e.source_dag_id, e.source_run_id, e.source_task_id, e.source_map_index) == identity
+                       for e in page):
+                    return True
+                if len(page) < ANNOUNCEMENT_PAGE or page[-1].timestamp <= cursor:
+                    return False
+                cursor = page[-1].timestamp
         except Exception as error:  # noqa: BLE001 - any failure to ask means: do not announce twice
-            self.log.info("could not read this release's earlier asset events (%s): a replay stays silent",
-                          type(error).__name__)
+            self.log.warning("could not read this release's earlier asset events (%s): this replay announces "
+                             "nothing", type(error).__name__)
             return True
 
     def _check_sinks(self, key: ReleaseKey) -> None:
@@ -273,6 +304,11 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             for base in (self.output_uri, self.diagnostics_uri):
                 if base:
                     check_publishable(base, key)
+            if self.output_uri and self.diagnostics_uri and _inside(self.diagnostics_uri, self.output_uri):
+                raise ValueError(
+                    f"diagnostics_uri {self.diagnostics_uri!r} lies in output_uri {self.output_uri!r}: the report holds "
+                    "exact, data-derived numbers and must never sit beside published files; point it elsewhere"
+                )
         except ValueError as error:
             raise AirflowFailException(f"release {key.release_name!r} cannot be published: {error}") from None
         if self.sql_sink is not None:
@@ -303,6 +339,7 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                 [aggregate.name for aggregate in self.release_spec.aggregates],
             ))
         if is_reference(pulled):
+            self.aggregates_reference = pulled  # what was read, for lineage (a URI: no data)
             return read_reference(pulled, self.release_spec)
         return pulled
 
@@ -354,10 +391,21 @@ def default_asset(release: str) -> Asset:
     return Asset(name=release, uri=f"dp-release://{release}")
 
 
-def _with_alias(outlets: Any) -> list[Any]:
-    """``outlets`` with :data:`RELEASE_ALIAS` added: a DAG author's own outlets never silence new releases."""
-    declared = list(outlets or [])
-    return declared if RELEASE_ALIAS in declared else [*declared, RELEASE_ALIAS]
+def _inside(inner: str, outer: str) -> bool:
+    """Whether the location ``inner`` is ``outer`` or below it (both ``ObjectStoragePath`` URIs)."""
+    inner_text = str(ObjectStoragePath(inner)).rstrip("/")
+    outer_text = str(ObjectStoragePath(outer)).rstrip("/")
+    return inner_text == outer_text or inner_text.startswith(outer_text + "/")
+
+
+def release_outlets(outlets: Any, asset: Asset | None) -> list[Any]:
+    """The outlets of a release operator: the DAG author's ``outlets`` if given (plus :data:`RELEASE_ALIAS`, so
+    they never silence a new release), else the release's ``asset`` (registered when the DAG is parsed) and the
+    alias."""
+    if outlets is not None:
+        declared = list(outlets)
+        return declared if RELEASE_ALIAS in declared else [*declared, RELEASE_ALIAS]
+    return [outlet for outlet in (asset, RELEASE_ALIAS) if outlet is not None]
 
 
 def lease_held_message(key: ReleaseKey, error: LeaseHeldError) -> str:

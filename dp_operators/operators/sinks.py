@@ -1,11 +1,12 @@
-"""Sinks of a published release: files (JSON, CSV, Parquet) and a SQL table.
+"""Sinks of a published release: files (JSON, CSV, Parquet) here, and a SQL table
+(:class:`SQLTableSink`, from :mod:`dp_operators.operators.sql_sink`).
 
 Every sink takes the ``output`` dict :func:`dp_operators.release.run_release` returns: exactly what the ledger
 committed, returned unchanged by every replay. Nothing else reaches a sink, so a sink never sees a true aggregate.
 A sink is a function of that dict alone: a replay (a retry, or a rerun of the task instance) rewrites identical
 content, byte for byte in files, row for row in the table.
 
-The flat table of a release, :func:`release_rows`, is the one shape the CSV, the Parquet file and the SQL table
+The flat table of a release, :func:`release_rows` (:mod:`dp_operators.operators.flat_rows`), is the one shape the CSV, the Parquet file and the SQL table
 share: one row per released value (a grouped aggregate gives one row per released key; an ungrouped one, one row),
 aggregates sorted by name, rows in the output's order (the engine's key order).
 """
@@ -13,21 +14,22 @@ aggregates sorted by name, rows in the output's order (the engine's key order).
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import io
 import json
 import logging
 import os
-import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
+from dp_operators.operators.flat_rows import COLUMNS, release_rows
+from dp_operators.operators.sql_sink import SQLTableSink, row_digest, sql_release_table
 
-from dp_operators.release.publish import published_interval
+__all__ = [
+    "COLUMNS", "FORMATS", "SQLTableSink", "check_formats", "parquet_schema", "release_csv", "release_json",
+    "release_parquet", "release_rows", "release_table", "row_digest", "sql_release_table", "write_files",
+]
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -35,54 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The columns of :func:`release_rows`, the CSV and the Parquet file, in this order.
-COLUMNS = ("aggregate", "kind", "key", "value", "half_width", "confidence", "mechanism", "saturated", "lower", "upper")
-
 #: The file formats :func:`write_files` writes.
 FORMATS = ("json", "csv", "parquet")
-
-
-def release_rows(output: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The flat table of a published release: one dict per released value, with the keys :data:`COLUMNS`.
-
-    * ``aggregate``, ``kind``, ``mechanism``: the aggregate's name, kind and mechanism, as published;
-    * ``key``: the row's ``group_by`` columns and values as a compact JSON object, in ``group_by`` order
-      (``{"education":"Bachelors","sex":"Female"}``; ``{}`` for an ungrouped aggregate): unambiguous, so NULL
-      and ``"None"``, ``1`` and ``"1"``, and values holding ``;``, ``=`` or NUL stay distinct keys;
-    * ``value``: the noised value (``int`` for counts and integer sums, else ``float``), in the aggregate's units;
-    * ``half_width``: half-width of the confidence interval (``float``), ``None`` for a saturated value;
-    * ``confidence``: the interval's confidence level (the release's, e.g. 0.95);
-    * ``saturated``: ``True`` when the value is at the noise range's limit (docs/mechanisms.md, "Saturation");
-    * ``lower``, ``upper``: the interval's ends (``value -+ half_width`` rounded outwards to floats); ``None`` on
-      the unbounded side of a saturated value.
-
-    Order: aggregates sorted by name (whatever the dict's insertion order: a replay returns the ledger's canonical
-    JSON, whose key order may differ from the first run's), then rows in the output's order. A grouped aggregate
-    whose partition selection released no key has no row.
-
-    Raises:
-        KeyError: ``output`` is not a published release (no ``aggregates``, ``confidence``...).
-    """
-    rows = []
-    for name in sorted(output["aggregates"]):
-        aggregate = output["aggregates"][name]
-        group_by = aggregate["group_by"]
-        for row in aggregate["rows"] if "rows" in aggregate else [aggregate]:
-            lower, upper = published_interval(row)
-            rows.append({
-                "aggregate": name,
-                "kind": aggregate["kind"],
-                "key": json.dumps({column: row[column] for column in group_by}, ensure_ascii=False,
-                                  separators=(",", ":")),
-                "value": row["value"],
-                "half_width": row["half_width"],
-                "confidence": output["confidence"],
-                "mechanism": aggregate["mechanism"],
-                "saturated": bool(row.get("saturated")),
-                "lower": lower,
-                "upper": upper,
-            })
-    return rows
 
 
 def release_csv(output: Mapping[str, Any]) -> str:
@@ -235,159 +191,3 @@ def _publish(path: ObjectStoragePath, data: bytes, same_content: Callable[[bytes
     except BaseException:
         Path(handle.name).unlink(missing_ok=True)
         raise
-
-
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_NAME_LENGTH = 250  # Airflow's limit for dag, task and run ids
-
-
-def sql_release_table(name: str) -> sa.Table:
-    """The SQLAlchemy table of released rows named ``name`` (``table`` or ``schema.table``).
-
-    Primary key: the release key (``dag_id, run_id, task_id, map_index, release_name``) plus ``aggregate`` and
-    ``key``. Other columns: ``kind``, ``value``, ``half_width``, ``lower``, ``upper``, ``confidence`` (double
-    precision), ``mechanism``, ``saturated`` (boolean), ``released_at`` (timestamp, UTC), ``spec_hash`` (SHA-256
-    hex of the spec). Portable types only, so the same definition creates the table on SQLite and PostgreSQL.
-    """
-    schema, _, table = name.rpartition(".")
-    text = sa.String(_NAME_LENGTH)
-    return sa.Table(
-        table,
-        sa.MetaData(),
-        sa.Column("dag_id", text, primary_key=True),
-        sa.Column("run_id", text, primary_key=True),
-        sa.Column("task_id", text, primary_key=True),
-        sa.Column("map_index", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("release_name", sa.Text, primary_key=True),  # spec names have no length limit
-        sa.Column("aggregate", sa.Text, primary_key=True),
-        sa.Column("key", sa.Text, primary_key=True),
-        sa.Column("kind", sa.String(16), nullable=False),
-        sa.Column("value", sa.Double, nullable=False),
-        sa.Column("half_width", sa.Double),
-        sa.Column("lower", sa.Double),
-        sa.Column("upper", sa.Double),
-        sa.Column("confidence", sa.Double, nullable=False),
-        sa.Column("mechanism", sa.String(64), nullable=False),
-        sa.Column("saturated", sa.Boolean(create_constraint=False), nullable=False),
-        sa.Column("released_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("spec_hash", sa.String(64), nullable=False),
-        schema=schema or None,
-    )
-
-
-_KEY_FIELDS = ("dag_id", "run_id", "task_id", "map_index", "release_name")
-
-
-@dataclass(frozen=True)
-class SQLTableSink:
-    """Write a release's rows into a SQL table through an Airflow connection's ``common.sql`` hook.
-
-    Args:
-        conn_id: an Airflow connection whose hook is a ``DbApiHook`` able to give a SQLAlchemy engine (PostgreSQL,
-            SQLite, and most SQL providers).
-        table: ``table`` or ``schema.table``; each part a plain identifier (letters, digits, ``_``; not starting
-            with a digit), so the name needs no quoting rules of any particular database.
-        create_table: create the table (:func:`sql_release_table`) when it does not exist.
-
-    Raises:
-        ValueError: at construction, an empty ``conn_id`` or a ``table`` that is not such a name.
-    """
-
-    conn_id: str
-    table: str
-    create_table: bool = field(default=True, kw_only=True)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.conn_id, str) or not self.conn_id:
-            raise ValueError(f"SQLTableSink needs an Airflow connection id, got {self.conn_id!r}")
-        parts = self.table.split(".") if isinstance(self.table, str) else []
-        if not 1 <= len(parts) <= 2 or not all(_IDENTIFIER.match(part) for part in parts):
-            raise ValueError(
-                f"SQLTableSink table must be 'table' or 'schema.table', each part letters, digits and '_' (not "
-                f"starting with a digit), got {self.table!r}"
-            )
-
-    def rows(self, output: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The table rows of ``output``: :func:`release_rows` plus the release key, ``released_at`` and
-        ``spec_hash``; ``value`` and the interval as float."""
-        release_key = {name: output["release_key"][name] for name in _KEY_FIELDS}
-        released_at = dt.datetime.fromisoformat(output["released_at"]).astimezone(dt.timezone.utc)
-        floats = ("value", "half_width", "lower", "upper", "confidence")
-        return [
-            {**release_key, **{c: float(v) if c in floats and v is not None else v for c, v in row.items()},
-             "released_at": released_at, "spec_hash": output["spec_hash"]}
-            for row in release_rows(output)
-        ]
-
-    def prepare(self) -> None:
-        """Make sure the table exists (created when ``create_table``), before the release reserves any budget, so a
-        missing table or a connection that is not SQL fails the task before it is charged, not after.
-
-        Raises:
-            AirflowFailException: the connection's hook is not a SQL hook, or the table is missing and
-                ``create_table`` is false.
-            sqlalchemy.exc.SQLAlchemyError: the database failed (retryable).
-        """
-        from airflow.sdk.exceptions import AirflowFailException
-
-        engine = self._engine()
-        table = sql_release_table(self.table)
-        try:
-            if self.create_table:
-                table.metadata.create_all(engine, checkfirst=True)
-            elif not sa.inspect(engine).has_table(table.name, schema=table.schema):
-                raise AirflowFailException(
-                    f"table {self.table!r} does not exist on connection {self.conn_id!r}; create it (see "
-                    "sql_release_table) or let the sink create it (create_table=True)"
-                )
-        finally:
-            engine.dispose()
-
-    def write(self, output: Mapping[str, Any]) -> int:
-        """Replace the rows of ``output``'s release key with its rows, in one transaction; returns the row count.
-
-        Idempotent: a replay deletes the rows it wrote before and inserts identical ones, so the table never holds
-        a release twice, and other release keys' rows are untouched. If a concurrent writer of the same release key
-        commits between this transaction's delete and insert (the insert then hits the primary key), the
-        transaction is retried once: both wrote the same rows.
-
-        Raises:
-            AirflowFailException: the connection's hook is not a SQL (``DbApiHook``) hook.
-            sqlalchemy.exc.SQLAlchemyError: the database failed (retryable), or ``create_table`` is false and the
-                table does not exist.
-        """
-        engine = self._engine()
-        table = sql_release_table(self.table)
-        rows = self.rows(output)
-        match = sa.and_(*(table.c[name] == output["release_key"][name] for name in _KEY_FIELDS))
-        try:
-            if self.create_table:
-                table.metadata.create_all(engine, checkfirst=True)
-            for attempt in (1, 2):
-                try:
-                    with engine.begin() as connection:
-                        connection.execute(table.delete().where(match))
-                        if rows:
-                            connection.execute(table.insert(), rows)
-                    break
-                except sa.exc.IntegrityError:
-                    if attempt == 2:
-                        raise
-        finally:
-            engine.dispose()
-        log.info("wrote %d rows of release %r to table %s (connection %r)", len(rows), output["release"],
-                 self.table, self.conn_id)
-        return len(rows)
-
-    def _engine(self) -> sa.Engine:
-        from airflow.providers.common.sql.hooks.sql import DbApiHook
-        from airflow.sdk import BaseHook
-        from airflow.sdk.exceptions import AirflowFailException
-
-        hook = BaseHook.get_hook(self.conn_id)
-        if not isinstance(hook, DbApiHook):
-            raise AirflowFailException(
-                f"connection {self.conn_id!r} gives a {type(hook).__name__}, not a SQL hook (common.sql DbApiHook); "
-                "SQLTableSink needs a database connection such as postgres or sqlite"
-            )
-        return hook.get_sqlalchemy_engine()

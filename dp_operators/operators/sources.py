@@ -23,11 +23,15 @@ depend on one person, so it never decides a refusal.
 
 Types. Parquet and SQL values arrive typed (pyarrow, the DB-API driver): ints, ``Decimal`` (Parquet ``decimal128``,
 SQL ``NUMERIC``) and floats go to the engine as they are, which reads each exactly or refuses it by its type
-(:mod:`dp_operators.release.upstream_types`). CSV cells are text, read as
+(:mod:`dp_operators.release.upstream_types`). A Parquet file's column types are checked from its schema before any
+value is read (:mod:`dp_operators.operators.file_tables`): under ``upstream.arithmetic: exact`` a floating sum
+column is refused whatever it holds, and so are key columns of a type no key can have. CSV cells are text (JSON and
+CSV are decoded as UTF-8 with ``surrogateescape``: a key in another encoding is no key, its row ignored), read as
 :mod:`dp_operators.operators.file_tables` says: integer literals as ``int``, any other number as a ``float`` (the
-engine's float rules apply: non-integral sums need ``upstream.arithmetic: binary64``), non-numeric text as NULL,
-key columns as ``int`` where the spec's public keys are integers. CSV is refused for an aggregate under
-``partition_selection`` (its keys would be published as the file spells them): use Parquet or JSON.
+engine's float rules apply: non-integral sums need ``upstream.arithmetic: binary64``; the residual this leaves is
+documented there), non-numeric text as NULL, key columns as ``int`` where the spec's public keys are integers. CSV is
+refused for an aggregate under ``partition_selection`` (its keys would be published as the file spells them): use
+Parquet or JSON.
 
 References. An upstream value is read as a reference (:func:`is_reference`) only when every string in it is a URI
 with a scheme (``s3://...``) or an absolute path, ending in a suffix of :data:`FORMATS`; any other string goes to
@@ -112,8 +116,11 @@ def read_reference(reference: str | Mapping[str, str], spec: ReleaseSpec) -> dic
         AirflowFailException: an unknown suffix, a CSV file for an aggregate under ``partition_selection``
             (checked on the spec and the suffixes, before any file is read), a missing or unreadable file, a
             mapping that misses an aggregate of the spec or names another, a missing column, a CSV row with more
-            or fewer fields than its header, a Parquet value column that is not numeric, an ungrouped file of
-            more than one row. The message names the file and the column, never a value.
+            or fewer fields than its header, a Parquet value column that is not numeric (or a floating sum column
+            under ``upstream.arithmetic: exact``), a Parquet key column of a type no key can have (bool, binary,
+            ...) or that cannot match the spec's public keys, an ungrouped file of more than one row. Parquet
+            types are checked from the schema, before any value is read. The message names the file and the
+            column, never a value.
     """
     if isinstance(reference, (str, ObjectStoragePath)):
         path, kind = _located(reference, "the aggregates reference")
@@ -273,7 +280,8 @@ def _check_csv_keys(path: ObjectStoragePath, kind: str, aggregate: Aggregate) ->
 
 def _read_json(path: ObjectStoragePath) -> Any:
     try:
-        with path.open("r", encoding="utf-8") as handle:
+        # surrogateescape, as for CSV: a string in another encoding (one Latin-1 key) is no key, the file is read
+        with path.open("r", encoding="utf-8", errors="surrogateescape") as handle:
             return json.load(handle)
     except (OSError, ValueError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise unreadable(path, "JSON", error) from None

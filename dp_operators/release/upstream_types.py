@@ -140,6 +140,8 @@ def normalise_key(value: Any, column: str) -> str | int | None | _Unpublishable:
     Raises:
         InputTypeError: bytes, bool, or any other type; names the column and the type (never the value).
     """
+    if value is UNPUBLISHABLE:  # a source's reader already found this value unpublishable (an out-of-range date)
+        return value
     if type(value) is str and value.isascii():  # the common case, already plain
         return value
     if type(value) is int and value.bit_length() <= MAX_KEY_BITS:  # (bool is not exactly int)

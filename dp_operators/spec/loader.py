@@ -22,7 +22,8 @@ def _field_path(location: tuple, document: object) -> str:
         if isinstance(item, int):
             entry = node[item] if isinstance(node, list) and 0 <= item < len(node) else None
             name = entry.get("name") if isinstance(entry, dict) else None
-            parts.append(f"[{item}]" + (f"({name})" if name else ""))
+            shown = f"{name[:40]}..." if isinstance(name, str) and len(name) > 40 else name
+            parts.append(f"[{item}]" + (f"({shown})" if shown else ""))
         else:
             if item.startswith(("function-", "tagged-union")) or item in ("float", "int", "str"):
                 continue

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from fractions import Fraction
 from typing import Annotated, Literal
 
@@ -25,6 +24,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dp_operators.accounting import exact_number
+from dp_operators.spec.names import NAME, GroupByColumn, check_name
 
 
 #: Grids outside this range are refused: scales computed from them would overflow or underflow floating point in
@@ -142,7 +142,6 @@ Grid = Annotated[Fraction, _exact_in(*GRID_RANGE), _AS_TEXT]
 #: A finite int or float.
 FiniteNumber = Annotated[float | int, BeforeValidator(_finite)]
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 
 
 class _Strict(BaseModel):
@@ -288,11 +287,14 @@ COMPONENTS = {
 class Aggregate(_Strict):
     """One released aggregate: a count, bounded sum, mean or variance; optionally grouped over a public key domain
     (``keys``: per column, its values as text or integers, exactly as written) or over keys found in the data
-    (``partition_selection``)."""
+    (``partition_selection``).
+
+    ``name`` is at most :data:`~dp_operators.spec.names.MAX_NAME_LENGTH` characters; a ``group_by`` column may not be
+    named like a row field (:data:`~dp_operators.spec.names.RESERVED_COLUMNS`: ``value``, ``count``...)."""
 
     name: str
     kind: Literal["count", "sum", "mean", "variance"]
-    group_by: list[str] = Field(default_factory=list)
+    group_by: list[GroupByColumn] = Field(default_factory=list)
     keys: dict[str, list[KeyValue]] | None = None
     partition_selection: PartitionSelection | None = None
     bounds: tuple[FiniteNumber, FiniteNumber] | None = None
@@ -307,9 +309,7 @@ class Aggregate(_Strict):
     @field_validator("name")
     @classmethod
     def _name_is_identifier(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError(f"aggregate names use letters, digits, '_' and '-', got {value!r}")
-        return value
+        return check_name(value, "aggregate names")
 
     @model_validator(mode="after")
     def _consistent(self) -> Aggregate:
@@ -454,10 +454,15 @@ class ReleaseSpec(_Strict):
     aggregates: list[Aggregate] = Field(min_length=1)
     postprocess: Postprocess = Postprocess()
 
-    @field_validator("release", "budget_account")
+    @field_validator("release")
+    @classmethod
+    def _release_name(cls, value: str) -> str:
+        return check_name(value, "release names")
+
+    @field_validator("budget_account")
     @classmethod
     def _identifier(cls, value: str) -> str:
-        if not _NAME.match(value):
+        if not NAME.fullmatch(value):
             raise ValueError(f"use letters, digits, '_' and '-', got {value!r}")
         return value
 

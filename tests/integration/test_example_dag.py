@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import subprocess
-import sys
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 
 from dp_operators.ledger import Ledger, load_ledger_config
 from dp_operators.release import plan_release
 
-from support import EXAMPLE_SPEC, GOVERNOR_KEY, REPO, SPEND_KEY, example_charge
+from airflow_home import BIN, airflow_environment, run
+from support import EXAMPLE_SPEC, REPO, SPEND_KEY, example_charge
 
 pytestmark = pytest.mark.integration
-BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
@@ -31,23 +28,9 @@ def airflow_env(tmp_path_factory, adult_csv):
     config.write_text(
         (REPO / "config" / "ledgers.yaml").read_text().replace("cap: 0.5 ", f"cap: {2 * example_charge()} ")
     )
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "AIRFLOW_CONN_DP_LEDGER_DEFAULT": json.dumps(
-            {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{ledger_path}", "audit_key": SPEND_KEY.text}}
-        ),
-        "DP_LEDGER_GOVERNOR_KEY": GOVERNOR_KEY.text,
-        "DP_LEDGER_AUDIT_KEY": SPEND_KEY.text,
-        "DP_LEDGER_URL": f"sqlite:///{ledger_path}",
-        "DP_OPERATORS_ADULT_CSV": str(adult_csv),
-        "DP_OPERATORS_OUTPUT_URI": f"file://{home / 'releases'}",
-    }
+    env = airflow_environment(home, DP_OPERATORS_ADULT_CSV=str(adult_csv))
     for command in (["airflow", "db", "migrate"], ["dpctl", "ledger", "init"], ["dpctl", "ledger", "apply", str(config)]):
-        subprocess.run([str(BIN / command[0]), *command[1:]], env=env, check=True, capture_output=True, timeout=300)
+        run(env, *command, check=True, timeout=300)
     assert load_ledger_config(config).accounts["census_adult"].cap == 2 * example_charge()
     return {"home": home, "env": env, "ledger": Ledger(f"sqlite:///{ledger_path}", audit_key=SPEND_KEY), "ledger_path": ledger_path}
 

@@ -5,21 +5,18 @@ charges nothing (issue 10, item 1)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dp_operators.ledger import Ledger, ReleaseKey
 
-from support import GOVERNOR_KEY, SPEND_KEY
+from airflow_home import airflow_environment, run
+from support import SPEND_KEY
 
 pytestmark = pytest.mark.integration
-BIN = Path(sys.executable).parent
 DAGS = Path(__file__).with_name("mapped_dags")
 LEDGERS = """version: 1
 accounts:
@@ -36,35 +33,21 @@ def mapped_run(tmp_path_factory):
     home = tmp_path_factory.mktemp("airflow_mapped")
     ledger_path = home / "ledger.db"
     (home / "ledgers.yaml").write_text(LEDGERS)
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "AIRFLOW_CONN_DP_LEDGER_DEFAULT": json.dumps(
-            {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{ledger_path}", "audit_key": SPEND_KEY.text}}
-        ),
-        "DP_LEDGER_GOVERNOR_KEY": GOVERNOR_KEY.text,
-        "DP_LEDGER_AUDIT_KEY": SPEND_KEY.text,
-        "DP_LEDGER_URL": f"sqlite:///{ledger_path}",
-        "DP_OPERATORS_OUTPUT_URI": f"file://{home / 'releases'}",
-    }
+    env = airflow_environment(home, dags_folder=DAGS)
     for command in (["airflow", "db", "migrate"], ["dpctl", "ledger", "init"],
                     ["dpctl", "ledger", "apply", str(home / "ledgers.yaml")]):
-        subprocess.run([str(BIN / command[0]), *command[1:]], env=env, check=True, capture_output=True, timeout=300)
-    run = subprocess.run([str(BIN / "airflow"), "dags", "test", "mapped_releases"], env=env, capture_output=True,
-                         text=True, timeout=600)
+        run(env, *command, check=True, timeout=300)
+    dag_run = run(env, "airflow", "dags", "test", "mapped_releases")
     with sqlite3.connect(home / "airflow.db") as db:
         states = {(task, index): state for task, index, state in
                   db.execute("SELECT task_id, map_index, state FROM task_instance WHERE dag_id = 'mapped_releases'")}
     # `dags test` runs every task in its own process and prints each task's log between these markers
     logs: dict[tuple[str, int], str] = {}
-    for section in re.split(r"\[DAG TEST\] starting ", run.stdout + run.stderr)[1:]:
+    for section in re.split(r"\[DAG TEST\] starting ", dag_run.stdout + dag_run.stderr)[1:]:
         found = re.match(r"task_id=(\S+) map_index=(-?\d+)", section)
         logs[(found[1], int(found[2]))] = section
     ledger = Ledger(f"sqlite:///{ledger_path}", audit_key=SPEND_KEY)
-    return {"run": run, "states": states, "logs": logs, "ledger": ledger, "home": home}
+    return {"run": dag_run, "states": states, "logs": logs, "ledger": ledger, "home": home}
 
 
 def charges(mapped_run) -> list[dict]:

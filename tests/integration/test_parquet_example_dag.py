@@ -4,13 +4,10 @@ then a replay of its release task with ``airflow tasks test``; a temporary Airfl
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import subprocess
-import sys
 from fractions import Fraction
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -20,10 +17,10 @@ from dp_operators.operators.sinks import release_rows
 from dp_operators.operators.sources import read_reference
 from dp_operators.spec import load_spec
 
-from support import EXAMPLE_SPEC, REPO, SPEND_KEY, example_charge, make_ledger
+from airflow_home import BIN, airflow_environment
+from support import EXAMPLE_SPEC, example_charge, make_ledger
 
 pytestmark = pytest.mark.integration
-BIN = Path(sys.executable).parent
 DAG_ID = "adult_parquet_release"
 
 
@@ -33,19 +30,8 @@ def airflow_run(tmp_path_factory, adult_csv):
     bytes after each."""
     home = tmp_path_factory.mktemp("airflow")
     ledger = make_ledger(home / "ledger.db", dags=(DAG_ID,))
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "AIRFLOW_CONN_DP_LEDGER_DEFAULT": json.dumps(
-            {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{home / 'ledger.db'}", "audit_key": SPEND_KEY.text}}
-        ),
-        "DP_OPERATORS_ADULT_CSV": str(adult_csv),
-        "DP_OPERATORS_OUTPUT_URI": f"file://{home / 'releases'}",
-        "DP_OPERATORS_STAGING_URI": f"file://{home / 'staging'}",
-    }
+    env = airflow_environment(home, DP_OPERATORS_ADULT_CSV=str(adult_csv),
+                              DP_OPERATORS_STAGING_URI=f"file://{home / 'staging'}")
     subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
     run = subprocess.run([str(BIN / "airflow"), "dags", "test", DAG_ID], env=env, capture_output=True, text=True,
                          timeout=600)

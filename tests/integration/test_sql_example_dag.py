@@ -5,20 +5,18 @@ SQLite, the release runs the GROUP BY queries itself and publishes files and a S
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dp_operators.operators.sinks import release_rows
 
-from support import REPO, SPEND_KEY, example_charge, make_ledger
+from airflow_home import BIN, airflow_environment
+from support import example_charge, make_ledger
 
 pytestmark = pytest.mark.integration
-BIN = Path(sys.executable).parent
 DAG_ID = "adult_sql_release"
 
 
@@ -39,19 +37,10 @@ def sql_run(tmp_path_factory, adult_csv):
     home = tmp_path_factory.mktemp("airflow_sql")
     ledger = make_ledger(home / "ledger.db", dags=(DAG_ID,))
     database = home / "adult.db"
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "AIRFLOW_CONN_DP_LEDGER_DEFAULT": json.dumps(
-            {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{home / 'ledger.db'}", "audit_key": SPEND_KEY.text}}
-        ),
-        "AIRFLOW_CONN_ADULT_SQLITE": json.dumps({"conn_type": "sqlite", "host": str(database)}),
-        "DP_OPERATORS_ADULT_CSV": str(adult_csv),
-        "DP_OPERATORS_OUTPUT_URI": f"file://{home / 'releases'}",
-    }
+    env = airflow_environment(
+        home, DP_OPERATORS_ADULT_CSV=str(adult_csv),
+        AIRFLOW_CONN_ADULT_SQLITE=json.dumps({"conn_type": "sqlite", "host": str(database)}),
+    )
     subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
     run = subprocess.run([str(BIN / "airflow"), "dags", "test", DAG_ID], env=env, capture_output=True, text=True,
                          timeout=600)

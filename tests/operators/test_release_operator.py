@@ -15,7 +15,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from dp_operators.operators.release import DPReleaseOperator, release_csv
 from dp_operators.spec import SpecError
 
-from airflow_fakes import FakeAssetEvents, FakeTaskInstance, context_for
+from airflow_fakes import FakeAssetEvents, FakeTaskInstance, context_for, emitted_events
 from support import EXAMPLE_SPEC, SPEND_KEY, example_charge, make_ledger, spender
 
 
@@ -58,7 +58,7 @@ def test_execute_publishes_xcom_files_and_asset_event(tmp_path, ledger_conn, adu
     assert csv_lines[0] == "aggregate,kind,key,value,half_width,confidence,mechanism,saturated,lower,upper"
     assert len(csv_lines) == 1 + 32 + 7 + 1
     assert (folder / "release.csv").read_text() == release_csv(output)
-    ((asset, extra),) = context["outlet_events"][op.release_alias].added
+    ((asset, extra),) = emitted_events(context, op)
     assert asset == op.release_asset and asset.uri == "dp-release://adult_census_statistics/"
     assert extra["release"] == "adult_census_statistics"
     assert extra["charge"]["rho_exact"] == str(example_charge())
@@ -67,18 +67,19 @@ def test_execute_publishes_xcom_files_and_asset_event(tmp_path, ledger_conn, adu
 
 def test_retry_returns_the_stored_release_byte_for_byte(tmp_path, ledger_conn, adult_aggregates):
     history = FakeAssetEvents()  # what Airflow records of the successful tries' events
-    first_ti = FakeTaskInstance(adult_aggregates)
+    first_ti, first_op = FakeTaskInstance(adult_aggregates), operator(tmp_path)
     first_context = context_for(first_ti, history)
-    first = operator(tmp_path).execute(first_context)
-    history.record(first_context, first_ti)
+    first = first_op.execute(first_context)
+    history.record(first_context, first_ti, first_op)
     folder = tmp_path / "out" / RUN_FOLDER
     first_bytes = {name: (folder / name).read_bytes() for name in ("release.json", "release.csv")}
+    retry_op = operator(tmp_path)
     retry_context = context_for(FakeTaskInstance(adult_aggregates, try_number=2), history)
-    retry = operator(tmp_path).execute(retry_context)
+    retry = retry_op.execute(retry_context)
     assert json.dumps(retry) == json.dumps(first)  # same keys in the same order: the XCom is identical
     assert {name: (folder / name).read_bytes() for name in first_bytes} == first_bytes
-    assert [len(events.added) for events in first_context["outlet_events"].values()] == [1]
-    assert all(not events.added for events in retry_context["outlet_events"].values())  # a replay announces nothing
+    assert len(emitted_events(first_context, first_op)) == 1
+    assert emitted_events(retry_context, retry_op) == []  # a replay of an announced release announces nothing
     assert len(list(ledger_conn.charges())) == 1
 
 
@@ -361,3 +362,28 @@ def test_two_dags_sharing_a_spec_and_a_run_id_keep_their_own_files(tmp_path, tmp
     files = {p.parent.parent.name: json.loads(p.read_text()) for p in (tmp_path / "out").rglob("release.json")}
     assert {name: output["release_key"]["dag_id"] for name, output in files.items()} == {"dag_a": "dag_a",
                                                                                          "dag_b": "dag_b"}
+
+
+def test_outlets_of_the_dag_author_announce_through_the_alias_once(tmp_path, ledger_conn, adult_aggregates):
+    """With outlets of its own the release asset is not a declared outlet: the event goes through the alias."""
+    from airflow.sdk import Asset
+
+    extra_asset = Asset("elsewhere", uri="file:///elsewhere")
+    op = DPReleaseOperator(task_id="release", spec_path=EXAMPLE_SPEC, aggregates_task_id="compute_aggregates",
+                           output_uri=f"file://{tmp_path / 'out'}", ledger_conn_id="dp_ledger_test",
+                           outlets=[extra_asset])
+    context = context_for(FakeTaskInstance(adult_aggregates))
+    op.execute(context)
+    announced = [asset for asset, _ in emitted_events(context, op)]
+    assert sorted(a.name for a in announced) == ["adult_census_statistics", "elsewhere"]
+
+
+def test_a_diagnostics_location_inside_the_published_one_is_refused_before_the_charge(tmp_path, ledger_conn,
+                                                                                       adult_aggregates):
+    op = DPReleaseOperator(task_id="release", spec_path=EXAMPLE_SPEC, aggregates_task_id="compute_aggregates",
+                           output_uri=f"file://{tmp_path / 'out'}", diagnostics_uri=f"file://{tmp_path / 'out' / 'd'}",
+                           ledger_conn_id="dp_ledger_test")
+    with pytest.raises(AirflowFailException, match="must never sit beside published files"):
+        op.execute(context_for(FakeTaskInstance(adult_aggregates)))
+    assert list(ledger_conn.charges()) == []
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.json"))

@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import sqlite3
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -34,6 +32,8 @@ from dp_operators.release.inputs import prepare_inputs
 from dp_operators.release.plan import plan_release
 from dp_operators.spec import parse_spec
 
+from airflow_fakes import FakeTaskInstance as PlainTaskInstance
+from airflow_fakes import NoXComTaskInstance, context_for
 from support import SPEND_KEY, make_ledger
 
 DAG = "review_dp_sources"
@@ -128,28 +128,8 @@ def test_a_float_sum_printed_to_csv_keeps_the_planned_sensitivity(tmp_path):
 
 # -- 2. a refusal that depends on a value cell ----------------------------------------------------------------------
 
-@dataclass
-class FakeTaskInstance:
-    run_id: str
-    dag_id: str = DAG
-    task_id: str = "release"
-    map_index: int = -1
-    try_number: int = 1
-    pushed: dict = field(default_factory=dict)
-
-    def xcom_pull(self, *args, **kwargs):
-        raise AssertionError("the release reads its aggregates_uri, not XCom")
-
-    def xcom_push(self, key, value):
-        self.pushed[key] = value
-
-
-class AliasEvents:
-    def __init__(self):
-        self.added = []
-
-    def add(self, asset, extra=None):
-        self.added.append((asset, extra or {}))
+def FakeTaskInstance(**fields) -> NoXComTaskInstance:  # noqa: N802 - the release reads its aggregates_uri
+    return NoXComTaskInstance(**{"dag_id": DAG, **fields})
 
 
 def test_whether_a_csv_release_runs_does_not_depend_on_a_data_value(tmp_path, monkeypatch, capsys):
@@ -179,7 +159,7 @@ def test_whether_a_csv_release_runs_does_not_depend_on_a_data_value(tmp_path, mo
         )
         ti = FakeTaskInstance(run_id=f"manual__{name.replace(' ', '_')}")
         try:
-            operator.execute({"ti": ti, "outlet_events": defaultdict(AliasEvents)})
+            operator.execute(context_for(ti))
             outcomes[name] = "released"
         except AirflowFailException as error:
             assert "N/A" not in str(error) and "40" not in str(error)  # no value is echoed (holds today)
@@ -271,14 +251,12 @@ def test_a_count_returned_as_a_string_is_not_echoed_in_the_task_error(tmp_path, 
         {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{tmp_path / 'ledger.db'}",
                                              "audit_key": SPEND_KEY.text}}))
 
-    class Upstream(FakeTaskInstance):
-        def xcom_pull(self, *args, **kwargs):
-            return {"women": "8675309.25"}  # the true sum/count, stringified for XCom
+    upstream = {"women": "8675309.25"}  # the true sum/count, stringified for XCom
 
     operator = DPReleaseOperator(task_id="release", spec_path=spec_path, aggregates_task_id="compute",
                                  ledger_conn_id="review_ledger")
     with pytest.raises(Exception) as failed:
-        operator.execute({"ti": Upstream(run_id="manual__1"), "outlet_events": defaultdict(AliasEvents)})
+        operator.execute(context_for(PlainTaskInstance(upstream, run_id="manual__1", dag_id=DAG)))
     seen = str(failed.value) + capsys.readouterr().out
     assert "8675309" not in seen, f"the true value is in the task error: {failed.value}"
 

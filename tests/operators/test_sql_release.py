@@ -8,8 +8,6 @@ import importlib.util
 import json
 import logging
 import sqlite3
-from collections import defaultdict
-from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
@@ -27,6 +25,7 @@ from dp_operators.release.inputs import prepare_inputs
 
 from ledger_backends import pg_database  # noqa: F401 - the PostgreSQL fixture (skips, or fails in CI, without PG)
 from source_tables import adult_table, assert_same_inputs, hours_per_day_by_sex, hours_spec
+from airflow_fakes import NoXComTaskInstance, context_for
 from support import EXAMPLE_SPEC, REPO, SPEND_KEY, make_ledger
 
 DAG_ID = "adult_sql_release"
@@ -200,34 +199,9 @@ def test_columns_match_case_insensitively_and_text_values_are_refused_by_the_eng
 # --- the operator ----------------------------------------------------------------------------------------------
 
 
-@dataclass
-class FakeTaskInstance:
-    """The slice of Airflow's RuntimeTaskInstance the operator uses; pulling XCom fails the test."""
+def FakeTaskInstance(**fields) -> NoXComTaskInstance:  # noqa: N802 - DPSQLReleaseOperator must not read XCom
+    return NoXComTaskInstance(**{"dag_id": DAG_ID, **fields})
 
-    run_id: str = "manual__2026-11-29T10:00:00+00:00"
-    dag_id: str = DAG_ID
-    task_id: str = "release"
-    map_index: int = -1
-    try_number: int = 1
-    pushed: dict = field(default_factory=dict)
-
-    def xcom_pull(self, *args, **kwargs):
-        raise AssertionError("DPSQLReleaseOperator must not read XCom")
-
-    def xcom_push(self, key, value):
-        self.pushed[key] = value
-
-
-class AliasEvents:
-    def __init__(self):
-        self.added = []
-
-    def add(self, asset, extra=None):
-        self.added.append((asset, extra or {}))
-
-
-def context_for(ti) -> dict:
-    return {"ti": ti, "outlet_events": defaultdict(AliasEvents)}
 
 
 @pytest.fixture
