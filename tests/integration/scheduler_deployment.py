@@ -34,7 +34,7 @@ PUBLISH_RUN = "publish_fails_once"
 #: release name of each DAG's spec, the name of its asset (``default_asset``)
 RELEASES = {RACE_DAG: "it_people_by_sex", KILLED_DAG: "it_people_by_sex_retried",
             PUBLISH_DAG: "it_people_by_sex_republished"}
-LEASE_SECONDS = 20  # the stalled try's ledger lease
+LEASE_SECONDS = 30  # the stalled try's ledger lease (a loaded machine starts try 2 ~20 s after the kill)
 HEARTBEAT_TIMEOUT = 20  # [scheduler] task_instance_heartbeat_timeout
 #: what the operator logs when the release key was already committed
 REPLAYED = "already committed for this task instance: replaying it"
