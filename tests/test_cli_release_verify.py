@@ -339,3 +339,14 @@ def test_a_missing_or_empty_path_is_an_error(published, tmp_path):
     (tmp_path / "empty").mkdir()
     empty = verify(published, tmp_path / "empty")
     assert empty.exit_code == 1 and "no release files" in empty.stderr
+
+
+def test_releases_of_an_operator_expanded_over_output_uri_verify_from_their_parent(published, tmp_path):
+    """`.partial(...).expand(output_uri=[out/a, out/b])` publishes under two roots; verifying `out` holds each file
+    to the deepest root above it, so correct files are not reported as misplaced."""
+    parent = tmp_path / "expanded"
+    for name in ("a", "b"):
+        shutil.copytree(published.root, parent / name)
+    result = verify(published, parent, "--json")
+    assert result.exit_code == 0, result.stdout
+    assert {v["verdict"] for v in verdicts(result).values()} == {"matches"}

@@ -161,6 +161,9 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                 "aggregates or a reference to them) and aggregates_uri (files holding them)"
             )
         self.output_formats = check_formats(output_formats)
+        for name, location in (("output_uri", output_uri), ("diagnostics_uri", diagnostics_uri)):
+            if location and "{{" not in location:  # a template is checked once rendered, in execute
+                check_location(name, location)
         self.release_asset = asset or default_asset(self.release_spec.release)
         self.release_alias = RELEASE_ALIAS
         kwargs["outlets"] = release_outlets(kwargs.get("outlets"), self.release_asset)
@@ -300,9 +303,21 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         Raises:
             AirflowFailException: a location that cannot hold this release's files (no retry fixes it).
         """
+        if key.run_id.startswith(TEMPORARY_RUN_PREFIX):
+            raise AirflowFailException(
+                f"run {key.run_id!r} is the temporary run `airflow tasks test` makes when the run id it is given does "
+                "not exist; a release is made only for a real DAG run (a replay needs the run id of the run that "
+                "released: `airflow dags list-runs <dag_id>`). Nothing was charged"
+            )
+        if key.run_id in (".", ".."):
+            raise AirflowFailException(
+                f"run id {key.run_id!r} cannot be released: Airflow's API cannot address this run's XComs, so the task "
+                "would fail after its charge; trigger the run with another run id. Nothing was charged"
+            )
         try:
-            for base in (self.output_uri, self.diagnostics_uri):
+            for name, base in (("output_uri", self.output_uri), ("diagnostics_uri", self.diagnostics_uri)):
                 if base:
+                    check_location(name, base)
                     check_publishable(base, key)
             if self.output_uri and self.diagnostics_uri and _inside(self.diagnostics_uri, self.output_uri):
                 raise ValueError(
@@ -389,6 +404,24 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
 def default_asset(release: str) -> Asset:
     """The asset announcing ``release``: ``dp-release://<release>``, independent of the budget account."""
     return Asset(name=release, uri=f"dp-release://{release}")
+
+
+#: The run ids ``airflow tasks test`` invents for a run id that does not exist (``task_command._get_ti``).
+TEMPORARY_RUN_PREFIX = "__airflow_temporary_run_"
+
+
+def check_location(name: str, uri: str) -> None:
+    """Refuse a location that is neither a URI with a scheme (``file://``, ``s3://``...) nor an absolute path: a
+    relative path would be written relative to whichever directory the worker runs in.
+
+    Raises:
+        ValueError: naming the argument and how to fix it.
+    """
+    if "://" not in uri and not uri.startswith("/"):
+        raise ValueError(
+            f"{name} {uri!r} is a relative path; give a URI (file:///srv/releases, s3://bucket/releases) or an "
+            "absolute path"
+        )
 
 
 def _inside(inner: str, outer: str) -> bool:

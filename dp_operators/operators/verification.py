@@ -11,8 +11,9 @@ unseen. :func:`verify_published` compares every release file under a folder with
   which :func:`~.sinks.write_files` leaves in place) it holds the same table, which the verdict says;
 * the path is the one :mod:`~dp_operators.operators.locations` gives the key under the output root, so a file copied
   into another DAG's, run's or release's folder is caught. The root is given, or inferred: a folder ``B`` is an
-  output root when a release JSON lies at ``B/<its own release, encoded>/<dag>/<run>/<file>``; every file under the
-  outermost such ``B`` is then held to the layout. A file under no known root has its path unchecked (said so).
+  output root when a release JSON lies at ``B/<its own release, encoded>/<dag>/<run>/<file>``; every file is then
+  held to the layout under the innermost such ``B`` above it (so folders of an operator expanded over ``output_uri``
+  verify together from their parent; give ``--output-uri`` to hold every file to one root). A file under no known root has its path unchecked (said so).
 
 The release key of ``<stem>.*`` is the JSON's ``release_key``; without a readable JSON, the one its path encodes
 (under a known root). Diagnostics reports (``<stem>~diagnostics.json``) hold true aggregates: they are skipped,
@@ -191,7 +192,7 @@ def _json_key(group: list[ObjectStoragePath], contents: Mapping[str, bytes | OSE
 
 def _inferred_roots(groups: Mapping[tuple[str, str], list[ObjectStoragePath]],
                     json_keys: Mapping[tuple[str, str], tuple[ReleaseKey | None, str | None]]) -> list[str]:
-    """Output roots: ``B`` for each JSON at ``B/<its release, encoded>/<dag>/<run>/<file>``, outermost first."""
+    """Output roots: ``B`` for each JSON at ``B/<its release, encoded>/<dag>/<run>/<file>``, innermost first."""
     roots = set()
     for group_id, group in groups.items():
         key = json_keys[group_id][0]
@@ -200,8 +201,9 @@ def _inferred_roots(groups: Mapping[tuple[str, str], list[ObjectStoragePath]],
         release_folder = group[0].parent.parent.parent
         if release_folder.name == encode_component(key.release_name) and release_folder.parent != release_folder:
             roots.add(str(release_folder.parent).rstrip("/"))
-    outermost = [r for r in roots if not any(r.startswith(other + "/") for other in roots)]
-    return sorted(outermost, key=len)
+    # innermost first: each file is held to the deepest root above it, so releases published to several output
+    # folders under one parent (an operator expanded over output_uri) verify together
+    return sorted(roots, key=len, reverse=True)
 
 
 def _path_key(path: ObjectStoragePath, root: str | None) -> ReleaseKey | None:

@@ -175,7 +175,11 @@ def _read_aggregate(
     needed = aggregate.group_by + components + ([units_field] if units_field not in (None, "count") else [])
     if grouped:
         if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
-            refuse(None, None, f"expected a list of rows with columns {needed}, got {type(raw).__name__}")
+            hint = (
+                "; convert it with .reset_index().to_dict('records'), or better write it to Parquet and return its URI "
+                "(a NaN cannot pass through XCom)" if type(raw).__name__ == "DataFrame" else ""
+            )
+            refuse(None, None, f"expected a list of rows with columns {needed}, got {type(raw).__name__}{hint}")
             return
         rows = raw
     elif len(components) > 1:

@@ -387,3 +387,20 @@ def test_a_diagnostics_location_inside_the_published_one_is_refused_before_the_c
         op.execute(context_for(FakeTaskInstance(adult_aggregates)))
     assert list(ledger_conn.charges()) == []
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.json"))
+
+
+def test_the_temporary_run_of_tasks_test_is_refused_before_the_charge(tmp_path, ledger_conn, adult_aggregates):
+    """`airflow tasks test DAG release <mistyped run id>` runs the task in `__airflow_temporary_run_<now>__`: each
+    call would be a new release, charged; a replay needs the real run's id."""
+    ti = FakeTaskInstance(adult_aggregates, run_id="__airflow_temporary_run_2026-11-30T16:00:00+00:00__")
+    with pytest.raises(AirflowFailException, match="temporary run `airflow tasks test` makes"):
+        operator(tmp_path).execute(context_for(ti))
+    with pytest.raises(AirflowFailException, match="cannot be released"):
+        operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, run_id=".")))
+    assert list(ledger_conn.charges()) == []
+
+
+@pytest.mark.parametrize("location", ["relout", "releases/adult", "./out"])
+def test_a_relative_output_location_is_refused_at_construction(tmp_path, location):
+    with pytest.raises(ValueError, match="is a relative path; give a URI"):
+        DPReleaseOperator(task_id="release", spec_path=EXAMPLE_SPEC, aggregates_task_id="x", output_uri=location)
