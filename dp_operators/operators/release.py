@@ -7,14 +7,13 @@ committed (:mod:`~dp_operators.operators.sinks`, :mod:`~dp_operators.operators.l
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, AssetAlias, BaseOperator, ObjectStoragePath
+from airflow.sdk import Asset, BaseOperator, ObjectStoragePath
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -27,6 +26,13 @@ from dp_operators.release import (
     ReleaseConfigError,
     ReleaseInputError,
     run_release,
+)
+from dp_operators.operators.assets import (
+    RELEASE_ALIAS,
+    announce,
+    announced_before,
+    default_asset,
+    release_outlets,
 )
 from dp_operators.operators.gate import load_planned_spec
 from dp_operators.operators.lineage import ReleaseLineageMixin
@@ -61,18 +67,6 @@ class PublishedRelease:
     replayed: bool
     locations: dict[str, str] = field(default_factory=dict)
     sql_table: str | None = None
-
-
-#: The alias every release operator declares beside its asset, through which it announces when its asset is not a
-#: declared outlet (a spec expanded at run time, outlets given by the DAG author); ADR 0021. One alias for all
-#: releases. Schedule consumers on the release's asset, not on this alias (which carries every release's events).
-RELEASE_ALIAS = AssetAlias(name="dp-release")
-
-#: How far before a release's ``released_at`` (worker clock) a replay looks for its earlier asset event (API
-#: server clock): tolerates that much clock skew between workers and the API server.
-CLOCK_MARGIN = dt.timedelta(hours=1)
-#: Asset events read per request when a replay looks for its earlier announcement.
-ANNOUNCEMENT_PAGE = 100
 
 
 class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
@@ -246,55 +240,8 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         if result.replayed:
             self.log.info("release %s already committed for this task instance: replaying it, nothing charged", key)
         self.published = self._publish(output, key, result.replayed, ti)
-        self._announce(context, key, output, announce=not result.replayed or not self._announced(context, key, output))
+        announce(self, context, output, emit=not result.replayed or not announced_before(self, context, key, output))
         return output
-
-    def _announce(self, context: Context, key: ReleaseKey, output: dict[str, Any], *, announce: bool) -> None:
-        """Emit the release's one asset event, or none (ADR 0021). When the asset is a declared outlet (registered
-        at parse time), Airflow emits its event at the task's success: set its ``extra``, or, to stay silent, drop
-        it from this instance's outlets (Airflow builds the event list from the running task's outlets). Otherwise
-        (an outlet list of the DAG author's, a spec expanded at run time) add the event through the alias."""
-        extra = {
-            "release": output["release"],
-            "release_key": output["release_key"],
-            "budget_account": output["budget_account"],
-            "charge": output["charge"],
-            "location": self.published.locations.get("json") if self.published else None,
-        }
-        if self.release_asset in (self.outlets or []):
-            if announce:
-                context["outlet_events"][self.release_asset].extra = extra
-            else:
-                self.outlets = [outlet for outlet in self.outlets if outlet != self.release_asset]
-        elif announce:
-            context["outlet_events"][self.release_alias].add(self.release_asset, extra=extra)
-
-    def _announced(self, context: Context, key: ReleaseKey, output: dict[str, Any]) -> bool:
-        """Whether an earlier try of this task instance already announced the committed release: an event of the
-        release's asset (read through the inlet the operator declares) from this dag run, task and map index. A
-        replay after a successful try (a cleared task) finds it and stays silent; a replay after a try that died
-        between the commit and its success finds none and announces the release once.
-
-        Events are read oldest first in pages of :data:`ANNOUNCEMENT_PAGE`, from :data:`CLOCK_MARGIN` before the
-        release's ``released_at`` (the worker's clock; the event's timestamp is the API server's), and the search
-        stops at the first match. If Airflow cannot answer, the answer is True: stay silent (logged).
-        """
-        identity = (key.dag_id, key.run_id, key.task_id, key.map_index)
-        try:
-            accessor = context["inlet_events"][self.release_asset]
-            cursor: Any = dt.datetime.fromisoformat(output["released_at"]) - CLOCK_MARGIN
-            while True:
-                page = list(accessor.after(cursor.isoformat()).ascending(True).limit(ANNOUNCEMENT_PAGE))
-                if any((e.source_dag_id, e.source_run_id, e.source_task_id, e.source_map_index) == identity
-                       for e in page):
-                    return True
-                if len(page) < ANNOUNCEMENT_PAGE or page[-1].timestamp <= cursor:
-                    return False
-                cursor = page[-1].timestamp
-        except Exception as error:  # noqa: BLE001 - any failure to ask means: do not announce twice
-            self.log.warning("could not read this release's earlier asset events (%s): this replay announces "
-                             "nothing", type(error).__name__)
-            return True
 
     def _check_sinks(self, key: ReleaseKey) -> None:
         """Refuse, before the ledger is called, what would make publishing fail after the commit: a file name too
@@ -321,8 +268,8 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                     check_publishable(base, key)
             if self.output_uri and self.diagnostics_uri and _inside(self.diagnostics_uri, self.output_uri):
                 raise ValueError(
-                    f"diagnostics_uri {self.diagnostics_uri!r} lies in output_uri {self.output_uri!r}: the report holds "
-                    "exact, data-derived numbers and must never sit beside published files; point it elsewhere"
+                    f"diagnostics_uri {self.diagnostics_uri!r} lies in output_uri {self.output_uri!r}: the report "
+                    "holds exact, data-derived numbers and must never sit beside published files; point it elsewhere"
                 )
         except ValueError as error:
             raise AirflowFailException(f"release {key.release_name!r} cannot be published: {error}") from None
@@ -401,11 +348,6 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         return write
 
 
-def default_asset(release: str) -> Asset:
-    """The asset announcing ``release``: ``dp-release://<release>``, independent of the budget account."""
-    return Asset(name=release, uri=f"dp-release://{release}")
-
-
 #: The run ids ``airflow tasks test`` invents for a run id that does not exist (``task_command._get_ti``).
 TEMPORARY_RUN_PREFIX = "__airflow_temporary_run_"
 
@@ -431,16 +373,6 @@ def _inside(inner: str, outer: str) -> bool:
     return inner_text == outer_text or inner_text.startswith(outer_text + "/")
 
 
-def release_outlets(outlets: Any, asset: Asset | None) -> list[Any]:
-    """The outlets of a release operator: the DAG author's ``outlets`` if given (plus :data:`RELEASE_ALIAS`, so
-    they never silence a new release), else the release's ``asset`` (registered when the DAG is parsed) and the
-    alias."""
-    if outlets is not None:
-        declared = list(outlets)
-        return declared if RELEASE_ALIAS in declared else [*declared, RELEASE_ALIAS]
-    return [outlet for outlet in (asset, RELEASE_ALIAS) if outlet is not None]
-
-
 def lease_held_message(key: ReleaseKey, error: LeaseHeldError) -> str:
     """The retryable task error for :class:`LeaseHeldError`: which try holds the lease, until when (UTC), and what
     Airflow's retry will do. Public parameters only."""
@@ -464,4 +396,6 @@ def _audit_context(context: Context) -> dict[str, Any]:
     return {name: str(value) for name, value in audit.items() if value is not None}
 
 
-__all__ = ["RELEASE_ALIAS", "DPReleaseOperator", "PublishedRelease", "lease_held_message", "release_csv"]
+__all__ = [
+    "RELEASE_ALIAS", "DPReleaseOperator", "PublishedRelease", "default_asset", "lease_held_message", "release_csv",
+]

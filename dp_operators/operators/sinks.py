@@ -6,9 +6,10 @@ committed, returned unchanged by every replay. Nothing else reaches a sink, so a
 A sink is a function of that dict alone: a replay (a retry, or a rerun of the task instance) rewrites identical
 content, byte for byte in files, row for row in the table.
 
-The flat table of a release, :func:`release_rows` (:mod:`dp_operators.operators.flat_rows`), is the one shape the CSV, the Parquet file and the SQL table
-share: one row per released value (a grouped aggregate gives one row per released key; an ungrouped one, one row),
-aggregates sorted by name, rows in the output's order (the engine's key order).
+The flat table of a release, :func:`release_rows` (:mod:`dp_operators.operators.flat_rows`), is the one shape the
+CSV, the Parquet file and the SQL table share: one row per released value (a grouped aggregate gives one row per
+released key; an ungrouped one, one row), aggregates sorted by name, rows in the output's order (the engine's key
+order).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ unseen. :func:`verify_published` compares every release file under a folder with
   into another DAG's, run's or release's folder is caught. The root is given, or inferred: a folder ``B`` is an
   output root when a release JSON lies at ``B/<its own release, encoded>/<dag>/<run>/<file>``; every file is then
   held to the layout under the innermost such ``B`` above it (so folders of an operator expanded over ``output_uri``
-  verify together from their parent; give ``--output-uri`` to hold every file to one root). A file under no known root has its path unchecked (said so).
+  verify together from their parent; give ``--output-uri`` to hold every file to one root). A file under no known
+  root has its path unchecked (said so).
 
 The release key of ``<stem>.*`` is the JSON's ``release_key``; without a readable JSON, the one its path encodes
 (under a known root). Diagnostics reports (``<stem>~diagnostics.json``) hold true aggregates: they are skipped,
@@ -142,7 +143,8 @@ def verify_published(
         for path in group:
             problem = _path_problem(path, key, root, given=bool(output_uri))
             verdicts.append(_verdict(
-                path, contents.pop(str(path), None) or _read(path), key, outputs.get(key) if key else None, json_problem, problem,
+                path, contents.pop(str(path), None) or _read(path), key, outputs.get(key) if key else None,
+                json_problem, problem,
                 path_checked=root is not None or problem is not None,
             ))
     return sorted(verdicts, key=lambda v: v.file)
