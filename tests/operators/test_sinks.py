@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -41,8 +40,8 @@ from dp_operators.operators.sinks import (
 from dp_operators.release import run_release
 from dp_operators.spec import ReleaseSpec, load_spec_with_hash
 
-from ledger_backends import PG_URL
 from support import EXAMPLE_SPEC, REPO, make_ledger
+from sql_targets import database_target
 
 DAG = "adult_census_release"
 
@@ -265,36 +264,8 @@ def test_a_stem_that_is_not_one_file_name_is_refused(tmp_path, output, stem):
 
 @pytest.fixture(params=[pytest.param("sqlite", id="sqlite"), pytest.param("postgresql", id="postgresql")])
 def sql_target(request, tmp_path, monkeypatch):
-    """``(conn_id, table, engine)`` on each backend: an Airflow connection set through ``AIRFLOW_CONN_...``, a
-    table name not yet used, and an engine to read it. PostgreSQL: the local test database, the table dropped
-    after; skipped with the reason when the server is down (failed when ``CI`` is set)."""
-    table = f"dp_release_rows_{uuid.uuid4().hex[:10]}"
-    if request.param == "sqlite":
-        path = tmp_path / "releases.db"
-        monkeypatch.setenv("AIRFLOW_CONN_DP_SINK_TEST", json.dumps({"conn_type": "sqlite", "host": str(path)}))
-        engine = sa.create_engine(f"sqlite:///{path}")
-        yield "dp_sink_test", table, engine
-        engine.dispose()
-        return
-    url = sa.make_url(PG_URL)
-    engine = sa.create_engine(url, connect_args={"connect_timeout": 3})
-    try:
-        with engine.connect():
-            pass
-    except sa.exc.OperationalError as error:
-        engine.dispose()
-        reason = f"PostgreSQL not reachable at {url.render_as_string()}: {str(error.orig).strip()[:200]}"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set: the PostgreSQL sink tests must run)")
-        pytest.skip(reason)
-    monkeypatch.setenv("AIRFLOW_CONN_DP_SINK_TEST", json.dumps({
-        "conn_type": "postgres", "host": url.host, "port": url.port or 5432, "login": url.username,
-        "password": url.password, "schema": url.database}))
-    table = f"public.{table}"  # schema-qualified on PostgreSQL
-    yield "dp_sink_test", table, engine
-    with engine.begin() as conn:
-        sql_release_table(table).drop(conn, checkfirst=True)
-    engine.dispose()
+    """``(conn_id, table, engine)`` on each backend (tests/sql_targets.py)."""
+    yield from database_target(request.param, tmp_path, monkeypatch, "dp_sink_test")
 
 
 def stored(engine: sa.Engine, table: str, run_id: str | None = None) -> list[dict]:

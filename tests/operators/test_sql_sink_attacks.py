@@ -6,7 +6,6 @@ charge*, on every retry. It is now a JSON object. Each test failed against the c
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from pathlib import Path
 
@@ -20,9 +19,9 @@ from dp_operators.operators.sinks import SQLTableSink, release_csv, sql_release_
 from dp_operators.release import run_release
 from dp_operators.spec import load_spec_with_hash
 
-from ledger_backends import PG_URL
 from airflow_fakes import FakeTaskInstance, context_for
 from support import SPEND_KEY, make_ledger
+from sql_targets import database_target
 
 DAG = "review_dag"
 ACCOUNT = "review_account"
@@ -84,33 +83,8 @@ ALIKE = [
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def sink_target(request, tmp_path, monkeypatch):
-    """(conn_id, table, engine) on SQLite and on the local PostgreSQL (table dropped after)."""
-    table = f"review_rows_{uuid.uuid4().hex[:10]}"
-    if request.param == "sqlite":
-        path = tmp_path / "sink.db"
-        monkeypatch.setenv("AIRFLOW_CONN_REVIEW_SINK", json.dumps({"conn_type": "sqlite", "host": str(path)}))
-        engine = sa.create_engine(f"sqlite:///{path}")
-        yield "review_sink", table, engine
-        engine.dispose()
-        return
-    url = sa.make_url(PG_URL)
-    engine = sa.create_engine(url, connect_args={"connect_timeout": 3})
-    try:
-        with engine.connect():
-            pass
-    except sa.exc.OperationalError as error:
-        engine.dispose()
-        if os.environ.get("CI"):
-            pytest.fail(f"PostgreSQL not reachable: {error}")
-        pytest.skip(f"PostgreSQL not reachable: {error}")
-    monkeypatch.setenv("AIRFLOW_CONN_REVIEW_SINK", json.dumps({
-        "conn_type": "postgres", "host": url.host, "port": url.port or 5432, "login": url.username,
-        "password": url.password, "schema": url.database}))
-    table = f"public.{table}"
-    yield "review_sink", table, engine
-    with engine.begin() as conn:
-        sql_release_table(table).drop(conn, checkfirst=True)
-    engine.dispose()
+    """(conn_id, table, engine) on SQLite and on the local PostgreSQL (tests/sql_targets.py)."""
+    yield from database_target(request.param, tmp_path, monkeypatch, "review_sink")
 
 
 @pytest.mark.parametrize("keys", ALIKE)

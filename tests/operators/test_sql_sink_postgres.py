@@ -3,8 +3,6 @@ reservation, and what still fails after the commit."""
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import uuid
 from pathlib import Path
@@ -17,8 +15,8 @@ from dp_operators.operators.sinks import SQLTableSink, sql_release_table
 from dp_operators.release import run_release
 from dp_operators.spec import SpecError, load_spec_with_hash
 
-from ledger_backends import PG_URL
 from support import make_ledger
+from sql_targets import database_target
 
 DAG = "review2_dag"
 ACCOUNT = "review2_account"
@@ -41,25 +39,9 @@ aggregates:
 
 
 @pytest.fixture
-def pg_sink(monkeypatch):
-    url = sa.make_url(PG_URL)
-    engine = sa.create_engine(url, connect_args={"connect_timeout": 3})
-    try:
-        with engine.connect():
-            pass
-    except sa.exc.OperationalError as error:
-        engine.dispose()
-        if os.environ.get("CI"):
-            pytest.fail(f"PostgreSQL not reachable: {error}")
-        pytest.skip(f"PostgreSQL not reachable: {error}")
-    monkeypatch.setenv("AIRFLOW_CONN_REVIEW2_PG", json.dumps({
-        "conn_type": "postgres", "host": url.host, "port": url.port or 5432, "login": url.username,
-        "password": url.password, "schema": url.database}))
-    table = f"public.review2_{uuid.uuid4().hex[:10]}"
-    yield "review2_pg", table, engine
-    with engine.begin() as conn:
-        sql_release_table(table).drop(conn, checkfirst=True)
-    engine.dispose()
+def pg_sink(tmp_path, monkeypatch):
+    """``(conn_id, table, engine)`` on the local PostgreSQL (tests/sql_targets.py)."""
+    yield from database_target("postgresql", tmp_path, monkeypatch, "review2_pg")
 
 
 def test_concurrent_first_releases_all_pass_the_sink_check(pg_sink):

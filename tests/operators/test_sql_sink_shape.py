@@ -13,7 +13,6 @@ local PostgreSQL.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import uuid
 from pathlib import Path
@@ -30,8 +29,8 @@ from dp_operators.release import run_release
 from dp_operators.spec import load_spec_with_hash
 
 from airflow_fakes import FakeTaskInstance, context_for
-from ledger_backends import PG_URL
 from support import SPEND_KEY, make_ledger
+from sql_targets import database_target
 
 DAG = "shape_dag"
 ACCOUNT = "shape_account"
@@ -56,34 +55,8 @@ aggregates:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def target(request, tmp_path, monkeypatch):
-    """``(conn_id, table, engine)``: an Airflow connection, a table name not yet used, an engine to look at it.
-    PostgreSQL: the local test database (skipped when down, failed when ``CI`` is set), the table dropped after."""
-    name = f"shape_rows_{uuid.uuid4().hex[:10]}"
-    if request.param == "sqlite":
-        path = tmp_path / "sink.db"
-        monkeypatch.setenv("AIRFLOW_CONN_SHAPE_SINK", json.dumps({"conn_type": "sqlite", "host": str(path)}))
-        engine = sa.create_engine(f"sqlite:///{path}")
-        yield "shape_sink", name, engine
-        engine.dispose()
-        return
-    url = sa.make_url(PG_URL)
-    engine = sa.create_engine(url, connect_args={"connect_timeout": 3})
-    try:
-        with engine.connect():
-            pass
-    except sa.exc.OperationalError as error:
-        engine.dispose()
-        if os.environ.get("CI"):
-            pytest.fail(f"PostgreSQL not reachable: {error}")
-        pytest.skip(f"PostgreSQL not reachable: {error}")
-    monkeypatch.setenv("AIRFLOW_CONN_SHAPE_SINK", json.dumps({
-        "conn_type": "postgres", "host": url.host, "port": url.port or 5432, "login": url.username,
-        "password": url.password, "schema": url.database}))
-    name = f"public.{name}"
-    yield "shape_sink", name, engine
-    with engine.begin() as conn:
-        sql_release_table(name).drop(conn, checkfirst=True)
-    engine.dispose()
+    """``(conn_id, table, engine)`` on SQLite and on the local PostgreSQL (tests/sql_targets.py)."""
+    yield from database_target(request.param, tmp_path, monkeypatch, "shape_sink")
 
 
 def release(tmp_path: Path, pages: list[str], run_id: str = "r1") -> dict:
