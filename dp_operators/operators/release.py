@@ -86,7 +86,8 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
 
     What the ledger committed is published to XCom (``return_value``), to files under ``output_uri`` and to an
     optional SQL table; a replay (the release key already committed: a retry, a cleared task) publishes the same
-    bytes everywhere and emits no asset event (the outlet is an :class:`~airflow.sdk.AssetAlias`, ADR 0021).
+    bytes everywhere and emits no asset event (it drops its asset from the running task's outlets;
+    :mod:`~dp_operators.operators.assets`, ADR 0021), unless no earlier try of the task instance announced it.
 
     Args:
         spec_path: path of the release spec YAML (absolute, or relative to the working directory).
