@@ -119,3 +119,72 @@ def laplace_floor_table(t: int, s: int, max_len: int) -> list[int]:
         if ok:
             return floors
         guard += 64
+
+
+@lru_cache(maxsize=8)
+def gaussian_prefix_bounds(num: int, den: int, w: int, n_min: int) -> tuple[list[int], list[int], int, int]:
+    """Bounds at 2^w on the discrete Gaussian magnitude sums, sigma2 = num/den.
+
+    With v_i = exp(-i^2 / (2 sigma2)): S_k = 1 + 2 sum_{1<=i<=k} v_i, Z = 1 + 2 sum_{i>=1} v_i (the normaliser of
+    P(X = x) = v_|x| / Z), G(k) = P(|X| <= k) = S_k / Z.
+    Returns (s_lo, s_hi, z_lo, z_hi): lists with s_lo[k] <= 2^w S_k <= s_hi[k] for k = 0..N (N >= n_min, the
+    first index whose tail bound is below N^2 units), and z_lo <= 2^w Z <= z_hi.
+    v_i = v_(i-1) * c^(2i-1), c = exp(-1/(2 sigma2)), is carried with floor (lower) and ceiling (upper) rounding;
+    the tail sum_{i>N} v_i <= v_N * c^(2N+1) / (1 - c^(2N+1)) (the ratios v_(i+1)/v_i = c^(2i+1) decrease).
+    """
+    one = 1 << w
+    c_lo, c_hi = exp_neg_bounds(den, 2 * num, w)
+    c2_lo, c2_hi = (c_lo * c_lo) >> w, _ceil_div(c_hi * c_hi, one)
+    a_lo, a_hi = c_lo, c_hi  # c^(2i-1) for the next i
+    v_lo = v_hi = one
+    s_lo, s_hi = [one], [one]
+    i = 0
+    while True:
+        i += 1
+        v_lo, v_hi = (v_lo * a_lo) >> w, _ceil_div(v_hi * a_hi, one)
+        s_lo.append(s_lo[-1] + 2 * v_lo)
+        s_hi.append(s_hi[-1] + 2 * v_hi)
+        a_lo, a_hi = (a_lo * c2_lo) >> w, _ceil_div(a_hi * c2_hi, one)  # now c^(2i+1)
+        if a_hi < one:
+            tail_hi = _ceil_div(v_hi * a_hi, one - a_hi)
+            # the ceiling rounding keeps v_hi near 1/(1 - c^(2i+1)) units, so the tail bound settles near
+            # (sigma2/i)^2 < i^2 units: stop there, which the guard bits (4 * bitlen(N)) absorb
+            if i >= n_min and tail_hi <= i * i:
+                return s_lo, s_hi, s_lo[-1], s_hi[-1] + 2 * tail_hi
+
+
+def _gaussian_guard(num: int, den: int, p: int, k: int) -> int:
+    # the relative error of v_i grows like i^2 rounding units; i reaches about sigma * sqrt(2 p ln 2) + k
+    from math import isqrt
+
+    n = isqrt(2 * num * p // den + 1) + 1 + k
+    return p + 4 * n.bit_length() + 64
+
+
+def gaussian_cdf_bounds(num: int, den: int, k: int, p: int) -> tuple[int, int]:
+    """(lo, hi) with lo <= 2^p G(k) <= hi, G(k) = P(|X| <= k) for X discrete Gaussian with sigma2 = num/den."""
+    w = _gaussian_guard(num, den, p, k)
+    s_lo, s_hi, z_lo, z_hi = gaussian_prefix_bounds(num, den, w, k)
+    return (s_lo[k] << p) // z_hi, _ceil_div(s_hi[k] << p, z_lo)
+
+
+def gaussian_floor_table(num: int, den: int, max_len: int) -> list[int] | None:
+    """F_k = floor(2^64 G(k)), k = 0..K, K the first k with F_k = 2^64 - 1, each proven by the bounds above
+    (floor of the lower and of the upper bound agree); None if K >= max_len (scale too large for a table)."""
+    extra = 0
+    top = (1 << 64) - 1
+    while True:
+        w = _gaussian_guard(num, den, 64 + extra, 0)
+        s_lo, s_hi, z_lo, z_hi = gaussian_prefix_bounds(num, den, w, 0)
+        floors: list[int] = []
+        for k in range(min(len(s_lo), max_len)):
+            f = (s_lo[k] << 64) // z_hi
+            if f != (s_hi[k] << 64) // z_lo:
+                break
+            floors.append(f)
+            if f == top:
+                return floors
+        else:
+            if len(s_lo) >= max_len:
+                return None
+        extra += 64
