@@ -94,3 +94,20 @@ class NoXComTaskInstance(FakeTaskInstance):
 
     def xcom_pull(self, task_ids=None, key="return_value", map_indexes=None):
         raise AssertionError(f"the operator read XCom ({task_ids!r}, {key!r}); its source is not XCom")
+
+
+def run_tries(operator, ti, tries: int = 3, history: FakeAssetEvents | None = None) -> list[str]:
+    """Execute ``operator`` as Airflow's retries would, up to ``tries`` tries until one succeeds; the outcomes
+    (``"success"`` or the error's type and text)."""
+    from airflow.sdk.exceptions import AirflowException
+
+    outcomes = []
+    for number in range(1, tries + 1):
+        ti.try_number = number
+        try:
+            operator.execute(context_for(ti, history))
+            outcomes.append("success")
+            break
+        except AirflowException as error:
+            outcomes.append(f"{type(error).__name__}: {error}")
+    return outcomes

@@ -21,6 +21,15 @@ class AccountNotFoundError(LedgerError):
 class DagNotAllowedError(LedgerError):
     """The DAG is not in the account's ``allowed_dags``."""
 
+    @classmethod
+    def of(cls, dag_id: str, account: str, allowed: list) -> DagNotAllowedError:
+        """The refusal of ``dag_id`` on ``account`` (whose ``allowed_dags`` is ``allowed``), in the one wording
+        the reservation and the budget gate share."""
+        return cls(
+            f"DAG {dag_id!r} may not spend from budget account {account!r} (allowed: {list(allowed)}); a privacy "
+            "officer adds it to allowed_dags and runs 'dpctl ledger apply'"
+        )
+
 
 class BudgetExhaustedError(LedgerError):
     """The requested charge exceeds the remaining budget.

@@ -268,12 +268,7 @@ class Ledger(LedgerBase):
                     details={"reason": "dag_not_allowed"}, **key_fields,
                 )
                 chain.flush(conn)
-                return Refusal(
-                    DagNotAllowedError(
-                        f"DAG {key.dag_id!r} may not spend from budget account {account!r} (allowed: {allowed}); "
-                        "a privacy officer adds it to allowed_dags and runs 'dpctl ledger apply'"
-                    )
-                )
+                return Refusal(DagNotAllowedError.of(key.dag_id, account, allowed))
             previous = conn.execute(
                 sa.select(schema.charges).where(*key_filter(key)).order_by(schema.charges.c.attempt)
             ).all()

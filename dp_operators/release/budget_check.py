@@ -21,8 +21,8 @@ from typing import Any
 from dp_operators.accounting import round_up
 from dp_operators.ledger import AccountStatus, DagNotAllowedError, ReleaseKey
 from dp_operators.ledger.store import LedgerBase, show
-from dp_operators.release.errors import ReleaseConfigError
 from dp_operators.release.plan import plan_release
+from dp_operators.release.run import check_privacy_unit
 from dp_operators.spec import ReleaseSpec
 
 #: Why a :class:`BudgetCheck` came out as it did.
@@ -134,16 +134,9 @@ def check_budget(
 
 def _check_account(spec: ReleaseSpec, account: AccountStatus, dag_id: str) -> None:
     """The configuration refusals a release would meet on ``account`` (run_release's and reserve's words)."""
-    if account.privacy_unit != spec.privacy_unit:
-        raise ReleaseConfigError(
-            f"the spec protects privacy unit {spec.privacy_unit!r} but budget account {account.name!r} is for "
-            f"{account.privacy_unit!r}; a budget only composes over one privacy unit"
-        )
+    check_privacy_unit(spec, account)
     if dag_id not in account.allowed_dags:
-        raise DagNotAllowedError(
-            f"DAG {dag_id!r} may not spend from budget account {account.name!r} (allowed: "
-            f"{list(account.allowed_dags)}); a privacy officer adds it to allowed_dags and runs 'dpctl ledger apply'"
-        )
+        raise DagNotAllowedError.of(dag_id, account.name, list(account.allowed_dags))
 
 
 def _show(value: Fraction | None) -> str:

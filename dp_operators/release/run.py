@@ -67,6 +67,19 @@ def _warn_if_spec_changed(stored: Mapping[str, Any], spec_hash: str, key: Releas
         )
 
 
+def check_privacy_unit(spec: ReleaseSpec, account: AccountStatus) -> None:
+    """Refuse a spec whose privacy unit is not the account's: a budget only composes over one privacy unit.
+
+    Raises:
+        ReleaseConfigError: naming both units.
+    """
+    if account.privacy_unit != spec.privacy_unit:
+        raise ReleaseConfigError(
+            f"the spec protects privacy unit {spec.privacy_unit!r} but budget account {account.name!r} is for "
+            f"{account.privacy_unit!r}; a budget only composes over one privacy unit"
+        )
+
+
 def draw_noise(
     plan: ReleasePlan, prepared: PreparedInputs, drawn: list[str]
 ) -> tuple[dict[tuple[str, str], list[int]], dict]:
@@ -150,11 +163,7 @@ def run_release(
         return ReleaseResult(output=stored, replayed=True)
 
     account = ledger.account(spec.budget_account)
-    if account.privacy_unit != spec.privacy_unit:
-        raise ReleaseConfigError(
-            f"the spec protects privacy unit {spec.privacy_unit!r} but budget account {account.name!r} is for "
-            f"{account.privacy_unit!r}; a budget only composes over one privacy unit"
-        )
+    check_privacy_unit(spec, account)
     plan = plan_release(spec, accountant=account.accountant)
     charge = plan.charge(account.accountant)
     delta_spent = plan.delta(account.accountant)

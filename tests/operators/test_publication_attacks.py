@@ -15,7 +15,7 @@ from dp_operators.ledger import ReleaseKey
 from dp_operators.operators.locations import release_file
 from dp_operators.operators.release import RELEASE_ALIAS, DPReleaseOperator
 
-from airflow_fakes import FakeAssetEvents, FakeTaskInstance, context_for
+from airflow_fakes import FakeAssetEvents, FakeTaskInstance, context_for, run_tries
 from support import make_ledger
 
 DAG = "review_dag"
@@ -65,20 +65,6 @@ def make_operator(spec: Path, out: str, task_id: str = "release", **kwargs) -> D
         task_id=task_id, spec_path=spec, aggregates_task_id="compute", output_uri=out,
         ledger_conn_id="dp_ledger_review", **kwargs,
     )
-
-
-def run_tries(op: DPReleaseOperator, ti: FakeTI, tries: int = 3) -> list:
-    """Execute like Airflow's retries do: up to ``tries`` tries while the error is retryable; the outcomes."""
-    outcomes = []
-    for number in range(1, tries + 1):
-        ti.try_number = number
-        try:
-            op.execute(context_for(ti))
-            outcomes.append("success")
-            break
-        except AirflowException as error:
-            outcomes.append(f"{type(error).__name__}: {error}")
-    return outcomes
 
 
 def key_of(ti: FakeTI) -> ReleaseKey:
