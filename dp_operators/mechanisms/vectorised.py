@@ -167,7 +167,7 @@ def _magnitudes(table: MagnitudeTable, n: int, words: WordSource) -> np.ndarray:
                 tail_idx.append(np.array([start + j]))
             else:
                 block[j] = k
-    idx = np.concatenate(tail_idx)
+    idx = np.concatenate(tail_idx) if tail_idx else np.zeros(0, dtype=np.intp)  # (none for n = 0)
     if not len(idx):
         return out
     if table.scale >= 1:  # P(M' >= 1) = 1 - tanh(1/(2 scale)) > 0.53: rejection of zeros is cheap

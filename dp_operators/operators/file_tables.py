@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from dp_operators.release.columns import columnar_eligible
 from dp_operators.release.upstream_types import UNPUBLISHABLE, normalise_key
 
 if TYPE_CHECKING:
@@ -176,9 +177,12 @@ def _int_key(text: str) -> int | None:
     return None if key is UNPUBLISHABLE else key  # type: ignore[return-value]
 
 
-def parquet_rows(path: ObjectStoragePath, aggregate: Aggregate, values: list[str], source: str) -> list[dict]:
+def parquet_rows(path: ObjectStoragePath, aggregate: Aggregate, values: list[str], source: str) -> Any:
     """The rows of a Parquet file: ``group_by`` and ``values`` columns, renamed to the spec's names. Every column's
-    type is checked (module docstring) from the file's schema, before any value is read."""
+    type is checked (module docstring) from the file's schema, before any value is read.
+
+    Returns the Arrow table itself (columns renamed) when the engine reads it array-at-a-time
+    (:func:`dp_operators.release.columns.columnar_eligible`: decided by the schema), else a list of row dicts."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -197,6 +201,9 @@ def parquet_rows(path: ObjectStoragePath, aggregate: Aggregate, values: list[str
             table = parquet.read(columns=wanted).select(wanted)
     except (OSError, ValueError, pa.ArrowException) as error:
         raise unreadable(path, "Parquet", error) from None
+    table = table.rename_columns(list(positions))
+    if aggregate.group_by and columnar_eligible(None if aggregate.public_keys else "units", aggregate, table.schema):
+        return table
     columns = [
         _key_values(table.column(i)) if column in aggregate.group_by else table.column(i).to_pylist()
         for i, column in enumerate(positions)  # the spec's names, also after a case-insensitive match

@@ -36,10 +36,17 @@ def release_rows(output: Mapping[str, Any]) -> list[dict[str, Any]]:
 
     Raises:
         KeyError: ``output`` is not a published release (no ``aggregates``, ``confidence``...).
+        ValueError: an aggregate's rows are in a rows file (a release of more than ``inline_rows_limit`` cells):
+            read that Parquet file (``sinks.release_table`` does) instead of building millions of dicts.
     """
     rows = []
     for name in sorted(output["aggregates"]):
         aggregate = output["aggregates"][name]
+        if "rows_file" in aggregate:
+            raise ValueError(
+                f"aggregate {name!r} is stored as a rows file ({aggregate['rows_file']['uri']}), not as rows: only the "
+                "Parquet sink and the JSON header publish it; read the file with pyarrow"
+            )
         group_by = aggregate["group_by"]
         for row in aggregate["rows"] if "rows" in aggregate else [aggregate]:
             lower, upper = published_interval(row)

@@ -37,7 +37,9 @@ from dp_operators.operators.assets import (
 from dp_operators.operators.gate import load_planned_spec
 from dp_operators.operators.lineage import ReleaseLineageMixin
 from dp_operators.operators.locations import check_publishable, diagnostics_file, release_folder, release_stem
-from dp_operators.operators.sinks import SQLTableSink, check_formats, release_csv, write_files
+from dp_operators.operators.sinks import ObjectStorageRowsStore, SQLTableSink, check_formats, release_csv, write_files
+from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, ROWS_SUFFIX
+from dp_operators.release.run import filed_aggregates
 from dp_operators.operators.sources import is_reference, read_reference
 from dp_operators.operators.upstream import describe_missing, pull_return_value
 from dp_operators.spec import load_spec_with_hash
@@ -143,6 +145,7 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         ledger_conn_id: str = DPLedgerHook.default_conn_name,
         asset: Asset | None = None,
         diagnostics_uri: str | None = None,
+        inline_rows_limit: int | None = INLINE_ROWS_LIMIT,
         **kwargs: Any,
     ) -> None:
         self.spec_path = str(spec_path)
@@ -172,6 +175,7 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         self.sql_sink = sql_sink
         self.ledger_conn_id = ledger_conn_id
         self.diagnostics_uri = diagnostics_uri
+        self.inline_rows_limit = inline_rows_limit
         self.published: PublishedRelease | None = None
         #: the reference the upstream task returned, once read (lineage reports it as the input)
         self.aggregates_reference: str | Mapping[str, str] | None = None
@@ -218,6 +222,8 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                 try_number=getattr(ti, "try_number", None),
                 audit=_audit_context(context),
                 diagnostics=self._diagnostics_writer(key) if self.diagnostics_uri else None,
+                rows_store=self._rows_store(key),
+                inline_rows_limit=self.inline_rows_limit,
             )
         except ReleaseAbortedError as error:
             # the original exception's text is not audited for data: it stays out of the task log
@@ -274,6 +280,15 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                 )
         except ValueError as error:
             raise AirflowFailException(f"release {key.release_name!r} cannot be published: {error}") from None
+        filed = filed_aggregates(self.release_spec, self.inline_rows_limit)
+        if filed and (not self.output_uri or "csv" in self.output_formats or self.sql_sink is not None):
+            raise AirflowFailException(
+                f"release {key.release_name!r} cannot be published: aggregate(s) {filed} release more than "
+                f"inline_rows_limit={self.inline_rows_limit} cells, so their rows are stored as Parquet rows files "
+                "under output_uri (the ledger keeps their SHA-256); give an output_uri, publish them as parquet "
+                "(the CSV file and the SQL sink take inline rows only), or raise inline_rows_limit. Nothing was "
+                "charged"
+            )
         if self.sql_sink is not None:
             try:
                 self.sql_sink.prepare()
@@ -282,6 +297,13 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                     f"the SQL sink's database failed before anything was reserved (a retry is safe): "
                     f"{type(error).__name__}"
                 ) from None
+
+    def _rows_store(self, key: ReleaseKey) -> ObjectStorageRowsStore | None:
+        """Where rows files go: ``<output_uri>/<release>/<dag_id>/<run_id>/<stem>.rows/`` (``None`` without an
+        ``output_uri``)."""
+        if not self.output_uri:
+            return None
+        return ObjectStorageRowsStore(release_folder(self.output_uri, key) / f"{release_stem(key)}{ROWS_SUFFIX}")
 
     def read_aggregates(self, context: Context) -> Any:
         """The true aggregates: the upstream task's return value (of this map index), or the files it or

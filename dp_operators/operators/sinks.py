@@ -20,11 +20,12 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dp_operators.operators.flat_rows import COLUMNS, release_rows
+from dp_operators.release import rows_file
 from dp_operators.operators.sql_sink import SQLTableSink, row_digest, sql_release_table
 
 __all__ = [
@@ -67,17 +68,12 @@ def _csv_field(value: Any) -> Any:
 def parquet_schema() -> pa.Schema:
     """The Arrow schema of the Parquet file: :data:`COLUMNS`; ``value``, ``half_width``, ``confidence``, ``lower``
     and ``upper`` as float64 (a count above 2**53 is rounded to the nearest double; the JSON and CSV keep it exact),
-    ``saturated`` as bool; only ``half_width``, ``lower`` and ``upper`` nullable."""
-    import pyarrow as pa
-
-    nullable = {"half_width", "lower", "upper"}
-    types = {"value": pa.float64(), "half_width": pa.float64(), "confidence": pa.float64(), "lower": pa.float64(),
-             "upper": pa.float64(), "saturated": pa.bool_()}
-    return pa.schema([pa.field(c, types.get(c, pa.string()), nullable=c in nullable) for c in COLUMNS])
+    ``saturated`` as bool; only ``half_width``, ``lower`` and ``upper`` nullable (the schema of rows files too:
+    :func:`dp_operators.release.rows_file.parquet_schema`)."""
+    return rows_file.parquet_schema()
 
 
-def release_table(output: Mapping[str, Any]) -> pa.Table:
-    """:func:`release_rows` as an Arrow table with :func:`parquet_schema` (values converted to float)."""
+def _inline_table(output: Mapping[str, Any]) -> pa.Table:
     import pyarrow as pa
 
     floats = ("value", "half_width", "confidence", "lower", "upper")
@@ -86,18 +82,57 @@ def release_table(output: Mapping[str, Any]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=parquet_schema())
 
 
+def _pieces(output: Mapping[str, Any]) -> Iterator[pa.Table]:
+    """The flat table in order (aggregates sorted by name): an inline aggregate as one table, a rows file
+    (:mod:`dp_operators.release.rows_file`) in :data:`~dp_operators.release.rows_file.ROW_GROUP`-row batches, read
+    from its location (its SHA-256 is checked when the release is replayed, and by ``dpctl release verify``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from airflow.sdk import ObjectStoragePath
+
+    for name in sorted(output["aggregates"]):
+        aggregate = output["aggregates"][name]
+        if "rows_file" not in aggregate:
+            yield _inline_table({**output, "aggregates": {name: aggregate}})
+            continue
+        with ObjectStoragePath(aggregate["rows_file"]["uri"]).open("rb") as handle:
+            for batch in pq.ParquetFile(handle).iter_batches(batch_size=rows_file.ROW_GROUP):
+                yield pa.Table.from_batches([batch]).cast(parquet_schema())
+
+
+def release_table(output: Mapping[str, Any]) -> pa.Table:
+    """:func:`release_rows` as an Arrow table with :func:`parquet_schema` (values converted to float); the rows
+    of an aggregate stored as a rows file are read from it."""
+    import pyarrow as pa
+
+    if not rows_file.rows_files(dict(output)):
+        return _inline_table(output)
+    return pa.concat_tables(list(_pieces(output)))
+
+
+def _write_parquet(output: Mapping[str, Any], sink: Any) -> None:
+    import pyarrow.parquet as pq
+
+    if not rows_file.rows_files(dict(output)):
+        pq.write_table(release_table(output), sink, compression="snappy")
+        return
+    with pq.ParquetWriter(sink, parquet_schema(), compression="snappy") as writer:
+        for piece in _pieces(output):
+            writer.write_table(piece)
+
+
 def release_parquet(output: Mapping[str, Any]) -> bytes:
-    """The release as Parquet bytes: :func:`release_table`, one row group, snappy, no pandas index.
+    """The release as Parquet bytes: :func:`release_table`, snappy, no pandas index; one row group, or, with rows
+    files, one per inline aggregate and per batch of a rows file.
 
     Deterministic for a given pyarrow version: the same output gives the same bytes (the writer stores no
     timestamp; its ``created_by`` names the pyarrow version, so another version may write other bytes for the same
     content, which :func:`write_files` then leaves in place).
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     sink = pa.BufferOutputStream()
-    pq.write_table(release_table(output), sink, compression="snappy")
+    _write_parquet(output, sink)
     return sink.getvalue().to_pybytes()
 
 
@@ -163,10 +198,88 @@ def write_files(
             _publish(path, release_json(output).encode("utf-8"))
         elif fmt == "csv":
             _publish(path, release_csv(output).encode("utf-8"))
+        elif rows_file.rows_files(dict(output)):
+            _publish_parquet_stream(path, output)
         else:
             _publish(path, release_parquet(output), same_content=_same_parquet_content(output))
         written[fmt] = path
     return written
+
+
+def _publish_parquet_stream(path: ObjectStoragePath, output: Mapping[str, Any]) -> None:
+    """The Parquet file of a release with rows files, written batch by batch to a local temporary file (memory
+    does not grow with the rows), then published like :func:`_publish` (left alone if it holds these bytes)."""
+    handle = tempfile.NamedTemporaryFile(prefix="dp-release-", suffix=".parquet", delete=False)
+    handle.close()
+    source = Path(handle.name)
+    try:
+        _write_parquet(output, str(source))
+        if path.exists() and path.stat().st_size == source.stat().st_size and _same_file(path, source):
+            log.debug("%s already holds this release; left unchanged", path)
+            return
+        publish_file(path, source)
+    finally:
+        source.unlink(missing_ok=True)
+
+
+def _same_file(path: ObjectStoragePath, source: Path) -> bool:
+    with path.open("rb") as found, source.open("rb") as wanted:
+        while True:
+            a, b = found.read(1 << 22), wanted.read(1 << 22)
+            if a != b:
+                return False
+            if not a:
+                return True
+
+
+def publish_file(path: ObjectStoragePath, source: Path) -> None:
+    """Copy the local file ``source`` to ``path``: on a local filesystem through a temporary sibling renamed over
+    the target (readers never see half a file), on an object store by one upload."""
+    import shutil
+
+    from fsspec.implementations.local import LocalFileSystem
+
+    if not isinstance(path.fs, LocalFileSystem):
+        with source.open("rb") as reader, path.open("wb") as writer:
+            shutil.copyfileobj(reader, writer, 1 << 22)
+        return
+    target = Path(path.path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp", delete=False)
+    try:
+        with handle, source.open("rb") as reader:
+            shutil.copyfileobj(reader, handle, 1 << 22)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(handle.name, 0o644)
+        os.replace(handle.name, target)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+
+
+class ObjectStorageRowsStore:
+    """The :class:`~dp_operators.release.rows_file.RowsStore` of the operator: rows files go to ``folder`` (an
+    ``ObjectStoragePath``: local, s3, gcs...), URIs are its paths as text."""
+
+    def __init__(self, folder: ObjectStoragePath) -> None:
+        self.folder = folder
+
+    def put(self, name: str, source: Path) -> str:
+        target = self.folder / name
+        if not target.exists() or target.stat().st_size != source.stat().st_size or not _same_file(target, source):
+            publish_file(target, source)
+        return str(target)
+
+    def open(self, uri: str) -> Any:
+        from airflow.sdk import ObjectStoragePath
+
+        return ObjectStoragePath(uri).open("rb")
+
+    def owns(self, uri: str) -> bool:
+        from airflow.sdk import ObjectStoragePath
+
+        return str(ObjectStoragePath(uri).parent).rstrip("/") == str(self.folder).rstrip("/")
 
 
 def _publish(path: ObjectStoragePath, data: bytes, same_content: Callable[[bytes], bool] | None = None) -> None:

@@ -54,6 +54,7 @@ from airflow.sdk import ObjectStoragePath
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from dp_operators.operators.file_tables import column_positions, csv_rows, parquet_rows, unreadable
+from dp_operators.release.columns import is_table
 from dp_operators.release.inputs import selection_units_field
 
 if TYPE_CHECKING:
@@ -299,7 +300,7 @@ def _aggregate_value(aggregate: Aggregate, spec: ReleaseSpec, rows: Iterable[dic
     number for a count or sum, ``{"sum", "count", ...}`` for a mean or variance); no row is the empty aggregate
     (module docstring)."""
     if aggregate.group_by:
-        return list(rows)
+        return rows if is_table(rows) else list(rows)  # an Arrow table goes to the engine's columnar reader
     rows = list(rows)
     if len(rows) > 1:  # the number of rows is not echoed
         raise AirflowFailException(

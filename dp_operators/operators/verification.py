@@ -6,6 +6,8 @@ unseen. :func:`verify_published` compares every release file under a folder with
 (:mod:`~dp_operators.operators.sinks`) write for the committed output of its release key:
 
 * ``<stem>.json``: parses, equals the committed output, and its bytes are :func:`~.sinks.release_json` of it;
+  every rows file it names (``<stem>.rows/``, a release of more than ``inline_rows_limit`` cells) holds the bytes
+  whose SHA-256 the ledger recorded;
 * ``<stem>.csv``: its bytes are :func:`~.sinks.release_csv` of it;
 * ``<stem>.parquet``: its bytes are :func:`~.sinks.release_parquet` of it, or (a file another pyarrow version wrote,
   which :func:`~.sinks.write_files` leaves in place) it holds the same table, which the verdict says;
@@ -33,7 +35,15 @@ from airflow.sdk import ObjectStoragePath
 
 from dp_operators.ledger import ReleaseKey
 from dp_operators.operators.locations import SEPARATOR, encode_component, key_of, release_file
-from dp_operators.operators.sinks import FORMATS, release_csv, release_json, release_parquet, release_table
+from dp_operators.operators.sinks import (
+    FORMATS,
+    ObjectStorageRowsStore,
+    release_csv,
+    release_json,
+    release_parquet,
+    release_table,
+)
+from dp_operators.release.rows_file import ROWS_SUFFIX, RowsFileError, check_rows_files
 
 #: Verdicts, from the one that passes to those that do not.
 MATCHES = "matches"
@@ -105,7 +115,8 @@ def release_files(path: ObjectStoragePath) -> list[ObjectStoragePath]:
         return sorted(found or [path], key=str)
     if not path.exists():
         raise FileNotFoundError(str(path))
-    found = [folder / name for folder, _, names in path.walk() for name in names if _is_release_file(name)]
+    found = [folder / name for folder, _, names in path.walk() for name in names
+             if _is_release_file(name) and not folder.name.endswith(ROWS_SUFFIX)]
     return sorted(found, key=str)
 
 
@@ -260,7 +271,7 @@ def _verdict(path: ObjectStoragePath, data: bytes | OSError, key: ReleaseKey | N
         return replace(base, verdict=NOT_IN_LEDGER, problems=tuple(problems))
     notes = []
     if fmt == "json":
-        problems += _json_problems(data, output)
+        problems += _json_problems(data, output, path)
     elif fmt == "csv":
         problems += _csv_problems(data, output)
     else:
@@ -272,9 +283,14 @@ def _verdict(path: ObjectStoragePath, data: bytes | OSError, key: ReleaseKey | N
     return replace(base, verdict=DIFFERS if problems else MATCHES, problems=tuple(problems), notes=tuple(notes))
 
 
-def _json_problems(data: bytes, output: Mapping[str, Any]) -> list[str]:
+def _json_problems(data: bytes, output: Mapping[str, Any], path: ObjectStoragePath | None = None) -> list[str]:
     expected = release_json(output).encode("utf-8")
     if data == expected:
+        if path is not None:  # the rows files it names, beside it, hold the bytes whose SHA-256 it records
+            try:
+                check_rows_files(dict(output), ObjectStorageRowsStore(path.parent / f"{_stem(path.name)}{ROWS_SUFFIX}"))
+            except RowsFileError as error:
+                return [str(error)]
         return []
     where = first_difference(json.loads(data.decode("utf-8")), json.loads(expected))
     if where is not None:
@@ -298,7 +314,11 @@ def _parquet_problems(data: bytes, output: Mapping[str, Any]) -> tuple[list[str]
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    expected = release_parquet(output)
+    try:
+        expected = release_parquet(output)
+    except (pa.ArrowException, OSError) as error:  # a rows file the output names is gone or unreadable
+        return [f"the committed output's rows files cannot be read ({type(error).__name__}): see its JSON's "
+                "verdict"], None
     if data == expected:
         return [], None
     try:

@@ -2,8 +2,9 @@
 
 Modules, in the order of one release: :mod:`.plan` (public plan: mechanisms, scales, charge), :mod:`.inputs`
 (upstream shapes and values onto the grid; :mod:`.upstream_types` says what each upstream type becomes),
-:mod:`.run` (replay, reserve, draw, commit), :mod:`.publish` (the published form). :mod:`.diagnostics` holds the
-opt-in data-quality report (exact, data-derived numbers, never logged). See :mod:`dp_operators.release.run` for
+:mod:`.columns` (Arrow tables read array-at-a-time), :mod:`.run` (replay, reserve, draw, commit), :mod:`.publish`
+(the published form), :mod:`.rows_file` (large releases' rows as Parquet files the ledger records by digest).
+:mod:`.diagnostics` holds the opt-in data-quality report (exact, data-derived numbers, never logged). See :mod:`dp_operators.release.run` for
 the order of steps and the neighbouring relation.
 """
 
@@ -12,13 +13,16 @@ from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError,
 from dp_operators.release.inputs import SATURATION, PreparedInputs, check_aggregates, key_domain, prepare_inputs
 from dp_operators.release.plan import NoiseStep, ReleasePlan, calibrate, component_sensitivity, plan_release
 from dp_operators.release.publish import check_plain_json, publish_aggregate
+from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, LocalRowsStore, RowsFileError, RowsStore
 from dp_operators.release.run import ReleaseResult, draw_noise, run_release
 
 __all__ = [
+    "INLINE_ROWS_LIMIT",
     "SATURATION",
     "AggregateDiagnostics",
     "DiagnosticsReport",
     "InputProblem",
+    "LocalRowsStore",
     "NoiseStep",
     "PreparedInputs",
     "ReleaseAbortedError",
@@ -26,6 +30,8 @@ __all__ = [
     "ReleaseInputError",
     "ReleasePlan",
     "ReleaseResult",
+    "RowsFileError",
+    "RowsStore",
     "calibrate",
     "check_aggregates",
     "check_plain_json",

@@ -13,7 +13,10 @@ from fractions import Fraction
 from itertools import product
 from typing import Any
 
+import numpy as np
+
 from dp_operators.accounting import exact_number
+from dp_operators.release import columns
 from dp_operators.release.diagnostics import AggregateDiagnostics, DiagnosticsReport, InputProblem
 from dp_operators.release.errors import ReleaseInputError
 from dp_operators.release.upstream_types import (
@@ -27,20 +30,21 @@ from dp_operators.release.upstream_types import (
 )
 from dp_operators.spec import Aggregate, ReleaseSpec, load_spec
 
-__all__ = ["SATURATION", "PreparedInputs", "check_aggregates", "key_domain", "prepare_inputs"]
+__all__ = ["SATURATION", "KeyDomain", "PreparedInputs", "check_aggregates", "key_domain", "prepare_inputs"]
 
 
 @dataclass
 class PreparedInputs:
     """True aggregates in grid units, per aggregate and component, in release order. Never leaves the engine.
 
-    ``keys[name]`` is the list of partitions (key tuples of ``str``, ``int`` or ``None``) the vectors are aligned
+    ``values[(name, component)]`` is a numpy int64 array of shape (partitions,): every grid integer lies within
+    +-SATURATION (2^62), so it fits, and a noise value below 2^62 can be added without overflow. ``keys[name]`` is the list of partitions (key tuples of ``str``, ``int`` or ``None``) the vectors are aligned
     with: the public key domain, or under partition selection the keys found in the data (sorted), whose
     ``selection`` vector holds their counts of privacy units.
     """
 
-    values: dict[tuple[str, str], list[int]] = field(default_factory=dict)
-    keys: dict[str, list[tuple]] = field(default_factory=dict)
+    values: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+    keys: dict[str, Sequence[tuple]] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # raw values must not reach logs through a repr
         return f"PreparedInputs(<{len(self.values)} vectors withheld>)"
@@ -50,6 +54,58 @@ def key_domain(aggregate: Aggregate) -> list[tuple]:
     """The public partitions of ``aggregate`` in release order: the product of the key lists (``[()]`` if not
     grouped)."""
     return list(product(*(aggregate.keys[column] for column in aggregate.group_by)))  # type: ignore[index]
+
+
+class KeyDomain(Sequence):
+    """The public partitions of an aggregate in release order (the product of its key lists, last column fastest),
+    held as the key lists only: a 10^7-cell domain costs its column lists, not 10^7 tuples.
+
+    ``domain[i]`` is the key tuple of partition ``i``; :meth:`codes` gives, for an array of partition positions,
+    each column's index into its key list (mixed-radix digits), for array-at-a-time publication.
+    """
+
+    def __init__(self, aggregate: Aggregate) -> None:
+        self.columns = [list(aggregate.keys[column]) for column in aggregate.group_by]  # type: ignore[index]
+        self._sizes = [len(values) for values in self.columns]
+        self._length = math.prod(self._sizes)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._length))]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError(index)
+        digits = []
+        for size in reversed(self._sizes):
+            index, digit = divmod(index, size)
+            digits.append(digit)
+        return tuple(values[d] for values, d in zip(self.columns, reversed(digits)))
+
+    def __iter__(self):
+        return product(*self.columns)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KeyDomain):
+            return self.columns == other.columns
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"KeyDomain({' x '.join(map(str, self._sizes)) or '1'} partitions)"
+
+    def codes(self, positions: np.ndarray) -> list[np.ndarray]:
+        """Per column, the index into its key list of each partition position (int64 arrays)."""
+        digits = []
+        rest = np.asarray(positions, dtype=np.int64)
+        for size in reversed(self._sizes):
+            rest, digit = np.divmod(rest, size)
+            digits.append(digit)
+        return list(reversed(digits))
 
 
 def _on_grid(
@@ -172,6 +228,15 @@ def _read_aggregate(
     components = list(aggregate.components)
     units_field = selection_units_field(spec, aggregate)
     grouped = bool(aggregate.group_by)
+    if columns.is_table(raw):
+        if grouped and columns.columnar_eligible(units_field, aggregate, raw.schema) and not columns.has_nulls(
+            aggregate, raw
+        ):
+            prepared.keys[aggregate.name], vectors = columns.read_table(aggregate, raw, seen, KeyDomain)
+            for component in components:
+                prepared.values[(aggregate.name, component)] = vectors[component]
+            return
+        raw = raw.to_pylist()  # the row-by-row reader: NULL values, floats, decimals, other key types
     needed = aggregate.group_by + components + ([units_field] if units_field not in (None, "count") else [])
     if grouped:
         if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
@@ -243,15 +308,17 @@ def _read_aggregate(
             slot[field_name] += value
     seen.partitions = len(found)
     if aggregate.public_keys:
-        prepared.keys[aggregate.name] = key_domain(aggregate)
+        prepared.keys[aggregate.name] = KeyDomain(aggregate)
         ordered = [_partition_units(aggregate, total, seen) for total in totals.values()]
     else:
         order = sorted(totals, key=lambda k: tuple((type(v).__name__, v) for v in k))
         prepared.keys[aggregate.name] = order
         ordered = [_partition_units(aggregate, totals[k], seen) for k in order]
-        prepared.values[(aggregate.name, "selection")] = [slot["selection"] for slot in ordered]
+        prepared.values[(aggregate.name, "selection")] = np.array([slot["selection"] for slot in ordered],
+                                                                   dtype=np.int64)
     for component in components:
-        prepared.values[(aggregate.name, component)] = [slot[component] for slot in ordered]
+        prepared.values[(aggregate.name, component)] = np.array([slot[component] for slot in ordered],
+                                                                dtype=np.int64)
 
 
 def _read(spec: ReleaseSpec, aggregates: Any, report: DiagnosticsReport, *, strict: bool) -> PreparedInputs:

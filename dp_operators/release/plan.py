@@ -8,9 +8,11 @@ docs/mechanisms.md and docs/adr/0010 to 0013 and 0017; ``auto`` chooses by the c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
+
+import numpy as np
 
 from dp_operators.accounting import (
     GaussianNoise,
@@ -28,7 +30,13 @@ from dp_operators.mechanisms import (
     discrete_laplace_accuracy,
     discrete_laplace_scale,
     discrete_laplace_variance,
+    opendp_gaussian_scale,
+    opendp_laplace_scale,
+    sample_discrete_gaussian_array,
+    sample_discrete_gaussian_opendp,
     sample_discrete_gaussian_vector,
+    sample_discrete_laplace_array,
+    sample_discrete_laplace_opendp,
     sample_discrete_laplace_vector,
 )
 from dp_operators.mechanisms.calibration import (
@@ -42,6 +50,7 @@ from dp_operators.release.errors import ReleaseConfigError
 from dp_operators.release.float_sums import ComponentBound, check_component, component_bound
 from dp_operators.release.upstream_types import SATURATION
 from dp_operators.spec import Aggregate, Budget, ReleaseSpec
+from dp_operators.spec.models import SAMPLERS
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,11 @@ class NoiseStep:
             that comparison costs.
         declared_l0: the spec's ``max_partitions_contributed``; ``l0`` is it capped by the number of partitions.
         bound: the component's public bounds (sensitivity, float allowance, rounding; :mod:`.float_sums`).
+        sampler: where the noise comes from (the spec's ``sampler``; docs/adr/0022): ``vectorised`` (default; the
+            inverse-CDF samplers of :mod:`dp_operators.mechanisms.vectorised`), ``scalar`` (the CKS 2020 rejection
+            samplers of :mod:`dp_operators.mechanisms.samplers`) or ``opendp`` (OpenDP's, the reference, at the
+            smallest float scale >= ``scale``: :mod:`dp_operators.mechanisms.opendp_samplers`). All three draw the
+            same exact law; the plan, its charge and its half-widths do not depend on the choice.
     """
 
     aggregate: str
@@ -78,6 +92,7 @@ class NoiseStep:
     threshold_delta: Fraction | None = None
     declared_l0: int | None = None
     bound: ComponentBound | None = None
+    sampler: str = "vectorised"
 
     @property
     def l1_sensitivity(self) -> int:
@@ -152,12 +167,40 @@ class NoiseStep:
             variance = discrete_gaussian_variance(self.scale)
         return math.sqrt(variance) * float(self.grid)
 
-    def draw(self, size: int | None = None) -> list[int]:
-        """Draw ``size`` (default: ``partitions``) noise integers from the exact sampler (OS CSPRNG)."""
+    def draw(self, size: int | None = None) -> np.ndarray:
+        """Draw ``size`` (default: ``partitions``) independent noise integers, in grid units, from the step's
+        ``sampler``: discrete Laplace of scale t or discrete Gaussian of sigma^2 (``scale``), exactly.
+
+        Returns:
+            shape (size,) array, dtype int64; dtype object (Python ints) when a value does not fit in int64 (huge
+            scales only: the ``vectorised`` and ``scalar`` samplers).
+
+        Raises:
+            ValueError: an unknown ``sampler``, or a bad size. ImportError: ``opendp`` without opendp installed
+            (:func:`plan_release` refuses that before any budget is spent).
+        """
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {self.sampler!r}: use one of {', '.join(SAMPLERS)}")
         size = self.partitions if size is None else size
+        if type(size) is int and size == 0:  # no key selected: nothing to draw (the array samplers need size >= 1)
+            return np.empty(0, dtype=np.int64)
+        laplace = self.mechanism == "discrete_laplace"
+        if self.sampler == "vectorised":
+            sample = sample_discrete_laplace_array if laplace else sample_discrete_gaussian_array
+            return sample(self.scale, size)
+        if self.sampler == "scalar":
+            sample = sample_discrete_laplace_vector if laplace else sample_discrete_gaussian_vector
+            return _integer_array(sample(self.scale, size))
+        sample = sample_discrete_laplace_opendp if laplace else sample_discrete_gaussian_opendp
+        return sample(self.scale, size)
+
+    @property
+    def opendp_scale(self) -> float:
+        """The float scale OpenDP draws with (Laplace b, Gaussian sigma; grid units): the smallest float >= the
+        exact one (:mod:`dp_operators.mechanisms.opendp_samplers`)."""
         if self.mechanism == "discrete_laplace":
-            return sample_discrete_laplace_vector(self.scale, size)
-        return sample_discrete_gaussian_vector(self.scale, size)
+            return opendp_laplace_scale(self.scale)
+        return opendp_gaussian_scale(self.scale)
 
     def describe(self) -> dict[str, Any]:
         """A JSON-safe description recorded in the ledger and published: enough to re-derive the guarantee."""
@@ -177,7 +220,10 @@ class NoiseStep:
             "max_partitions_contributed": self.l0,
             "grid": grid,
             "partitions": self.partitions,
+            "sampler": self.sampler,
         }
+        if self.sampler == "opendp":  # the float scale OpenDP drew with, >= the exact one below (docs/adr/0022)
+            described["opendp_scale_grid_units"] = self.opendp_scale
         if self.declared_l0 is not None and self.declared_l0 != self.l0:
             described["max_partitions_contributed_declared"] = self.declared_l0
         if self.bound is not None and self.bound.rounded:
@@ -209,6 +255,14 @@ class NoiseStep:
         if self.threshold is not None:
             described["threshold"] = self.threshold
         return described
+
+
+def _integer_array(values: list[int]) -> np.ndarray:
+    """``values`` as an int64 array, or an object array of the same Python ints when one does not fit in int64."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return np.array(values, dtype=object)
 
 
 @dataclass(frozen=True)
@@ -480,6 +534,52 @@ def check_noise_scale(aggregate: Aggregate, step: NoiseStep) -> None:
     )
 
 
+def check_sampler(spec: ReleaseSpec, steps: list[NoiseStep]) -> None:
+    """Refuse, before any budget is reserved, a ``sampler: opendp`` spec whose noise OpenDP cannot draw as planned
+    (docs/adr/0022). Public parameters only; nothing to check for the project's own samplers.
+
+    * opendp must be installed (it is an optional extra);
+    * each noise scale (Laplace b, Gaussian sigma) is at most 2^56 grid units, so OpenDP's int64 output does not
+      saturate (:data:`~dp_operators.mechanisms.opendp_samplers.OPENDP_SCALE_LIMIT`);
+    * OpenDP draws at the smallest float scale >= the planned one. A larger scale keeps every charge that is
+      monotone in it (pure epsilon = L1/b, rho = L2^2/(2 sigma^2)); a threshold's delta grows with it by a relative
+      2^-52 times at most 2 ln(L0/delta) <= 1400, inside the 1e-9 margin the threshold's delta is computed with
+      (:func:`~dp_operators.mechanisms.calibration.discrete_laplace_threshold`). The exact (epsilon, delta)
+      profile of a discrete Gaussian is not monotone in sigma for small sigma, so a step calibrated to it is
+      checked again at OpenDP's sigma, as the calibration checks its own (:func:`_within_written`).
+
+    Raises:
+        ReleaseConfigError: naming the aggregate and component where one applies, and the fix.
+    """
+    if spec.sampler != "opendp":
+        return
+    from dp_operators.mechanisms.opendp_samplers import check_opendp_scale, load_opendp
+
+    try:
+        load_opendp()
+    except ImportError as error:
+        raise ReleaseConfigError(str(error)) from None
+    for step in steps:
+        where = f"aggregate {step.aggregate!r} ({step.component})"
+        scale = step.opendp_scale
+        try:
+            check_opendp_scale(scale)
+        except ValueError as error:
+            raise ReleaseConfigError(f"{where}: sampler 'opendp': {error}") from None
+        if step.mechanism != "discrete_gaussian" or not step.noise_delta:
+            continue
+        sigma2 = Fraction(scale) ** 2
+        rho = Fraction(step.l2_sensitivity_squared) / (2 * sigma2)
+        written = Budget.model_construct(epsilon=step.budget.epsilon, delta=step.noise_delta)
+        if not _within_written(sigma2, rho, written, linf=step.linf, l0=step.l0):
+            raise ReleaseConfigError(
+                f"{where}: sampler 'opendp' draws with the float sigma {scale!r}, just above the planned "
+                f"{math.sqrt(step.scale):.17g} grid units, and the discrete Gaussian's exact (epsilon, delta) profile "
+                f"at that sigma exceeds (epsilon {float(step.budget.epsilon):g}, delta {float(step.noise_delta):g}) "
+                "(it is not monotone in sigma for small sigma): use sampler: vectorised, or change the budget"
+            )
+
+
 def component_sensitivity(aggregate: Aggregate, component: str, per_partition: int) -> tuple[int, Fraction]:
     """``(linf, grid)`` of one component: the most one privacy unit changes one partition, in grid units.
 
@@ -520,7 +620,8 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
         ReleaseConfigError: a component the engine cannot release as planned: binary64 sums whose float cannot
             carry the grid or whose error allowance exceeds the sensitivity, or values that can reach the
             saturation limit (:func:`~dp_operators.release.float_sums.check_component`), or noise whose scale
-            exceeds that limit (:func:`check_noise_scale`). Nothing is reserved.
+            exceeds that limit (:func:`check_noise_scale`), or ``sampler: opendp`` where OpenDP cannot draw the
+            plan's noise (:func:`check_sampler`). Nothing is reserved.
         ValueError: an unknown accountant name.
     """
     if accountant is not None:
@@ -558,4 +659,6 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
                 )
             )
             check_noise_scale(aggregate, steps[-1])
+    steps = [replace(step, sampler=spec.sampler) for step in steps]
+    check_sampler(spec, steps)
     return ReleasePlan(spec=spec, steps=tuple(steps), accountant=accountant)

@@ -11,8 +11,12 @@ gets the whole range its bounds allow. Deciding this from the noised value is po
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
+
+import numpy as np
 
 from dp_operators.accounting import exact_number
 from dp_operators.release.upstream_types import SATURATION
@@ -62,12 +66,150 @@ def _saturated_interval(units: int, step: NoiseStep, half_width: float, side: in
     return {"half_width": None, "saturated": True, "interval": interval}
 
 
+def grid_values(units: np.ndarray, grid: Fraction) -> np.ndarray:
+    """``units * grid`` per element as :func:`_number` gives it (an ``int`` when the product is whole, else the
+    float nearest to it), as an object array of Python numbers. Exact: integer products, and a division of two
+    doubles that are exact (IEEE 754 division is correctly rounded, as ``float(Fraction)`` is); elements beyond
+    2^53 take ``float(Fraction)`` itself."""
+    p, q = grid.numerator, grid.denominator
+    units = np.asarray(units)
+    if units.dtype != object and (len(units) == 0 or int(np.abs(units).max()) * p < 2**63):
+        product = units * p
+    else:
+        product = units.astype(object) * p
+    out = np.empty(len(units), dtype=object)
+    if q == 1:
+        out[:] = product.tolist()
+        return out
+    whole = np.asarray((product % q) == 0, dtype=bool)
+    small = q <= 2**53 and (len(units) == 0 or int(np.abs(product).max()) <= 2**53)
+    if small:
+        out[:] = (product.astype(np.float64) / float(q)).tolist()
+    else:
+        out[:] = [float(Fraction(int(v), q)) for v in product.tolist()]
+    out[whole] = (product[whole] // q).tolist()
+    return out
+
+
+def _towards(value: np.ndarray, width: float, direction: float) -> np.ndarray:
+    """``value - width`` (``direction`` -inf) or ``value + width`` (+inf) rounded outwards to doubles, exactly
+    for doubles: Knuth's TwoSum gives the rounding error of the float sum, whose sign says on which side of the
+    exact result the float lies."""
+    a = value
+    b = -width if direction < 0 else width
+    s = a + b
+    bb = s - a
+    error = (a - (s - bb)) + (b - bb)  # s + error == a + b exactly (no overflow at these magnitudes)
+    if direction < 0:
+        return np.where(error < 0, np.nextafter(s, -np.inf), s)
+    return np.where(error > 0, np.nextafter(s, np.inf), s)
+
+
+def grid_floats(units: np.ndarray, grid: Fraction) -> np.ndarray:
+    """``float(units * grid)`` per element (float64 array): the double nearest the exact product, as ``float()``
+    of :func:`_number`'s result gives it. Integer products convert with one rounding; ``product / q`` divides two
+    exact doubles (correctly rounded by IEEE 754); anything larger takes ``float(Fraction)`` per element."""
+    p, q = grid.numerator, grid.denominator
+    units = np.asarray(units)
+    if units.dtype != object and (len(units) == 0 or int(np.abs(units).max()) * p < 2**63):
+        product = units * p
+        if q == 1:
+            return product.astype(np.float64)
+        if q <= 2**53 and (len(units) == 0 or int(np.abs(product).max()) <= 2**53):
+            return product.astype(np.float64) / float(q)
+    return np.array([float(Fraction(int(u) * p, q)) for u in units.tolist()], dtype=np.float64)
+
+
+@dataclass
+class PublishedCells:
+    """The published cells of a count or sum, as arrays of shape (cells,): post-processing of noised grid
+    integers and public parameters only.
+
+    Attributes:
+        units: the noised grid integers (int64, or Python ints in an object array).
+        zeroed: True where the spec's ``clamp_nonnegative`` publishes 0 instead of a negative value.
+        half_width: the half-width of every unsaturated cell's interval, value units.
+        side: +1 / -1 where the cell may be saturated towards +SATURATION / -SATURATION, else 0 (int8).
+        step: the noise step (grid, scale) the cells were drawn with.
+    """
+
+    units: np.ndarray
+    zeroed: np.ndarray
+    half_width: float
+    side: np.ndarray
+    step: NoiseStep
+
+    def slice(self, start: int, stop: int) -> PublishedCells:
+        """The cells ``start:stop`` (views, no copy)."""
+        return PublishedCells(self.units[start:stop], self.zeroed[start:stop], self.half_width,
+                              self.side[start:stop], self.step)
+
+    def values(self) -> np.ndarray:
+        """The published values, a Python ``int`` or ``float`` per cell as :func:`_number` gives it (object
+        array)."""
+        values = grid_values(self.units, self.step.grid)
+        values[self.zeroed] = 0
+        return values
+
+    def value_floats(self) -> np.ndarray:
+        """The published values as float64 (the Parquet ``value`` column)."""
+        floats = grid_floats(self.units, self.step.grid)
+        floats[self.zeroed] = 0.0
+        return floats
+
+    def rows(self, group_by: Sequence[str], keys: Sequence[tuple]) -> list[dict[str, Any]]:
+        """The published rows (JSON objects): key columns, ``value``, ``half_width``; saturated cells carry
+        ``saturated`` and ``interval`` instead of a finite ``half_width``."""
+        rows: list[dict[str, Any]] = []
+        saturated = set(np.flatnonzero(self.side).tolist())
+        units = self.units.tolist() if saturated else None
+        for index, (key, value) in enumerate(zip(keys, self.values().tolist())):
+            row = dict(zip(group_by, key))
+            row["value"] = value
+            row["half_width"] = self.half_width
+            if index in saturated:
+                row.update(_saturated_interval(units[index], self.step, self.half_width, int(self.side[index])))
+            rows.append(row)
+        return rows
+
+    def bounds(self, floats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each cell's interval ends (float64 arrays; NaN on a saturated cell's unbounded side), as
+        :func:`published_interval` computes them from the published row; ``floats`` is :meth:`value_floats`."""
+        lower = _towards(floats, self.half_width, -math.inf)
+        upper = _towards(floats, self.half_width, math.inf)
+        beyond = np.flatnonzero(np.abs(floats) >= 2**53)  # a whole value there may not be a double: exactly
+        if len(beyond):
+            values = self.values()
+            for index in beyond.tolist():
+                lower[index], upper[index] = published_interval({"value": values[index],
+                                                                 "half_width": self.half_width})
+        units = self.units.tolist() if np.any(self.side) else None
+        for index in np.flatnonzero(self.side).tolist():
+            interval = _saturated_interval(units[index], self.step, self.half_width, int(self.side[index]))["interval"]
+            lower[index] = math.nan if interval[0] is None else interval[0]
+            upper[index] = math.nan if interval[1] is None else interval[1]
+        return lower, upper
+
+
+def count_or_sum_cells(step: NoiseStep, units: np.ndarray, alpha: float, clamp: bool) -> PublishedCells:
+    """:class:`PublishedCells` of a count or sum from its noised grid integers ``units`` (shape (cells,))."""
+    units = np.asarray(units)
+    zeroed = np.asarray(units < 0, dtype=bool) if clamp and len(units) else np.zeros(len(units), dtype=bool)
+    noise_width = step.noise_half_width_units(alpha)
+    side = np.zeros(len(units), dtype=np.int8)
+    if len(units):
+        side[np.asarray(units + noise_width >= SATURATION, dtype=bool)] = 1
+        side[np.asarray(units - noise_width <= -SATURATION, dtype=bool) & (side == 0)] = -1
+    return PublishedCells(units, zeroed, step.half_width(alpha), side, step)
+
+
 def publish_aggregate(
     spec: ReleaseSpec,
     aggregate: Aggregate,
     plan: ReleasePlan,
-    noised: dict[tuple[str, str], list[int]],
-    keys: list[tuple],
+    noised: dict[tuple[str, str], np.ndarray],
+    keys: Sequence[tuple],
+    rows_file: Callable[[Aggregate, PublishedCells, Sequence[tuple]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The published form of one aggregate: values with half-widths (post-processing of noised values only).
 
@@ -75,6 +217,10 @@ def publish_aggregate(
     true value: the noise, the rounding to the grid and, for binary64 upstream sums, their error bound
     (:meth:`NoiseStep.half_width`); a mean's or variance's from its components' (a box bound). A value that may
     be saturated carries ``saturated: true`` and ``interval`` instead (see the module docstring).
+
+    Counts and sums are computed array-at-a-time (:class:`PublishedCells`). With ``rows_file`` (a count or sum
+    whose rows are stored as a file, :mod:`dp_operators.release.rows_file`), the aggregate gets ``rows_file``,
+    what that function returns (location, SHA-256, number of rows), instead of ``rows``.
     """
     alpha = 1 - spec.confidence
     clamp = spec.postprocess.clamp_nonnegative
@@ -89,7 +235,7 @@ def publish_aggregate(
         widths = [steps[c].half_width(share) for c in aggregate.components]
         noise_widths = [steps[c].noise_half_width_units(share) for c in aggregate.components]
         whole_range = (float(lower), float(upper)) if aggregate.kind == "mean" else (0.0, half * half)
-        for units in zip(*vectors):
+        for units in zip(*(vector.tolist() for vector in vectors)):
             centred = {c: float(u * steps[c].grid) for c, u in zip(aggregate.components, units)}
             count = units[aggregate.components.index("count")]
             hw = dict(zip(aggregate.components, widths))
@@ -108,22 +254,18 @@ def publish_aggregate(
             values.append(row)
     else:
         step = steps[aggregate.kind]
-        half_width = step.half_width(alpha)
-        noise_width = step.noise_half_width_units(alpha)
-        for units in vectors[0]:
-            value = _number(units * step.grid)
-            if clamp and value < 0 and (aggregate.kind == "count" or aggregate.bounds[0] >= 0):  # type: ignore[index]
-                value = 0
-            row = {"value": value, "half_width": half_width}
-            side = _near_limit(units, noise_width)
-            if side:
-                row.update(_saturated_interval(units, step, half_width, side))
-            values.append(row)
-    rows: list[dict[str, Any]] = []
-    for key, published_value in zip(keys, values):
-        row = dict(zip(aggregate.group_by, key))
-        row.update(published_value)
-        rows.append(row)
+        cells = count_or_sum_cells(step, vectors[0], alpha, clamp and (
+            aggregate.kind == "count" or aggregate.bounds[0] >= 0))  # type: ignore[index]
+        if rows_file is not None:
+            published_rows: Any = rows_file(aggregate, cells, keys)
+        else:
+            published_rows = cells.rows(aggregate.group_by, keys)
+    if aggregate.kind in ("mean", "variance"):
+        published_rows = []
+        for key, published_value in zip(keys, values):
+            row = dict(zip(aggregate.group_by, key))
+            row.update(published_value)
+            published_rows.append(row)
     chosen = list(dict.fromkeys(step.mechanism for step in steps.values()))
     published: dict[str, Any] = {
         "kind": aggregate.kind,
@@ -145,10 +287,12 @@ def publish_aggregate(
             "epsilon": float(selection.budget.epsilon),
             "delta": float(selection.budget.delta),
         }
-    if aggregate.group_by:
-        published["rows"] = rows
+    if rows_file is not None and aggregate.kind in ("count", "sum"):
+        published["rows_file"] = published_rows
+    elif aggregate.group_by:
+        published["rows"] = published_rows
     else:
-        published.update(rows[0])
+        published.update(published_rows[0])
     return published
 
 

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
+
 from dp_operators import __version__
 from dp_operators.ledger import AccountStatus, Ledger, LedgerError, ReleaseKey, canonical_json
 from dp_operators.release.diagnostics import DiagnosticsReport
@@ -44,6 +46,7 @@ from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError,
 from dp_operators.release.inputs import PreparedInputs, prepare_inputs
 from dp_operators.release.plan import ReleasePlan, plan_release
 from dp_operators.release.publish import check_plain_json, publish_aggregate
+from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, RowsStore, cells_tables, check_rows_files, write_rows_file
 from dp_operators.spec import ReleaseSpec
 
 log = logging.getLogger(__name__)
@@ -80,33 +83,53 @@ def check_privacy_unit(spec: ReleaseSpec, account: AccountStatus) -> None:
         )
 
 
+def add_exactly(values: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """``values + noise`` without overflow: int64 when every noise value is below 2^62 in magnitude (the grid
+    integers are within +-2^62, so the sum is within int64), else Python ints in an object array. Never a float."""
+    noise = np.asarray(noise)
+    if noise.dtype == np.int64 and (len(noise) == 0 or int(np.abs(noise).max()) < 2**62):
+        return values + noise
+    return values.astype(object) + noise.astype(object)
+
+
 def draw_noise(
     plan: ReleasePlan, prepared: PreparedInputs, drawn: list[str]
-) -> tuple[dict[tuple[str, str], list[int]], dict]:
-    """Noised integer vectors per (aggregate, component), and the selected key lists under partition selection.
-    ``drawn`` records every draw *before* it starts, so a caller knows whether any noise may exist.
+) -> tuple[dict[tuple[str, str], np.ndarray], dict[str, np.ndarray]]:
+    """Noised integer vectors per (aggregate, component) (numpy int64, or object arrays of Python ints), and the
+    positions of the selected keys under partition selection. ``drawn`` records every draw *before* it starts,
+    so a caller knows whether any noise may exist.
 
     A key is selected iff its noised unit count is >= the threshold: the same comparison the threshold's delta
     was computed with (:func:`~dp_operators.mechanisms.calibration.discrete_laplace_threshold`).
     """
-    noised: dict[tuple[str, str], list[int]] = {}
-    selected: dict[str, list[int]] = {}
+    noised: dict[tuple[str, str], np.ndarray] = {}
+    selected: dict[str, np.ndarray] = {}
     for aggregate in plan.spec.aggregates:
-        positions = list(range(len(prepared.keys[aggregate.name])))
+        positions = None
         if not aggregate.public_keys:
             step = plan.step(aggregate.name, "selection")
             counts = prepared.values[(aggregate.name, "selection")]
             drawn.append(step.component)
-            noise = step.draw(len(counts))
-            positions = [i for i, (c, n) in enumerate(zip(counts, noise)) if c + n >= step.threshold]
+            noised_counts = add_exactly(counts, step.draw(len(counts)))
+            positions = np.flatnonzero(np.asarray(noised_counts >= step.threshold, dtype=bool))
             selected[aggregate.name] = positions
         for component in aggregate.components:
             step = plan.step(aggregate.name, component)
             values = prepared.values[(aggregate.name, component)]
+            if positions is not None:
+                values = values[positions]
             drawn.append(step.component)
-            noise = step.draw(len(positions))
-            noised[(aggregate.name, component)] = [values[i] + n for i, n in zip(positions, noise)]
+            noised[(aggregate.name, component)] = add_exactly(values, step.draw(len(values)))
     return noised, selected
+
+
+def filed_aggregates(spec: ReleaseSpec, limit: int | None) -> list[str]:
+    """The counts and sums over a public key domain of more than ``limit`` cells: their rows go to a rows file
+    (:mod:`dp_operators.release.rows_file`). Public parameters only."""
+    if limit is None:
+        return []
+    return [a.name for a in spec.aggregates
+            if a.public_keys and a.kind in ("count", "sum") and a.group_by and a.partition_count > limit]
 
 
 def run_release(
@@ -119,6 +142,8 @@ def run_release(
     try_number: int | None = None,
     audit: Mapping[str, Any] | None = None,
     diagnostics: Callable[[DiagnosticsReport], None] | None = None,
+    rows_store: RowsStore | None = None,
+    inline_rows_limit: int | None = INLINE_ROWS_LIMIT,
 ) -> ReleaseResult:
     """Run one release end to end (see the module docstring for the order of steps).
 
@@ -136,12 +161,17 @@ def run_release(
             the upstream aggregates (exact, data-derived counts; row indexes of shape problems), after they are
             read and before the reservation, whether or not the release is then refused. Not called on a replay
             (the aggregates are not read). Store the report with the true aggregates; never log it.
+        rows_store: where the rows of counts and sums of more than ``inline_rows_limit`` public cells go, as
+            Parquet files the ledger records by SHA-256 and location (:mod:`dp_operators.release.rows_file`);
+            a replay checks them. ``inline_rows_limit=None`` keeps every row in the output.
 
     Returns:
         :class:`ReleaseResult`. On a replay the stored output is returned unchanged and nothing is charged.
 
     Raises:
-        ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError: before anything is reserved.
+        ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError: before anything is reserved (a spec
+            with more than ``inline_rows_limit`` public cells in a count or sum and no ``rows_store`` included).
+        RowsFileError: on a replay, a rows file is missing or altered (nothing is charged or redrawn).
         AccountNotFoundError, DagNotAllowedError, BudgetExhaustedError: refusals from the ledger; nothing reserved.
         LeaseHeldError: another attempt of ``key`` is still running and holds the lease on its reservation
             (``.attempt``, ``.expires_at``, UTC); nothing was charged and no aggregate was noised. Transient: a
@@ -159,8 +189,14 @@ def run_release(
         raise ReleaseConfigError(f"release key names {key.release_name!r} but the spec releases {spec.release!r}")
     stored = ledger.stored_output(key)
     if stored is not None:
-        _warn_if_spec_changed(stored, spec_hash, key)
-        return ReleaseResult(output=stored, replayed=True)
+        return _replay(stored, spec_hash, key, rows_store)
+    filed = filed_aggregates(spec, inline_rows_limit)
+    if filed and rows_store is None:
+        raise ReleaseConfigError(
+            f"aggregate(s) {filed} release more than inline_rows_limit={inline_rows_limit} cells: their rows are "
+            "stored as a Parquet file whose digest the ledger keeps; give a rows_store (the operator: an "
+            "output_uri), or raise inline_rows_limit"
+        )
 
     account = ledger.account(spec.budget_account)
     check_privacy_unit(spec, account)
@@ -197,8 +233,7 @@ def run_release(
         audit=audit,
     )
     if isinstance(reservation, dict):
-        _warn_if_spec_changed(reservation, spec_hash, key)
-        return ReleaseResult(output=reservation, replayed=True)
+        return _replay(reservation, spec_hash, key, rows_store)
 
     # From here on a failure keeps the charge spent unless no sampler was entered (DESIGN.md 2.1, ADR 1), and is
     # permanent: every check that can fail ran before the reservation, so a failure here is a bug a retry would
@@ -208,7 +243,8 @@ def run_release(
     drawn: list[str] = []
     try:
         with ledger.lease(reservation):
-            output = _noised_output(plan, prepared, drawn, key, account, charge, delta_spent, mechanisms, spec_hash)
+            output = _noised_output(plan, prepared, drawn, key, account, charge, delta_spent, mechanisms, spec_hash,
+                                    _rows_writer(rows_store, set(filed), spec.confidence))
     except Exception as error:
         returned = _give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=returned) from error
@@ -225,6 +261,24 @@ def run_release(
     # the committed form: what the ledger stores and every replay returns (sorted keys), so a first run and its
     # replays publish the same bytes and the same XCom
     return ReleaseResult(output=json.loads(canonical_json(output)), replayed=False)
+
+
+def _replay(stored: dict[str, Any], spec_hash: str, key: ReleaseKey, rows_store: RowsStore | None) -> ReleaseResult:
+    _warn_if_spec_changed(stored, spec_hash, key)
+    if rows_store is not None:
+        check_rows_files(stored, rows_store)
+    return ReleaseResult(output=stored, replayed=True)
+
+
+def _rows_writer(store: RowsStore | None, filed: set[str], confidence: float) -> dict[str, Callable]:
+    """The ``rows_file`` callback of :func:`publish_aggregate` per aggregate in ``filed``."""
+    if store is None:
+        return {}
+
+    def write(aggregate: Any, cells: Any, keys: Any) -> dict[str, Any]:
+        return write_rows_file(store, aggregate, cells_tables(aggregate, cells, keys, confidence))
+
+    return dict.fromkeys(filed, write)
 
 
 def _give_up(ledger: Ledger, reservation: Any, drawn: list[str]) -> bool:
@@ -255,13 +309,14 @@ def _noised_output(
     delta_spent: Fraction,
     mechanisms: list[dict[str, Any]],
     spec_hash: str,
+    rows_writers: Mapping[str, Callable] | None = None,
 ) -> dict[str, Any]:
     """Draw the noise and build the published release, checked to be plain JSON (steps 5 and 6)."""
     spec = plan.spec
     noised, selected = draw_noise(plan, prepared, drawn)
     keys = dict(prepared.keys)
     for name, positions in selected.items():
-        keys[name] = [keys[name][i] for i in positions]
+        keys[name] = [keys[name][i] for i in positions.tolist()]
 
     output = {
         "release": spec.release,
@@ -277,7 +332,9 @@ def _noised_output(
         },
         "confidence": spec.confidence,
         "aggregates": {
-            aggregate.name: publish_aggregate(spec, aggregate, plan, noised, keys[aggregate.name])
+            aggregate.name: publish_aggregate(
+                spec, aggregate, plan, noised, keys[aggregate.name], (rows_writers or {}).get(aggregate.name)
+            )
             for aggregate in spec.aggregates
         },
         "mechanisms": mechanisms,

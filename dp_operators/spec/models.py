@@ -142,6 +142,23 @@ Grid = Annotated[Fraction, _exact_in(*GRID_RANGE), _AS_TEXT]
 #: A finite int or float.
 FiniteNumber = Annotated[float | int, BeforeValidator(_finite)]
 
+#: The noise sources a spec may select (``sampler``), default first. All draw the exact discrete Laplace and
+#: discrete Gaussian laws; docs/adr/0022 says how each does it.
+SAMPLERS = ("vectorised", "scalar", "opendp")
+
+
+def _sampler(value: object) -> object:
+    if value not in SAMPLERS:
+        raise ValueError(
+            f"unknown sampler {value!r}: use 'vectorised' (the default: exact inverse-CDF samplers on numpy arrays), "
+            "'scalar' (the exact CKS 2020 rejection samplers, slower) or 'opendp' (OpenDP's exact samplers, the "
+            "reference; pip install 'dp-operators[opendp]')"
+        )
+    return value
+
+
+#: One of :data:`SAMPLERS`; anything else is refused with the list.
+Sampler = Annotated[Literal["vectorised", "scalar", "opendp"], BeforeValidator(_sampler)]
 
 
 class _Strict(BaseModel):
@@ -442,7 +459,13 @@ class Postprocess(_Strict):
 
 
 class ReleaseSpec(_Strict):
-    """A release spec document (``version: 1``)."""
+    """A release spec document (``version: 1``).
+
+    ``sampler`` chooses where the noise comes from, never how much: ``vectorised`` (default) draws with the exact
+    inverse-CDF samplers on numpy arrays, ``scalar`` with the exact CKS 2020 rejection samplers, ``opendp`` with
+    OpenDP's exact samplers (the reference; an optional extra, at the smallest float scale >= the planned one).
+    The plan, its charge and its half-widths are the same for all three (docs/adr/0022).
+    """
 
     version: Literal[1]
     release: str
@@ -453,6 +476,7 @@ class ReleaseSpec(_Strict):
     confidence: float = Field(default=0.95, gt=0, lt=1, allow_inf_nan=False)
     aggregates: list[Aggregate] = Field(min_length=1)
     postprocess: Postprocess = Postprocess()
+    sampler: Sampler = "vectorised"
 
     @field_validator("release")
     @classmethod

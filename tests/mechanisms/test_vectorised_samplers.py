@@ -241,3 +241,11 @@ def test_the_tail_step_below_and_above_scale_one_is_exact(scale):
     assert y.min() >= 0
     mean, sd = q / (1 - q), q**0.5 / (1 - q)
     assert abs(y.mean() - mean) < 5 * sd / n**0.5
+
+
+@pytest.mark.parametrize("sampler", [vec.sample_discrete_laplace_array, vec.sample_discrete_gaussian_array])
+@pytest.mark.parametrize("param", [Fraction(3), Fraction(10**30)], ids=["table", "fallback"])
+def test_zero_draws_give_an_empty_int64_array(sampler, param):
+    # partition selection that selects no key asks for 0 draws, after the budget is reserved
+    drawn = sampler(param, 0)
+    assert drawn.shape == (0,) and drawn.dtype == np.int64

@@ -1,0 +1,230 @@
+"""Large releases: a count's or sum's published rows stored as a Parquet file whose SHA-256 and location the
+ledger keeps, instead of the rows themselves (issue 11, item 2; docs/adr/0023).
+
+A ledger row holding 10^7 published cells would be a gigabyte of JSON, re-read on every replay. Above
+``inline_rows_limit`` cells (a public number: the size of the public key domain), the engine writes the
+aggregate's rows to a :class:`RowsStore` as deterministic Parquet, and the published aggregate (what the ledger
+commits, what XCom carries) holds ``rows_file``: ``{"uri", "sha256", "rows", "format": "parquet"}``. The file is
+written before the commit, named by its digest (two attempts of one release never overwrite each other's file),
+and a replay checks the digest before returning (:func:`check_rows_files`): the ledger's output digest covers the
+file's SHA-256, so a replay returns the same bytes or refuses.
+
+The file's schema is :func:`parquet_schema`, the flat table the operator's Parquet sink publishes (one row per
+released value: ``aggregate``, ``kind``, ``key`` as compact JSON, ``value``, ``half_width``, ``confidence``,
+``mechanism``, ``saturated``, ``lower``, ``upper``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+
+import numpy as np
+
+from dp_operators.release.errors import ReleaseConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+
+    from dp_operators.release.publish import PublishedCells
+    from dp_operators.spec import Aggregate
+
+#: The columns of the flat table, in this order (the Parquet and CSV sinks, and rows files).
+COLUMNS = ("aggregate", "kind", "key", "value", "half_width", "confidence", "mechanism", "saturated", "lower", "upper")
+#: Rows per Parquet row group: bounds the writer's buffer, and fixes the file's layout (so its bytes).
+ROW_GROUP = 1 << 20
+#: Default number of cells above which a count's or sum's rows go to a rows file.
+INLINE_ROWS_LIMIT = 100_000
+#: The operator's rows files go to the folder ``<stem>.rows`` beside the release's files.
+ROWS_SUFFIX = ".rows"
+
+
+class RowsFileError(ReleaseConfigError):
+    """A committed release's rows file is missing or does not hold the bytes the ledger recorded. The release is
+    never redrawn (that would charge again and publish other noise): restore the file from a backup."""
+
+
+def parquet_schema() -> pa.Schema:
+    """The Arrow schema of the flat table: :data:`COLUMNS`; ``value``, ``half_width``, ``confidence``, ``lower``
+    and ``upper`` as float64 (a count above 2**53 is rounded to the nearest double; the JSON keeps it exact),
+    ``saturated`` as bool; only ``half_width``, ``lower`` and ``upper`` nullable."""
+    import pyarrow as pa
+
+    nullable = {"half_width", "lower", "upper"}
+    types = {"value": pa.float64(), "half_width": pa.float64(), "confidence": pa.float64(), "lower": pa.float64(),
+             "upper": pa.float64(), "saturated": pa.bool_()}
+    return pa.schema([pa.field(c, types.get(c, pa.string()), nullable=c in nullable) for c in COLUMNS])
+
+
+class RowsStore(Protocol):
+    """Where rows files go. ``put`` moves a finished local file to ``name`` and returns its URI; ``open`` reads a
+    URI ``put`` returned; ``owns`` says whether a URI names a file directly in this store (a replay reads nothing
+    else: a ledger row pointing elsewhere, say at the true aggregates, is refused)."""
+
+    def put(self, name: str, source: Path) -> str: ...
+
+    def open(self, uri: str) -> BinaryIO: ...
+
+    def owns(self, uri: str) -> bool: ...
+
+
+class LocalRowsStore:
+    """A :class:`RowsStore` on a local folder (created on first use). URIs are absolute paths."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+
+    def put(self, name: str, source: Path) -> str:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        target = self.folder / name
+        try:
+            os.replace(source, target)
+        except OSError:  # another filesystem: copy beside the target, then rename (readers never see half a file)
+            partial = self.folder / f".{name}.tmp"
+            shutil.copyfile(source, partial)
+            os.replace(partial, target)
+        return str(target.resolve())
+
+    def open(self, uri: str) -> BinaryIO:
+        return open(uri, "rb")
+
+    def owns(self, uri: str) -> bool:
+        return Path(uri).parent.resolve() == self.folder.resolve()
+
+
+def _key_texts(keys: Any, positions: np.ndarray, group_by: Sequence[str]) -> pa.Array:
+    """The ``key`` column (compact JSON objects in ``group_by`` order) of the cells at ``positions`` of a public
+    key domain, from the JSON text of each column's listed values, taken per cell."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts = []
+    for index, (column, values, codes) in enumerate(zip(group_by, keys.columns, keys.codes(positions))):
+        name = json.dumps(column, ensure_ascii=False)
+        texts = [f"{name}:{json.dumps(v, ensure_ascii=False)}" for v in values]
+        if index == 0:
+            texts = ["{" + t for t in texts]
+        if index == len(group_by) - 1:
+            texts = [t + "}" for t in texts]
+        parts.append(pa.array(texts, type=pa.string()).take(pa.array(codes)))
+    return parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, ",")
+
+
+def cells_table(aggregate: Aggregate, cells: PublishedCells, keys: Any, confidence: float,
+                start: int = 0) -> pa.Table:
+    """The flat table (:func:`parquet_schema`) of a count's or sum's published cells over a public key domain
+    (a :class:`~dp_operators.release.inputs.KeyDomain`); ``cells`` are the domain's cells from position
+    ``start`` on (a slice, see :func:`cells_tables`)."""
+    import pyarrow as pa
+
+    n = len(cells.units)
+    saturated = cells.side != 0
+    values = cells.value_floats()
+    lower, upper = cells.bounds(values)
+    half_width = np.full(n, cells.half_width)
+    # the JSON check of check_plain_json, on the arrays' dtypes and values at once: finite doubles only (NaN marks
+    # an unbounded interval end, published as null)
+    if not (np.isfinite(values).all() and math.isfinite(cells.half_width)
+            and not np.isinf(lower).any() and not np.isinf(upper).any()):
+        raise TypeError(f"aggregate {aggregate.name!r}: a non-finite float cannot be published")
+    columns = {
+        "aggregate": pa.repeat(aggregate.name, n).cast(pa.string()),
+        "kind": pa.repeat(aggregate.kind, n).cast(pa.string()),
+        "key": _key_texts(keys, np.arange(start, start + n, dtype=np.int64), aggregate.group_by),
+        "value": pa.array(values),
+        "half_width": pa.array(half_width, mask=saturated),
+        "confidence": pa.repeat(float(confidence), n).cast(pa.float64()),
+        "mechanism": pa.repeat(cells.step.mechanism, n).cast(pa.string()),
+        "saturated": pa.array(saturated),
+        "lower": pa.array(lower, mask=np.isnan(lower)),
+        "upper": pa.array(upper, mask=np.isnan(upper)),
+    }
+    return pa.table(columns, schema=parquet_schema())
+
+
+def cells_tables(aggregate: Aggregate, cells: PublishedCells, keys: Any, confidence: float) -> Iterator[pa.Table]:
+    """:func:`cells_table` in pieces of :data:`ROW_GROUP` rows, in order: the flat table is never whole in
+    memory (at 10^7 cells it would be about a gigabyte of text keys)."""
+    total = len(cells.units)
+    for start in range(0, max(total, 1), ROW_GROUP):
+        yield cells_table(aggregate, cells.slice(start, start + ROW_GROUP), keys, confidence, start)
+
+
+def write_rows_file(store: RowsStore, aggregate: Aggregate, pieces: pa.Table | Iterable[pa.Table]) -> dict[str, Any]:
+    """Write the flat table (one table, or pieces of it in order) as deterministic Parquet (snappy, one row group
+    per :data:`ROW_GROUP` rows, no timestamp) to a temporary local file, hash it, and ``put`` it in ``store`` as
+    ``<aggregate>-<sha256 prefix>.parquet``. Returns the published ``rows_file`` reference."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if isinstance(pieces, pa.Table):
+        pieces = [pieces.slice(start, ROW_GROUP) for start in range(0, max(pieces.num_rows, 1), ROW_GROUP)]
+    handle = tempfile.NamedTemporaryFile(prefix="dp-rows-", suffix=".parquet", delete=False)
+    handle.close()
+    source = Path(handle.name)
+    rows = 0
+    try:
+        with pq.ParquetWriter(source, parquet_schema(), compression="snappy") as writer:
+            for piece in pieces:
+                writer.write_table(piece, row_group_size=ROW_GROUP)
+                rows += piece.num_rows
+        os.chmod(source, 0o644)  # a published file: readable like the sinks' files (tempfile makes it 0600)
+        digest = _sha256(source.open("rb"))
+        uri = store.put(f"{aggregate.name}-{digest[:16]}.parquet", source)
+    finally:
+        source.unlink(missing_ok=True)
+    return {"format": "parquet", "rows": rows, "sha256": digest, "uri": uri}
+
+
+def _sha256(handle: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    with handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def rows_files(output: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """``(aggregate name, rows_file reference)`` of every aggregate of a published release stored as a file."""
+    return [(name, aggregate["rows_file"]) for name, aggregate in sorted(output.get("aggregates", {}).items())
+            if isinstance(aggregate, dict) and "rows_file" in aggregate]
+
+
+def check_rows_files(output: dict[str, Any], store: RowsStore) -> None:
+    """Check that every rows file of ``output`` holds the bytes whose SHA-256 the ledger recorded.
+
+    Raises:
+        RowsFileError: a reference that is not ``<aggregate>-<sha256 prefix>.parquet`` in ``store``'s folder (an
+            altered ledger row must not make a replay publish another file), or a file missing, unreadable, or
+            with other bytes (names the aggregate and the URI).
+    """
+    for name, reference in rows_files(output):
+        if not isinstance(reference, dict) or not all(isinstance(reference.get(f), str) for f in ("uri", "sha256")):
+            raise RowsFileError(f"the committed release's rows_file of aggregate {name!r} is malformed")
+        expected_name = f"{name}-{reference['sha256'][:16]}.parquet"
+        if not store.owns(reference["uri"]) or not reference["uri"].endswith("/" + expected_name):
+            raise RowsFileError(
+                f"the committed release names {reference['uri']} as the rows file of aggregate {name!r}, which is "
+                f"not {expected_name} in this release's rows folder; the ledger row was altered (run `dpctl ledger "
+                "verify`); nothing is read or published from it"
+            )
+        try:
+            found = _sha256(store.open(reference["uri"]))
+        except OSError as error:
+            raise RowsFileError(
+                f"the rows file of aggregate {name!r} of this committed release, {reference['uri']}, cannot be read "
+                f"({type(error).__name__}); restore it from a backup (the release is never redrawn)"
+            ) from None
+        if found != reference["sha256"]:
+            raise RowsFileError(
+                f"the rows file of aggregate {name!r}, {reference['uri']}, does not hold the committed bytes "
+                f"(sha256 {found[:16]}..., the ledger recorded {reference['sha256'][:16]}...); restore it from a "
+                "backup (the release is never redrawn)"
+            )

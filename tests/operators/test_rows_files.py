@@ -1,0 +1,228 @@
+"""Large releases through the operator (issue 11, item 2): above ``inline_rows_limit`` cells a count's or sum's
+rows go to a Parquet rows file under ``output_uri``; the ledger and XCom hold its location and SHA-256; the
+Parquet sink streams it; a replay writes the same bytes, and refuses (charging nothing) when the file was altered
+or removed; what cannot publish rows files is refused before the ledger is called."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow.sdk import ObjectStoragePath
+from airflow.sdk.exceptions import AirflowFailException
+from dp_operators.operators.release import DPReleaseOperator
+from dp_operators.operators.sinks import release_table
+from dp_operators.operators.verification import release_files, verify_published
+from dp_operators.release.columns import is_table
+
+from airflow_fakes import FakeTaskInstance, context_for
+from support import SPEND_KEY, make_ledger
+
+DAG = "rows_files_dag"
+ACCOUNT = "rows_files_account"
+XS, YS = 40, 30  # 1,200 cells per aggregate
+
+SPEC = f"""\
+version: 1
+release: rows_files
+budget_account: {ACCOUNT}
+privacy_unit: person
+contribution: {{max_partitions_contributed: 1, max_contributions_per_partition: 1}}
+aggregates:
+  - name: cells
+    kind: count
+    group_by: [x, y]
+    keys: {{x: {list(range(XS))}, y: {[f"y{i}" for i in range(YS)]}}}
+    mechanism: discrete_laplace
+    budget: {{epsilon: 1}}
+  - name: sums
+    kind: sum
+    bounds: [0, 100]
+    group_by: [x, y]
+    keys: {{x: {list(range(XS))}, y: {[f"y{i}" for i in range(YS)]}}}
+    mechanism: discrete_gaussian
+    budget: {{epsilon: 1, delta: 1e-7}}
+  - name: total
+    kind: count
+    mechanism: discrete_laplace
+    budget: {{epsilon: 1}}
+"""
+
+
+def tables(folder: Path) -> dict[str, str]:
+    n = XS * YS
+    xs = [i // YS for i in range(n)]
+    ys = [f"y{i % YS}" for i in range(n)]
+    pq.write_table(pa.table({"x": xs, "y": ys, "count": [i % 7 for i in range(n)]}), folder / "cells.parquet")
+    pq.write_table(pa.table({"x": xs, "y": ys, "sum": [i % 50 for i in range(n)]}), folder / "sums.parquet")
+    (folder / "total.json").write_text("12345")
+    return {name: f"file://{folder / f'{name}.{suffix}'}"
+            for name, suffix in (("cells", "parquet"), ("sums", "parquet"), ("total", "json"))}
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch):
+    path = tmp_path / "ledger.db"
+    ledger = make_ledger(path, cap="100", accountant="approx_dp", dags=(DAG,), account=ACCOUNT)
+    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_ROWS", json.dumps(
+        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
+    spec = tmp_path / "rows.yaml"
+    spec.write_text(SPEC)
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    return ledger, spec, tables(inputs)
+
+
+def operator(spec: Path, uris, out: Path | None, formats=("json", "parquet"), limit=1000) -> DPReleaseOperator:
+    return DPReleaseOperator(task_id="release", spec_path=spec, aggregates_uri=uris,
+                             output_uri=None if out is None else f"file://{out}", output_formats=formats,
+                             ledger_conn_id="dp_ledger_rows", inline_rows_limit=limit)
+
+
+def test_the_parquet_source_reaches_the_engine_as_an_arrow_table(env):
+    _, spec, uris = env
+    read = operator(spec, uris, None).read_aggregates({})
+    assert is_table(read["cells"]) and is_table(read["sums"]) and read["total"] == 12345
+
+
+def test_rows_files_are_published_replayed_byte_for_byte_and_verified(env, tmp_path):
+    ledger, spec, uris = env
+    out = tmp_path / "out"
+    op = operator(spec, uris, out)
+    ti = FakeTaskInstance(upstream=None, dag_id=DAG)
+    first = op.execute(context_for(ti))
+    for name in ("cells", "sums"):
+        reference = first["aggregates"][name]["rows_file"]
+        assert "rows" not in first["aggregates"][name] and reference["rows"] == XS * YS
+        assert reference["uri"].endswith(".parquet") and ".rows/" in reference["uri"]
+    assert "rows" not in first["aggregates"]["total"] and "value" in first["aggregates"]["total"]  # 1 cell: inline
+    # the ledger holds the reference, not the rows
+    assert ledger.stored_output(_key(ti)) == first
+    parquet_file = Path(ObjectStoragePath(op.published.locations["parquet"]).path)
+    published = pq.read_table(parquet_file)
+    assert published.num_rows == 2 * XS * YS + 1
+    assert published.equals(release_table(first))
+    written = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert len([name for name in written if ".rows/" in name]) == 2
+
+    verdicts = verify_published(release_files(ObjectStoragePath(f"file://{out}")), ledger.stored_output)
+    assert [v.verdict for v in verdicts] == ["matches", "matches"], verdicts
+
+    parquet_file.unlink()
+    ti.try_number = 2
+    again = op.execute(context_for(ti))
+    assert json.dumps(again) == json.dumps(first)
+    assert {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()} == written
+
+
+def _key(ti):
+    from dp_operators.ledger import ReleaseKey
+
+    return ReleaseKey(dag_id=DAG, run_id=ti.run_id, task_id="release", map_index=-1, release_name="rows_files")
+
+
+def test_an_altered_rows_file_is_refused_on_replay_and_by_verify(env, tmp_path):
+    ledger, spec, uris = env
+    out = tmp_path / "out"
+    op = operator(spec, uris, out)
+    ti = FakeTaskInstance(upstream=None, dag_id=DAG)
+    first = op.execute(context_for(ti))
+    spent = ledger.account(ACCOUNT).spent
+    target = Path(first["aggregates"]["cells"]["rows_file"]["uri"].removeprefix("file://"))
+    table = pq.read_table(target)
+    values = table.column("value").to_pylist()
+    values[0] += 1000  # a forged cell
+    pq.write_table(table.set_column(3, "value", pa.array(values, pa.float64())), target)
+    verdicts = verify_published(release_files(ObjectStoragePath(f"file://{out}")), ledger.stored_output)
+    assert any("does not hold the committed bytes" in " ".join(v.problems) for v in verdicts)
+    ti.try_number = 2
+    with pytest.raises(AirflowFailException, match="does not hold the committed bytes"):
+        op.execute(context_for(ti))
+    shutil.rmtree(target.parent)
+    with pytest.raises(AirflowFailException, match="cannot be read"):
+        op.execute(context_for(ti))
+    assert ledger.account(ACCOUNT).spent == spent  # nothing charged, nothing redrawn
+
+
+@pytest.mark.parametrize(
+    "formats, out, match",
+    [
+        (("json", "csv"), True, "CSV file and the SQL sink take inline rows only"),
+        (("json",), False, "give an output_uri"),
+    ],
+)
+def test_what_cannot_take_rows_files_is_refused_before_the_ledger(env, tmp_path, formats, out, match):
+    ledger, spec, uris = env
+    op = operator(spec, uris, tmp_path / "out" if out else None, formats=formats)
+    with pytest.raises(AirflowFailException, match=match):
+        op.execute(context_for(FakeTaskInstance(upstream=None, dag_id=DAG)))
+    assert ledger.account(ACCOUNT).spent == 0
+
+
+def test_below_the_limit_every_row_is_inline(env, tmp_path):
+    _, spec, uris = env
+    op = operator(spec, uris, tmp_path / "out", formats=("json", "csv", "parquet"), limit=None)
+    output = op.execute(context_for(FakeTaskInstance(upstream=None, dag_id=DAG)))
+    assert len(output["aggregates"]["cells"]["rows"]) == XS * YS
+    assert not list((tmp_path / "out").rglob("*.rows"))
+
+
+@pytest.mark.parametrize("change", ["one person fewer", "a NULL sum (the row reader's path)"])
+def test_neighbouring_inputs_look_the_same_but_for_the_noised_values(tmp_path, monkeypatch, caplog, change):
+    """Two releases of neighbouring tables (one person's row changed): everything an observer sees but the noised
+    values and interval ends is identical: outcome, output fields, rows file sizes and schemas, key, half-width
+    and saturation columns, file names but for their digests, ledger charges and the task log."""
+    import logging
+    import re
+
+    spec = tmp_path / "rows.yaml"
+    spec.write_text(SPEC)
+    seen = {}
+    for name in ("with", "without"):  # each release on a fresh ledger with the same cap
+        path = tmp_path / f"ledger_{name}.db"
+        ledger = make_ledger(path, cap="100", accountant="approx_dp", dags=(DAG,), account=ACCOUNT)
+        monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_ROWS", json.dumps(
+            {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
+        folder = tmp_path / name
+        folder.mkdir()
+        uris = tables(folder)
+        if name == "without":
+            cells = pq.read_table(folder / "cells.parquet")
+            sums = pq.read_table(folder / "sums.parquet")
+            if change == "one person fewer":
+                counts = cells.column("count").to_pylist()
+                counts[5] -= 1
+                pq.write_table(cells.set_column(2, "count", pa.array(counts, pa.int64())), folder / "cells.parquet")
+            else:
+                values = sums.column("sum").to_pylist()
+                values[5] = None
+                pq.write_table(sums.set_column(2, "sum", pa.array(values, pa.int64())), folder / "sums.parquet")
+        out = tmp_path / f"out_{name}"
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG):
+            output = operator(spec, uris, out).execute(context_for(FakeTaskInstance(upstream=None, dag_id=DAG)))
+        files = sorted(re.sub(r"-[0-9a-f]{16}\.parquet$", "-<digest>.parquet", str(p.relative_to(out)))
+                       for p in out.rglob("*") if p.is_file())
+        flat = pq.read_table(next(out.rglob("release.parquet")))
+        public = flat.drop_columns(["value", "lower", "upper"])
+        log = [re.sub(r"[0-9a-f]{64}|[0-9a-f]{16}", "<hex>",
+                      r.getMessage().replace(str(folder), "<in>").replace(str(out), "<out>").replace(str(path), "<db>"))
+               for r in caplog.records]
+        # times, the lease token and digests of the (noised) output differ between any two releases
+        charges = [{k: v for k, v in c.items() if not (k.endswith("_at") or "sha256" in k or "token" in k
+                                                       or "output" in k or "lease" in k)}
+                   for c in ledger.charges()]
+        shape = {name: sorted(a) for name, a in output["aggregates"].items()}
+        rows = {name: (a["rows_file"]["rows"], a["rows_file"]["format"]) for name, a in output["aggregates"].items()
+                if "rows_file" in a}
+        seen[name] = (files, public, flat.schema, log, charges, shape, rows)
+    a, b = seen["with"], seen["without"]
+    for index, what in enumerate(["files", None, "schema", "log", "ledger charges", "output fields", "rows files"]):
+        if what:
+            assert a[index] == b[index], what
+    assert a[1].equals(b[1])
