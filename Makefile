@@ -31,6 +31,9 @@ benchmarks: $(VENV)/.installed
 	$(BIN)/python benchmarks/anonymity_adult.py
 	$(BIN)/python benchmarks/ledger_throughput.py
 	$(BIN)/python benchmarks/ledger_cli.py
+	$(BIN)/python benchmarks/samplers.py
+	$(BIN)/python benchmarks/large_release.py
+	$(BIN)/python benchmarks/startup.py
 
 clean:
 	rm -rf $(VENV) .demo .cache build *.egg-info

@@ -1,8 +1,10 @@
-"""Ledger throughput and latency under concurrent OS processes, and budget-check time against history size.
+"""Ledger throughput and latency under concurrent OS processes, budget-check time against history size, and the CPU
+one reserve + commit costs through the ledger against the same SQL through the raw driver.
 
 Run by hand (never a timed test):
 
-    .venv/bin/python benchmarks/ledger_throughput.py [--charges 400] [--history 100000] [--backends sqlite postgresql]
+    .venv/bin/python benchmarks/ledger_throughput.py [--charges 400] [--history 100000] [--pairs 2000]
+        [--backends sqlite postgresql] [--sections throughput history cpu]
 
 For each backend (SQLite file; PostgreSQL at ``DP_LEDGER_TEST_PG_URL``, default
 ``postgresql+psycopg://postgres@127.0.0.1:5432/test``, in a throwaway database) and 1, 4 and 16 processes:
@@ -11,6 +13,15 @@ at once; reports committed charges per second (wall clock from start to last com
 reserve + commit. Then the time of a check-and-reserve on an account with ``--history`` prior committed charges
 (and their audit events, written by the bulk loader of ``benchmarks/ledger_bulk.py``) against one with none, in the
 same run: the ratio stays near 1 because the account row keeps running totals and the chain head.
+
+CPU (``cpu`` section): ``--pairs`` reserve + commit pairs in this process through :class:`Ledger`, measured with
+``time.process_time`` (this process's user and system CPU; waiting for the disk or the server is not CPU), against
+the same SQL through the raw driver (``sqlite3`` or ``psycopg``) in the same run. "The same SQL" is literal: the
+statements, parameters and transaction boundaries SQLAlchemy sent to the driver for the same pairs are recorded on a
+copy of the ledger, then replayed through the driver on another copy that starts in the same state (same accounts,
+ids and chain heads), so the triggers, constraints and commits are the same work on both sides. The difference is
+what SQLAlchemy and the ledger's own Python (HMAC of each audit row, JSON, exact fractions) add per pair; on
+PostgreSQL it includes the pool's pre-ping (``SELECT 1`` at each checkout, SQLAlchemy's own, not replayed).
 
 The ledger is set up by a :class:`~dp_operators.ledger.LedgerGovernor` with fresh keys; the worker processes
 (this file run as ``ledger_throughput.py worker ...``) spend with the spend key from ``DP_LEDGER_AUDIT_KEY``.
@@ -21,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,9 +45,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import sqlalchemy as sa  # noqa: E402
+
 from dp_operators.ledger import AccountConfig, AuditKey, Ledger, ReleaseKey  # noqa: E402
 from dp_operators.ledger.keys import SPEND_KEY_ENV, key_from_environment  # noqa: E402
 from ledger_bulk import (  # noqa: E402
+    PG_URL,
     bench_account,
     bulk_load,
     init_ledger,
@@ -128,34 +143,191 @@ def budget_check(url: str, keys: tuple[AuditKey, AuditKey], history: int, repeat
             "ratio": full / empty}
 
 
+def copy_database(backend: str, url: str, workdir: Path):
+    """A copy of the (idle) ledger at ``url`` in the same state, and a function that disposes of it: the SQLite file
+    copied, or a PostgreSQL database created from it as a template."""
+    if backend == "sqlite":
+        copy = workdir / f"copy-{uuid.uuid4().hex[:8]}.db"
+        original = Path(sa.make_url(url).database)
+        shutil.copyfile(original, copy)
+        wal = original.with_name(original.name + "-wal")  # committed pages not yet checkpointed into the file
+        if wal.exists():
+            shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+        return f"sqlite:///{copy}", lambda: None
+    admin = sa.create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    name = f"dp_ledger_bench_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}" TEMPLATE "{sa.make_url(url).database}"')
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+    return sa.make_url(url).set(database=name).render_as_string(hide_password=False), drop
+
+
+def reserve_commit(ledger: Ledger, i: int) -> None:
+    """One release through the ledger: reserve, then commit its output (release key ``("d", f"cpu-{i}", ...)``)."""
+    reservation = ledger.reserve(
+        ReleaseKey("d", f"cpu-{i}", "t", -1, "r"), account="bench", amount=Fraction(1, 1000), mechanisms=MECHANISMS,
+        spec_hash="0" * 64, try_number=1, audit={"run_type": "scheduled", "triggering_user": None},
+    )
+    ledger.commit(reservation, {"release": "r", "value": i})
+
+
+def close(ledger: Ledger) -> None:
+    ledger.engine.dispose()
+    if ledger._reader is not ledger.engine:
+        ledger._reader.dispose()
+
+
+def record_driver_calls(url: str, key: AuditKey, pairs: int) -> list[list[tuple]]:
+    """Run ``pairs`` reserve + commit pairs through :class:`Ledger` at ``url`` and return, per pair, what SQLAlchemy
+    sent to the driver, in order: ``(engine, "execute", SQL, parameters)``, ``(engine, "commit")`` or
+    ``(engine, "rollback")``, where ``engine`` is ``"writer"`` or ``"reader"`` (SQLite's deferred-transaction reader;
+    on PostgreSQL both are one engine)."""
+    ledger = Ledger(url, audit_key=key)
+    ledger.check_schema()
+    calls: list[tuple] = []
+
+    def record(name: str, engine: sa.Engine) -> None:
+        def execute(conn, cursor, sql, params, context, executemany) -> None:
+            calls.append((name, "execute", sql, params))
+
+        sa.event.listen(engine, "before_cursor_execute", execute)
+        sa.event.listen(engine, "commit", lambda conn: calls.append((name, "commit")))
+        sa.event.listen(engine, "rollback", lambda conn: calls.append((name, "rollback")))
+
+    record("writer", ledger.engine)
+    if ledger._reader is not ledger.engine:
+        record("reader", ledger._reader)
+    per_pair = []
+    for i in range(pairs):
+        reserve_commit(ledger, i)
+        per_pair.append(calls[:])
+        calls.clear()
+    close(ledger)
+    return per_pair
+
+
+def driver_connections(backend: str, url: str) -> dict:
+    """Raw driver connections to the ledger at ``url``, set up as :func:`~dp_operators.ledger.store.
+    create_ledger_engine` sets up its pool's: SQLite without implicit transactions and with foreign keys on (a
+    writer and a reader); PostgreSQL with the same session limits."""
+    if backend == "sqlite":
+        import sqlite3
+
+        connections = {}
+        for name in ("writer", "reader"):
+            connection = sqlite3.connect(sa.make_url(url).database, timeout=60, isolation_level=None)
+            connection.execute("PRAGMA foreign_keys = ON")
+            connections[name] = connection
+        return connections
+    import psycopg
+
+    from dp_operators.ledger.store import PG_IDLE_IN_TRANSACTION_TIMEOUT_MS, PG_LOCK_TIMEOUT_MS
+
+    parts = sa.make_url(url)
+    connection = psycopg.connect(
+        host=parts.host, port=parts.port, user=parts.username, password=parts.password, dbname=parts.database,
+        autocommit=True,
+    )
+    connection.execute(f"SET lock_timeout = {PG_LOCK_TIMEOUT_MS}")
+    connection.execute(f"SET idle_in_transaction_session_timeout = {PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}")
+    connection.autocommit = False
+    return {"writer": connection, "reader": connection}
+
+
+def replay(connections: dict, calls: list[tuple]) -> None:
+    """Send one pair's recorded driver calls again, fetching every result set as SQLAlchemy does."""
+    for call in calls:
+        connection = connections[call[0]]
+        if call[1] == "execute":
+            cursor = connection.cursor()
+            cursor.execute(call[2], call[3])
+            if cursor.description is not None:
+                cursor.fetchall()
+            cursor.close()
+        elif call[1] == "commit":
+            connection.commit()
+        else:
+            connection.rollback()
+
+
+def cpu_per_release(backend: str, keys: tuple[AuditKey, AuditKey], pairs: int, workdir: Path, warmup: int = 50) -> dict:
+    """CPU seconds per reserve + commit through :class:`Ledger` and through the raw driver (same SQL), measured
+    with ``time.process_time`` over ``pairs`` pairs after ``warmup`` pairs (see the module docstring)."""
+    url, dispose = throwaway_database(backend, workdir)
+    copies = []
+    try:
+        init_ledger(url, *keys, bench=bench_account())
+        copies = [copy_database(backend, url, workdir) for _ in range(2)]
+        recorded = record_driver_calls(copies[0][0], keys[1], warmup + pairs)
+        statements = sum(call[1] == "execute" for call in recorded[-1])
+        ledger = Ledger(url, audit_key=keys[1])
+        for i in range(warmup):
+            reserve_commit(ledger, i)
+        started = time.process_time()
+        for i in range(warmup, warmup + pairs):
+            reserve_commit(ledger, i)
+        through_ledger = (time.process_time() - started) / pairs
+        close(ledger)
+        connections = driver_connections(backend, copies[1][0])
+        for calls in recorded[:warmup]:
+            replay(connections, calls)
+        started = time.process_time()
+        for calls in recorded[warmup:]:
+            replay(connections, calls)
+        through_driver = (time.process_time() - started) / pairs
+        for connection in set(connections.values()):
+            connection.close()
+    finally:
+        for _, drop in copies:
+            drop()
+        dispose()
+    return {"pairs": pairs, "statements": statements, "ledger_ms": 1000 * through_ledger,
+            "driver_ms": 1000 * through_driver, "ratio": through_ledger / through_driver}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--charges", type=int, default=400)
     parser.add_argument("--history", type=int, default=100_000)
+    parser.add_argument("--pairs", type=int, default=2000)
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgresql"])
+    parser.add_argument("--sections", nargs="+", choices=["throughput", "history", "cpu"],
+                        default=["throughput", "history", "cpu"])
     args = parser.parse_args()
     keys = (AuditKey.generate(), AuditKey.generate())
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         for backend in args.backends:
             print(f"\n## {backend}")
-            print("| processes | committed | charges/s | p50 ms | p99 ms |\n|---|---|---|---|---|")
-            for processes in (1, 4, 16):
+            if "cpu" in args.sections:
+                c = cpu_per_release(backend, keys, args.pairs, workdir)
+                print(f"\nCPU per reserve + commit ({c['pairs']} pairs, {c['statements']} statements each): "
+                      f"{c['ledger_ms']:.3f} ms through the ledger, {c['driver_ms']:.3f} ms for the same SQL through "
+                      f"the driver: ratio {c['ratio']:.1f}", flush=True)
+            if "throughput" in args.sections:
+                print("\n| processes | committed | charges/s | p50 ms | p99 ms |\n|---|---|---|---|---|")
+                for processes in (1, 4, 16):
+                    url, dispose = throwaway_database(backend, workdir)
+                    try:
+                        r = throughput(url, keys, processes, args.charges, workdir)
+                    finally:
+                        dispose()
+                    print(f"| {r['processes']} | {r['committed']} | {r['charges_per_second']:.0f} | "
+                          f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} |", flush=True)
+            if "history" in args.sections:
                 url, dispose = throwaway_database(backend, workdir)
                 try:
-                    r = throughput(url, keys, processes, args.charges, workdir)
+                    b = budget_check(url, keys, args.history)
                 finally:
                     dispose()
-                print(f"| {r['processes']} | {r['committed']} | {r['charges_per_second']:.0f} | {r['p50_ms']:.1f} "
-                      f"| {r['p99_ms']:.1f} |", flush=True)
-            url, dispose = throwaway_database(backend, workdir)
-            try:
-                b = budget_check(url, keys, args.history)
-            finally:
-                dispose()
-            print(f"\nbudget check (reserve) median: {b['empty_ms']:.2f} ms with 0 prior charges, {b['full_ms']:.2f} ms "
-                  f"with {b['history']:,} prior charges: ratio {b['ratio']:.2f} (history loaded in "
-                  f"{b['load_seconds']:.1f} s)", flush=True)
+                print(f"\nbudget check (reserve) median: {b['empty_ms']:.2f} ms with 0 prior charges, "
+                      f"{b['full_ms']:.2f} ms with {b['history']:,} prior charges: ratio {b['ratio']:.2f} (history "
+                      f"loaded in {b['load_seconds']:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":

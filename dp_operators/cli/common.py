@@ -37,14 +37,20 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from dp_operators.ledger import AuditKey, Ledger, LedgerConfigError, LedgerError, LedgerGovernor
+# Only the light ledger modules (errors, keys: the standard library) at import time: SQLAlchemy, the ledger's
+# tables and the configuration models load inside the commands that open a ledger, so `dpctl --help` and
+# `dpctl spec ...` without a ledger start quickly (tests/test_lazy_imports.py).
+from dp_operators.ledger import AuditKey, LedgerError
 from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV, key_from_environment, read_key_file
+
+if TYPE_CHECKING:
+    from dp_operators.ledger import Ledger, LedgerGovernor
 
 app = typer.Typer(help="Differentially private releases: specs, budget ledger, releases.", no_args_is_help=True)
 ledger_app = typer.Typer(help="The privacy-budget ledger.", no_args_is_help=True)
@@ -171,6 +177,8 @@ def _locate(url: str | None, conn_id: str | None, *, create: bool = False) -> _T
 def _ledger(url: str | None, conn_id: str | None, *, create: bool = False) -> Ledger:
     """The spender's :class:`Ledger` named by --url, --conn-id or DP_LEDGER_URL, with the connection's spend key if
     it has one (see :func:`_locate`)."""
+    from dp_operators.ledger import Ledger
+
     target = _locate(url, conn_id, create=create)
     return Ledger(target.url, audit_key=target.spend_key)
 
@@ -214,6 +222,8 @@ def _keys(target: _Target, governor_key_file: Path | None, audit_key_file: Path 
 
 
 def _governor(target: _Target, governor_keys: list[AuditKey], spend_keys: list[AuditKey]) -> LedgerGovernor:
+    from dp_operators.ledger import LedgerGovernor
+
     return LedgerGovernor(
         target.url,
         governor_key=governor_keys[0] if governor_keys else None,
@@ -225,6 +235,8 @@ def _governor(target: _Target, governor_keys: list[AuditKey], spend_keys: list[A
 def _ledger_errors() -> Iterator[None]:
     """Turn the ledger's refusals and database failures into exit code 1 with the message."""
     import sqlalchemy as sa
+
+    from dp_operators.ledger import LedgerConfigError
 
     try:
         yield

@@ -24,8 +24,7 @@ from dp_operators.cli.common import (
     errors,
     ledger_app,
 )
-from dp_operators.ledger import AuditKey, LedgerConfigError, LedgerError, load_ledger_config
-from dp_operators.ledger.config import declared_accountants
+from dp_operators.ledger import AuditKey, LedgerError
 from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV
 
 
@@ -95,6 +94,8 @@ def ledger_apply(
     that key from now on: giving a new one rotates it. A cap below the spend so far, a change of accountant and a
     change of privacy unit once anything was charged are refused (exit 1) and nothing is changed.
     """
+    from dp_operators.ledger.config import LedgerConfigError, declared_accountants, load_ledger_config
+
     with _ledger_errors():
         target = _locate(url, conn_id)
         governor_keys, spend_keys = _keys(target, governor_key_file, audit_key_file)

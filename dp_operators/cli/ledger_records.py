@@ -39,7 +39,7 @@ from dp_operators.cli.common import (
     errors,
     ledger_app,
 )
-from dp_operators.ledger import Keyring, Ledger, load_ledger_config
+from dp_operators.ledger import Keyring
 from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV
 
 
@@ -224,6 +224,8 @@ def ledger_verify(
     start by someone with every key would then no longer match); exit 3 naming the first broken row and every
     other inconsistency found.
     """
+    from dp_operators.ledger import load_ledger_config
+
     with _ledger_errors():
         target = _locate(url, conn_id)
         governor_keys, spend_keys = _keys(target, governor_key_file, audit_key_file)
@@ -272,6 +274,8 @@ def ledger_reconcile(
     else with the spend key (--audit-key-file, DP_LEDGER_AUDIT_KEY or the connection's extra audit_key).
     Safe to run at any time (e.g. on a schedule): a live reservation's lease is renewed by its owner.
     """
+    from dp_operators.ledger import Ledger
+
     with _ledger_errors():
         target = _locate(url, conn_id)
         governor_keys, spend_keys = _keys(target, governor_key_file, audit_key_file)

@@ -23,7 +23,6 @@ from dp_operators.cli.common import (
     console,
     release_app,
 )
-from dp_operators.ledger import Ledger
 
 if TYPE_CHECKING:
     from dp_operators.operators.verification import FileVerdict
@@ -128,6 +127,7 @@ def release_verify(
     Exit 0 when every file matches; 3 when any differs, is not in the ledger, is not a release or cannot be read;
     1 when PATH or the ledger cannot be read.
     """
+    from dp_operators.ledger import Ledger
     from dp_operators.operators.verification import release_files, storage_path, verify_published
 
     with _ledger_errors():

@@ -23,8 +23,6 @@ from dp_operators.cli.common import (
     console,
     spec_app,
 )
-from dp_operators.ledger import LedgerConfigError, load_ledger_config
-from dp_operators.spec import SpecError, load_spec
 
 @spec_app.command("validate")
 def spec_validate(spec: Annotated[Path, typer.Argument(help="A release spec YAML file.")]) -> None:
@@ -32,6 +30,7 @@ def spec_validate(spec: Annotated[Path, typer.Argument(help="A release spec YAML
     carry the grid, totals that can reach the saturation limit, noise beyond the engine's range are refused here,
     as they would be at the release, before any budget)."""
     from dp_operators.release import ReleaseConfigError, plan_release
+    from dp_operators.spec import SpecError, load_spec
 
     try:
         loaded = load_spec(spec)
@@ -73,7 +72,9 @@ def spec_plan(
     them, auto compares mechanisms at the written budgets (which on a zcdp account can cost more than needed).
     """
     from dp_operators.accounting import IncompatibleAccountantError, epsilon_at_delta
+    from dp_operators.ledger import LedgerConfigError, load_ledger_config
     from dp_operators.release import ReleaseConfigError, plan_release
+    from dp_operators.spec import SpecError, load_spec
 
     try:
         loaded = load_spec(spec)

@@ -22,12 +22,15 @@ Connection.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import URL
 
 from airflow.sdk import BaseHook
-from dp_operators.ledger import AuditKey, Ledger, LedgerKeyError
+from dp_operators.ledger import AuditKey, LedgerKeyError
+
+if TYPE_CHECKING:
+    from dp_operators.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +179,9 @@ class DPLedgerHook(BaseHook):
             ValueError: the connection names no ledger, or its ``lease_seconds`` is not such a number.
             LedgerKeyError: its ``audit_key`` is not a valid key.
         """
+        # imported here: Airflow loads this module to list connection types, which needs no ledger code
+        from dp_operators.ledger import Ledger
+
         conn = self.get_connection(self.ledger_conn_id)
         if (conn.extra_dejson or {}).get(GOVERNOR_KEY_EXTRA):
             log.warning(

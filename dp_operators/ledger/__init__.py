@@ -2,14 +2,20 @@
 
 Two ways in (docs/adr/0020): :class:`Ledger`, the spender tasks use (reserve, commit, release, read), and
 :class:`LedgerGovernor`, the privacy officer's (schema, accounts, caps, verify).
+
+The names below are imported on first use (PEP 562 module ``__getattr__``): ``from dp_operators.ledger import
+Ledger`` works as always, but importing the package (or only its errors and keys) does not load SQLAlchemy or the
+configuration models, so ``dpctl --help`` and commands that never open a ledger start quickly.
 """
 
 from __future__ import annotations
 
-from dp_operators.ledger.chain import AuditChainError, canonical_json
-from dp_operators.ledger.config import AccountConfig, LedgerConfig, LedgerConfigError, load_ledger_config
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from dp_operators.ledger.errors import (
     AccountNotFoundError,
+    AuditChainError,
     BudgetExhaustedError,
     ChargeStateError,
     DagNotAllowedError,
@@ -18,10 +24,28 @@ from dp_operators.ledger.errors import (
     LedgerKeyError,
     LedgerNotInitialisedError,
 )
-from dp_operators.ledger.govern import LedgerGovernor
 from dp_operators.ledger.keys import AuditKey, Keyring
-from dp_operators.ledger.spend import Ledger
-from dp_operators.ledger.store import AccountStatus, ReleaseKey, Reservation
+
+if TYPE_CHECKING:
+    from dp_operators.ledger.chain import canonical_json
+    from dp_operators.ledger.config import AccountConfig, LedgerConfig, LedgerConfigError, load_ledger_config
+    from dp_operators.ledger.govern import LedgerGovernor
+    from dp_operators.ledger.spend import Ledger
+    from dp_operators.ledger.store import AccountStatus, ReleaseKey, Reservation
+
+#: Public name -> the submodule defining it, imported on first access.
+_LAZY = {
+    "canonical_json": "chain",
+    "AccountConfig": "config",
+    "LedgerConfig": "config",
+    "LedgerConfigError": "config",
+    "load_ledger_config": "config",
+    "LedgerGovernor": "govern",
+    "Ledger": "spend",
+    "AccountStatus": "store",
+    "ReleaseKey": "store",
+    "Reservation": "store",
+}
 
 __all__ = [
     "AccountConfig",
@@ -46,3 +70,18 @@ __all__ = [
     "canonical_json",
     "load_ledger_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Anything else (a submodule such as ``schema``) raises AttributeError, so ``from dp_operators.ledger import
+    # schema`` still falls back to importing the submodule.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -44,6 +44,27 @@ AUDIT_CONTEXT_KEYS = frozenset(
     {"run_type", "triggering_user", "host", "package_version", "user", "pid", "db_role", "command"}
 )
 
+# The statements of the release path, built once with named bind parameters: a statement object is reused, so
+# SQLAlchemy computes its cache key once and finds its compiled form in the engine's compiled cache on every call
+# (SQLAlchemy docs, "SQL Compilation Caching"); building them per call cost more CPU than the database's own work.
+_e = schema.audit_events.c
+_ACCOUNT_FOR_UPDATE = (
+    sa.select(schema.accounts).where(schema.accounts.c.name == sa.bindparam("account")).with_for_update()
+)
+_EVENT_AT_SEQ = sa.select(schema.audit_events).where(
+    _e.account == sa.bindparam("account"), _e.account_seq == sa.bindparam("seq")
+)
+_EVENT_ID_AT_SEQ = sa.select(_e.id).where(_e.account == sa.bindparam("account"), _e.account_seq == sa.bindparam("seq"))
+_NEWEST_EVENT_SIGNED_BY = (
+    sa.select(schema.audit_events)
+    .where(_e.account == sa.bindparam("account"), _e.key_id == sa.bindparam("key_id"))
+    .order_by(_e.account_seq.desc())
+    .limit(1)
+)
+_INSERT_EVENT = schema.audit_events.insert()
+#: SET columns come from the parameters (each distinct set of columns is compiled once); ``account`` names the row.
+_UPDATE_ACCOUNT = schema.accounts.update().where(schema.accounts.c.name == sa.bindparam("account"))
+
 
 def canonical_json(value: Any) -> str:
     """The canonical JSON text stored for outputs and MAC'd in events: sorted keys, no whitespace, NaN refused."""
@@ -120,7 +141,7 @@ class AccountChain:
         Raises:
             AuditChainError: the account's totals are not numbers (edited outside the ledger).
         """
-        row = conn.execute(sa.select(schema.accounts).where(schema.accounts.c.name == name).with_for_update()).first()
+        row = conn.execute(_ACCOUNT_FOR_UPDATE, {"account": name}).first()
         if row is None:
             return None
         spent = stored_fraction(row.spent, f"budget account {name!r}: spent")
@@ -166,12 +187,7 @@ class AccountChain:
         Raises:
             AuditChainError: a row already holds the next sequence number (inserted outside the ledger).
         """
-        taken = conn.execute(
-            sa.select(schema.audit_events.c.id).where(
-                schema.audit_events.c.account == self.row.name,
-                schema.audit_events.c.account_seq == self.seq + 1,
-            )
-        ).first()
+        taken = conn.execute(_EVENT_ID_AT_SEQ, {"account": self.row.name, "seq": self.seq + 1}).first()
         if taken is not None:
             raise AuditChainError(
                 f"budget account {self.row.name!r}: audit row id={taken.id} already holds sequence number "
@@ -179,23 +195,23 @@ class AccountChain:
                 f"{self.seq}); nothing was changed. A privacy officer runs 'dpctl ledger verify'"
             )
         values = self.signed_row(event, context, **fields)
-        conn.execute(schema.audit_events.insert().values(**values))
+        conn.execute(_INSERT_EVENT, values)
         return values
 
     def flush(self, conn: Connection, **extra: Any) -> None:
         """Write the running totals and chain head back to the account row."""
         if self.dirty or extra:
             conn.execute(
-                schema.accounts.update()
-                .where(schema.accounts.c.name == self.row.name)
-                .values(
-                    spent=str(self.spent),
-                    delta_spent=str(self.delta_spent),
-                    audit_seq=self.seq,
-                    audit_head=self.head,
-                    updated_at=now(),
+                _UPDATE_ACCOUNT,
+                {
+                    "spent": str(self.spent),
+                    "delta_spent": str(self.delta_spent),
+                    "audit_seq": self.seq,
+                    "audit_head": self.head,
+                    "updated_at": now(),
                     **extra,
-                )
+                    "account": self.row.name,
+                },
             )
 
 
@@ -211,11 +227,7 @@ def _check_head(conn: Connection, row: Any, key: AuditKey) -> None:
     """
     if not row.audit_seq:
         return
-    head = conn.execute(
-        sa.select(schema.audit_events).where(
-            schema.audit_events.c.account == row.name, schema.audit_events.c.account_seq == row.audit_seq
-        )
-    ).first()
+    head = conn.execute(_EVENT_AT_SEQ, {"account": row.name, "seq": row.audit_seq}).first()
     intact = (
         head is not None
         and head.row_hash == row.audit_head
@@ -227,10 +239,7 @@ def _check_head(conn: Connection, row: Any, key: AuditKey) -> None:
         # event this key signed, checked with the key, must state them too: a head forged under another key id
         # cannot lower them.
         own = head if head.key_id == key.key_id else conn.execute(
-            sa.select(schema.audit_events)
-            .where(schema.audit_events.c.account == row.name, schema.audit_events.c.key_id == key.key_id)
-            .order_by(schema.audit_events.c.account_seq.desc())
-            .limit(1)
+            _NEWEST_EVENT_SIGNED_BY, {"account": row.name, "key_id": key.key_id}
         ).first()
         intact = own is None or (
             audit_row_mac(own._mapping, key) == own.row_hash

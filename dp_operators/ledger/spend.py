@@ -45,12 +45,36 @@ from dp_operators.ledger.errors import (
     stored_fraction,
 )
 from dp_operators.ledger.keys import AuditKey, as_key
-from dp_operators.ledger.store import LedgerBase, Refusal, ReleaseKey, Reservation, key_filter, not_found
+from dp_operators.ledger.store import KEY_MATCHES, LedgerBase, Refusal, ReleaseKey, Reservation, not_found
 
 log = logging.getLogger(__name__)
 
 #: Default lease of a reservation, seconds. The owner renews it every third of this while it draws.
 DEFAULT_LEASE_SECONDS = 120
+
+# Statements built once with named bind parameters, so SQLAlchemy computes each cache key once and reuses the
+# compiled form on every call (SQLAlchemy docs, "SQL Compilation Caching"); see also ``chain`` and ``store``.
+_c = schema.charges.c
+_CHARGE = sa.select(schema.charges).where(_c.id == sa.bindparam("charge_id"))
+_CHARGES_OF_KEY = sa.select(schema.charges).where(*KEY_MATCHES).order_by(_c.attempt)
+_RESERVATIONS_OF_KEY = sa.select(_c.state, _c.attempt, _c.lease_expires_at).where(
+    *KEY_MATCHES, _c.state == "reserved"
+)
+_EXPIRED_RESERVATIONS = (
+    sa.select(_c.id, _c.account)
+    .where(
+        _c.state == "reserved",
+        sa.or_(
+            _c.lease_expires_at.is_(None),
+            _c.lease_expires_at <= sa.bindparam("now"),
+            _c.lease_expires_at > sa.bindparam("horizon"),
+        ),
+    )
+    .order_by(_c.account, _c.id)
+)
+_INSERT_CHARGE = schema.charges.insert()
+#: SET columns come from the parameters (each distinct set of columns is compiled once); ``charge_id`` names the row.
+_UPDATE_CHARGE = schema.charges.update().where(_c.id == sa.bindparam("charge_id"))
 
 
 def token_hash(token: str) -> str:
@@ -90,9 +114,7 @@ def _stored_context(charge: Any) -> dict[str, Any]:
 
 def abandon(conn: Connection, chain: AccountChain, charge: Any, context: Mapping[str, Any], reason: str) -> None:
     """Mark a reserved ``charge`` abandoned (it stays counted as spent) and record why."""
-    conn.execute(
-        schema.charges.update().where(schema.charges.c.id == charge.id).values(state="abandoned", updated_at=_utcnow())
-    )
+    conn.execute(_UPDATE_CHARGE, {"state": "abandoned", "updated_at": _utcnow(), "charge_id": charge.id})
     chain.append(conn, "abandoned", context, **charge_event_fields(charge), details={"reason": reason})
 
 
@@ -119,16 +141,8 @@ def reconcile_expired(
 
     def work(conn: Connection) -> list[dict]:
         now = base._db_now(conn)
-        c = schema.charges.c
         horizon = now + dt.timedelta(seconds=schema.MAX_LEASE_SECONDS)
-        expired = conn.execute(
-            sa.select(c.id, c.account)
-            .where(
-                c.state == "reserved",
-                sa.or_(c.lease_expires_at.is_(None), c.lease_expires_at <= now, c.lease_expires_at > horizon),
-            )
-            .order_by(c.account, c.id)
-        ).all()
+        expired = conn.execute(_EXPIRED_RESERVATIONS, {"now": now, "horizon": horizon}).all()
         done: list[dict] = []
         for account in sorted({row.account for row in expired}):
             chain = AccountChain.lock(conn, account, key)
@@ -140,7 +154,7 @@ def reconcile_expired(
                     "nothing was reconciled. Use the current spend key, or the governor key"
                 )
             for charge_id in [row.id for row in expired if row.account == account]:
-                charge = conn.execute(sa.select(schema.charges).where(c.id == charge_id)).first()
+                charge = conn.execute(_CHARGE, {"charge_id": charge_id}).first()
                 lease = _aware(charge.lease_expires_at)
                 if charge.state != "reserved" or _live(lease, now):
                     continue  # renewed or finished since the first read
@@ -269,9 +283,7 @@ class Ledger(LedgerBase):
                 )
                 chain.flush(conn)
                 return Refusal(DagNotAllowedError.of(key.dag_id, account, allowed))
-            previous = conn.execute(
-                sa.select(schema.charges).where(*key_filter(key)).order_by(schema.charges.c.attempt)
-            ).all()
+            previous = conn.execute(_CHARGES_OF_KEY, key.as_dict()).all()
             for charge in previous:
                 if charge.state == "committed":
                     return json.loads(charge.output)
@@ -309,22 +321,23 @@ class Ledger(LedgerBase):
             lease_end = now + dt.timedelta(seconds=self.lease_seconds)
             hashed = token_hash(token)
             charge_id = conn.execute(
-                schema.charges.insert().values(
-                    account=account,
-                    attempt=attempt,
-                    state="reserved",
-                    amount=str(amount),
-                    delta_amount=str(delta),
-                    mechanisms=mechanisms_text,
-                    spec_hash=spec_hash,
-                    try_number=try_number,
-                    context=canonical_json(context),
-                    token_hash=hashed,
-                    lease_expires_at=lease_end,
-                    created_at=created,
-                    updated_at=created,
+                _INSERT_CHARGE,
+                {
+                    "account": account,
+                    "attempt": attempt,
+                    "state": "reserved",
+                    "amount": str(amount),
+                    "delta_amount": str(delta),
+                    "mechanisms": mechanisms_text,
+                    "spec_hash": spec_hash,
+                    "try_number": try_number,
+                    "context": canonical_json(context),
+                    "token_hash": hashed,
+                    "lease_expires_at": lease_end,
+                    "created_at": created,
+                    "updated_at": created,
                     **key.as_dict(),
-                )
+                },
             ).inserted_primary_key[0]
             chain.spent = round_up(chain.spent + amount)
             chain.delta_spent = round_up(chain.delta_spent + delta)
@@ -345,10 +358,7 @@ class Ledger(LedgerBase):
         lock, so attempts polling a busy key do not queue on the account's lock ahead of the owner's renewals.
         (:meth:`reserve` checks again under the lock.)"""
         with self._read() as conn:
-            previous = conn.execute(
-                sa.select(schema.charges.c.state, schema.charges.c.attempt, schema.charges.c.lease_expires_at)
-                .where(*key_filter(key), schema.charges.c.state == "reserved")
-            ).all()
+            previous = conn.execute(_RESERVATIONS_OF_KEY, key.as_dict()).all()
             if previous:
                 _raise_if_leased(previous, key, self._db_now(conn))
 
@@ -360,13 +370,12 @@ class Ledger(LedgerBase):
             ChargeStateError: no such charge, not this reservation's (account, key, attempt or token differ), or
                 no longer reserved. Nothing is changed.
         """
-        c = schema.charges.c
-        charge = conn.execute(sa.select(schema.charges).where(c.id == reservation.charge_id)).first()
+        charge = conn.execute(_CHARGE, {"charge_id": reservation.charge_id}).first()
         where = f"charge {reservation.charge_id} for {reservation.key}"
         if charge is None:
             raise ChargeStateError(f"{where} does not exist; nothing {action}")
         chain = AccountChain.lock(conn, charge.account, self._spend_key())
-        charge = conn.execute(sa.select(schema.charges).where(c.id == reservation.charge_id)).first()
+        charge = conn.execute(_CHARGE, {"charge_id": reservation.charge_id}).first()
         owned = (
             charge.account == reservation.account
             and ReleaseKey(charge.dag_id, charge.run_id, charge.task_id, charge.map_index, charge.release_name)
@@ -404,9 +413,11 @@ class Ledger(LedgerBase):
         def work(conn: Connection) -> str:
             chain, charge = self._owned_charge(conn, reservation, "committed")
             conn.execute(
-                schema.charges.update()
-                .where(schema.charges.c.id == charge.id)
-                .values(state="committed", output=text, output_digest=digest, updated_at=_utcnow())
+                _UPDATE_CHARGE,
+                {
+                    "state": "committed", "output": text, "output_digest": digest, "updated_at": _utcnow(),
+                    "charge_id": charge.id,
+                },
             )
             chain.append(
                 conn, "committed", audit_context(audit, _stored_context(charge)), output_digest=digest,
@@ -428,11 +439,7 @@ class Ledger(LedgerBase):
 
         def work(conn: Connection) -> None:
             chain, charge = self._owned_charge(conn, reservation, "released")
-            conn.execute(
-                schema.charges.update()
-                .where(schema.charges.c.id == charge.id)
-                .values(state="released", updated_at=_utcnow())
-            )
+            conn.execute(_UPDATE_CHARGE, {"state": "released", "updated_at": _utcnow(), "charge_id": charge.id})
             chain.spent -= stored_fraction(charge.amount, f"charge {charge.id}: amount")
             chain.delta_spent -= stored_fraction(charge.delta_amount, f"charge {charge.id}: delta_amount")
             chain.append(
@@ -472,9 +479,7 @@ class Ledger(LedgerBase):
         def work(conn: Connection) -> dt.datetime:
             _, charge = self._owned_charge(conn, reservation, "renewed")
             end = self._db_now(conn) + dt.timedelta(seconds=self.lease_seconds)
-            conn.execute(
-                schema.charges.update().where(schema.charges.c.id == charge.id).values(lease_expires_at=end)
-            )
+            conn.execute(_UPDATE_CHARGE, {"lease_expires_at": end, "charge_id": charge.id})
             return end
 
         # Few retries: the keeper tries again a moment later rather than waiting out a long backoff.

@@ -48,6 +48,24 @@ PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
 #: Rows fetched per round trip by the streaming readers.
 STREAM_BATCH = 1000
 
+# Statements built once with named bind parameters, so SQLAlchemy computes each cache key once and reuses the
+# compiled form on every call (SQLAlchemy docs, "SQL Compilation Caching"); see also ``chain`` and ``spend``.
+_c = schema.charges.c
+#: A release key's bind parameters (``ReleaseKey.as_dict()``).
+KEY_MATCHES = (
+    _c.dag_id == sa.bindparam("dag_id"),
+    _c.run_id == sa.bindparam("run_id"),
+    _c.task_id == sa.bindparam("task_id"),
+    _c.map_index == sa.bindparam("map_index"),
+    _c.release_name == sa.bindparam("release_name"),
+)
+_ACCOUNT = sa.select(schema.accounts).where(schema.accounts.c.name == sa.bindparam("account"))
+_RESERVED_AMOUNTS = sa.select(_c.amount, _c.delta_amount).where(
+    _c.account == sa.bindparam("account"), _c.state == "reserved"
+)
+_COMMITTED_OUTPUT = sa.select(_c.output).where(*KEY_MATCHES, _c.state == "committed")
+_DB_NOW = sa.select(sa.func.clock_timestamp())
+
 
 @dataclass(frozen=True)
 class ReleaseKey:
@@ -249,7 +267,7 @@ class LedgerBase:
         ``clock_timestamp()``, not the transaction's start, so a lock wait does not shorten a granted lease), this
         machine's on SQLite (a single-machine database)."""
         if self.dialect == "postgresql":
-            return conn.execute(sa.select(sa.func.clock_timestamp())).scalar()
+            return conn.execute(_DB_NOW).scalar()
         return dt.datetime.now(dt.timezone.utc)
 
     # -- schema ------------------------------------------------------------------------------------------------
@@ -278,7 +296,7 @@ class LedgerBase:
         """The status of account ``name``. Raises :class:`AccountNotFoundError`."""
         self.check_schema()
         with self._read() as conn:
-            row = conn.execute(sa.select(schema.accounts).where(schema.accounts.c.name == name)).first()
+            row = conn.execute(_ACCOUNT, {"account": name}).first()
             if row is None:
                 raise AccountNotFoundError(not_found(name))
             return account_status(row, *reserved_totals(conn, name))
@@ -296,9 +314,7 @@ class LedgerBase:
         Raises :class:`LedgerNotInitialisedError` if the ledger has no schema."""
         self.check_schema()
         with self._read() as conn:
-            text = conn.execute(
-                sa.select(schema.charges.c.output).where(*key_filter(key), schema.charges.c.state == "committed")
-            ).scalar()
+            text = conn.execute(_COMMITTED_OUTPUT, key.as_dict()).scalar()
         return None if text is None else json.loads(text)
 
     def charges(
@@ -386,23 +402,8 @@ def stored_config(values: Any) -> dict[str, Any]:
     return {name: get(name) for name in schema.ACCOUNT_GOVERNED_COLUMNS}
 
 
-def key_filter(key: ReleaseKey) -> list:
-    c = schema.charges.c
-    return [
-        c.dag_id == key.dag_id,
-        c.run_id == key.run_id,
-        c.task_id == key.task_id,
-        c.map_index == key.map_index,
-        c.release_name == key.release_name,
-    ]
-
-
 def reserved_totals(conn: Connection, name: str) -> tuple[Fraction, Fraction]:
-    rows = conn.execute(
-        sa.select(schema.charges.c.amount, schema.charges.c.delta_amount).where(
-            schema.charges.c.account == name, schema.charges.c.state == "reserved"
-        )
-    )
+    rows = conn.execute(_RESERVED_AMOUNTS, {"account": name})
     amount, delta = Fraction(0), Fraction(0)
     for row in rows:
         amount += stored_fraction(row.amount, f"a reserved charge of account {name!r}: amount")

@@ -12,6 +12,10 @@ from typing import Any
 
 from dp_operators.release.publish import published_interval
 
+class NotInlineError(ValueError):
+    """A release whose rows are in rows files cannot be given as row dicts (the CSV file, the SQL sink)."""
+
+
 #: The columns of :func:`release_rows`, the CSV and the Parquet file, in this order.
 COLUMNS = ("aggregate", "kind", "key", "value", "half_width", "confidence", "mechanism", "saturated", "lower", "upper")
 
@@ -36,14 +40,14 @@ def release_rows(output: Mapping[str, Any]) -> list[dict[str, Any]]:
 
     Raises:
         KeyError: ``output`` is not a published release (no ``aggregates``, ``confidence``...).
-        ValueError: an aggregate's rows are in a rows file (a release of more than ``inline_rows_limit`` cells):
+        NotInlineError: an aggregate's rows are in a rows file (a release of more than ``inline_rows_limit`` cells):
             read that Parquet file (``sinks.release_table`` does) instead of building millions of dicts.
     """
     rows = []
     for name in sorted(output["aggregates"]):
         aggregate = output["aggregates"][name]
         if "rows_file" in aggregate:
-            raise ValueError(
+            raise NotInlineError(
                 f"aggregate {name!r} is stored as a rows file ({aggregate['rows_file']['uri']}), not as rows: only the "
                 "Parquet sink and the JSON header publish it; read the file with pyarrow"
             )

@@ -38,7 +38,8 @@ from dp_operators.operators.gate import load_planned_spec
 from dp_operators.operators.lineage import ReleaseLineageMixin
 from dp_operators.operators.locations import check_publishable, diagnostics_file, release_folder, release_stem
 from dp_operators.operators.sinks import ObjectStorageRowsStore, SQLTableSink, check_formats, release_csv, write_files
-from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, ROWS_SUFFIX
+from dp_operators.operators.flat_rows import NotInlineError
+from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, ROWS_SUFFIX, RowsFileError
 from dp_operators.release.run import filed_aggregates
 from dp_operators.operators.sources import is_reference, read_reference
 from dp_operators.operators.upstream import describe_missing, pull_return_value
@@ -289,6 +290,8 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                 "(the CSV file and the SQL sink take inline rows only), or raise inline_rows_limit. Nothing was "
                 "charged"
             )
+        if filed:
+            self._prepare_rows_folder(key)
         if self.sql_sink is not None:
             try:
                 self.sql_sink.prepare()
@@ -298,8 +301,35 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                     f"{type(error).__name__}"
                 ) from None
 
+    def _prepare_rows_folder(self, key: ReleaseKey) -> None:
+        """Create the rows folder before the ledger is called, refusing a link or a file planted in its place:
+        rows files are written after the noise is drawn, where a failure keeps the charge spent.
+
+        Raises:
+            AirflowFailException: something other than a folder is at its place (no retry fixes it).
+        """
+        store = self._rows_store(key)
+        assert store is not None
+        folder = store.folder
+        from fsspec.implementations.local import LocalFileSystem
+
+        if isinstance(folder.fs, LocalFileSystem):
+            local = Path(folder.path)
+            if local.is_symlink() or (local.exists() and not local.is_dir()):
+                raise AirflowFailException(
+                    f"release {key.release_name!r} cannot be published: {local} is not a folder (a link or a file "
+                    "sits where its rows files go); remove it. Nothing was charged"
+                )
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise AirflowException(
+                f"release {key.release_name!r}: its rows folder {folder} cannot be created ({type(error).__name__}); "
+                "nothing was charged, a retry is safe"
+            ) from None
+
     def _rows_store(self, key: ReleaseKey) -> ObjectStorageRowsStore | None:
-        """Where rows files go: ``<output_uri>/<release>/<dag_id>/<run_id>/<stem>.rows/`` (``None`` without an
+        """Where rows files go: ``<output_uri>/<release>/<dag_id>/<run_id>/<stem>~rows/`` (``None`` without an
         ``output_uri``)."""
         if not self.output_uri:
             return None
@@ -335,12 +365,16 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         try:
             if self.output_uri:
                 written = write_files(output, release_folder(self.output_uri, key), release_stem(key),
-                                      self.output_formats)
+                                      self.output_formats, rows_store=self._rows_store(key))
                 locations = {fmt: str(path) for fmt, path in written.items()}
             if self.sql_sink is not None:
                 self.sql_sink.write(output)
         except AirflowFailException:  # a sink's own refusal (e.g. the connection is not SQL): no retry fixes it
             raise
+        except (NotInlineError, RowsFileError) as error:  # e.g. csv asked of a committed release with rows files
+            raise AirflowFailException(
+                f"release {key.release_name!r} is committed in the ledger but cannot be published as asked: {error}"
+            ) from None
         except Exception as error:
             raise AirflowException(
                 f"release {key.release_name!r} is committed in the ledger but publishing it failed "

@@ -82,46 +82,55 @@ def _inline_table(output: Mapping[str, Any]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=parquet_schema())
 
 
-def _pieces(output: Mapping[str, Any]) -> Iterator[pa.Table]:
+def _pieces(output: Mapping[str, Any], store: Any = None) -> Iterator[pa.Table]:
     """The flat table in order (aggregates sorted by name): an inline aggregate as one table, a rows file
     (:mod:`dp_operators.release.rows_file`) in :data:`~dp_operators.release.rows_file.ROW_GROUP`-row batches, read
-    from its location (its SHA-256 is checked when the release is replayed, and by ``dpctl release verify``)."""
+    from a local copy whose SHA-256 was checked against the committed one while it was copied (what is streamed is
+    what the ledger recorded, whatever happens to the file meanwhile). With ``store`` (the release's rows folder)
+    a rows file must also lie in it, named by its digest."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from airflow.sdk import ObjectStoragePath
 
     for name in sorted(output["aggregates"]):
         aggregate = output["aggregates"][name]
         if "rows_file" not in aggregate:
             yield _inline_table({**output, "aggregates": {name: aggregate}})
             continue
-        with ObjectStoragePath(aggregate["rows_file"]["uri"]).open("rb") as handle:
-            for batch in pq.ParquetFile(handle).iter_batches(batch_size=rows_file.ROW_GROUP):
+        copy = rows_file.verified_copy(store or _AnyFolder(), aggregate["rows_file"], name)
+        try:
+            for batch in pq.ParquetFile(copy).iter_batches(batch_size=rows_file.ROW_GROUP):
                 yield pa.Table.from_batches([batch]).cast(parquet_schema())
+        finally:
+            copy.unlink(missing_ok=True)
 
 
-def release_table(output: Mapping[str, Any]) -> pa.Table:
+def release_table(output: Mapping[str, Any], rows_store: Any = None) -> pa.Table:
     """:func:`release_rows` as an Arrow table with :func:`parquet_schema` (values converted to float); the rows
-    of an aggregate stored as a rows file are read from it."""
+    of an aggregate stored as a rows file are read from it (checked against its committed SHA-256; in
+    ``rows_store``'s folder when given).
+
+    Raises:
+        RowsFileError: a rows file is missing, altered, or (with ``rows_store``) elsewhere.
+    """
     import pyarrow as pa
 
     if not rows_file.rows_files(dict(output)):
         return _inline_table(output)
-    return pa.concat_tables(list(_pieces(output)))
+    return pa.concat_tables(list(_pieces(output, rows_store)))
 
 
-def _write_parquet(output: Mapping[str, Any], sink: Any) -> None:
+def _write_parquet(output: Mapping[str, Any], sink: Any, rows_store: Any = None) -> None:
     import pyarrow.parquet as pq
 
     if not rows_file.rows_files(dict(output)):
         pq.write_table(release_table(output), sink, compression="snappy")
         return
     with pq.ParquetWriter(sink, parquet_schema(), compression="snappy") as writer:
-        for piece in _pieces(output):
+        for piece in _pieces(output, rows_store):
             writer.write_table(piece)
 
 
-def release_parquet(output: Mapping[str, Any]) -> bytes:
+def release_parquet(output: Mapping[str, Any], rows_store: Any = None) -> bytes:
     """The release as Parquet bytes: :func:`release_table`, snappy, no pandas index; one row group, or, with rows
     files, one per inline aggregate and per batch of a rows file.
 
@@ -132,7 +141,7 @@ def release_parquet(output: Mapping[str, Any]) -> bytes:
     import pyarrow as pa
 
     sink = pa.BufferOutputStream()
-    _write_parquet(output, sink)
+    _write_parquet(output, sink, rows_store)
     return sink.getvalue().to_pybytes()
 
 
@@ -172,7 +181,7 @@ def check_formats(formats: Sequence[str]) -> tuple[str, ...]:
 
 
 def write_files(
-    output: Mapping[str, Any], folder: ObjectStoragePath, stem: str, formats: Sequence[str]
+    output: Mapping[str, Any], folder: ObjectStoragePath, stem: str, formats: Sequence[str], rows_store: Any = None
 ) -> dict[str, ObjectStoragePath]:
     """Write the release as ``<folder>/<stem>.<format>`` for each of ``formats``; returns format -> path.
 
@@ -199,21 +208,21 @@ def write_files(
         elif fmt == "csv":
             _publish(path, release_csv(output).encode("utf-8"))
         elif rows_file.rows_files(dict(output)):
-            _publish_parquet_stream(path, output)
+            _publish_parquet_stream(path, output, rows_store)
         else:
             _publish(path, release_parquet(output), same_content=_same_parquet_content(output))
         written[fmt] = path
     return written
 
 
-def _publish_parquet_stream(path: ObjectStoragePath, output: Mapping[str, Any]) -> None:
+def _publish_parquet_stream(path: ObjectStoragePath, output: Mapping[str, Any], rows_store: Any = None) -> None:
     """The Parquet file of a release with rows files, written batch by batch to a local temporary file (memory
     does not grow with the rows), then published like :func:`_publish` (left alone if it holds these bytes)."""
     handle = tempfile.NamedTemporaryFile(prefix="dp-release-", suffix=".parquet", delete=False)
     handle.close()
     source = Path(handle.name)
     try:
-        _write_parquet(output, str(source))
+        _write_parquet(output, str(source), rows_store)
         if path.exists() and path.stat().st_size == source.stat().st_size and _same_file(path, source):
             log.debug("%s already holds this release; left unchanged", path)
             return
@@ -245,6 +254,8 @@ def publish_file(path: ObjectStoragePath, source: Path) -> None:
         return
     target = Path(path.path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    if target.parent.is_symlink() or target.is_symlink():
+        raise OSError(f"{target} lies behind a symbolic link: release files are never written through one")
     handle = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp", delete=False)
     try:
         with handle, source.open("rb") as reader:
@@ -272,14 +283,34 @@ class ObjectStorageRowsStore:
         return str(target)
 
     def open(self, uri: str) -> Any:
-        from airflow.sdk import ObjectStoragePath
-
-        return ObjectStoragePath(uri).open("rb")
+        return _open_stored(uri)
 
     def owns(self, uri: str) -> bool:
         from airflow.sdk import ObjectStoragePath
 
         return str(ObjectStoragePath(uri).parent).rstrip("/") == str(self.folder).rstrip("/")
+
+
+class _AnyFolder(ObjectStorageRowsStore):
+    """A rows file's own location, wherever it is (``release_table`` without a store): its digest is still
+    checked."""
+
+    def __init__(self) -> None:
+        super().__init__(None)  # type: ignore[arg-type]
+
+    def owns(self, uri: str) -> bool:
+        return True
+
+
+def _open_stored(uri: str) -> Any:
+    """Open a stored file for reading: on local storage only a regular file reached without a symbolic link."""
+    from airflow.sdk import ObjectStoragePath
+    from fsspec.implementations.local import LocalFileSystem
+
+    path = ObjectStoragePath(uri)
+    if isinstance(path.fs, LocalFileSystem):
+        return rows_file.open_regular(Path(path.path))
+    return path.open("rb")
 
 
 def _publish(path: ObjectStoragePath, data: bytes, same_content: Callable[[bytes], bool] | None = None) -> None:

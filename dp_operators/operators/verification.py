@@ -6,7 +6,7 @@ unseen. :func:`verify_published` compares every release file under a folder with
 (:mod:`~dp_operators.operators.sinks`) write for the committed output of its release key:
 
 * ``<stem>.json``: parses, equals the committed output, and its bytes are :func:`~.sinks.release_json` of it;
-  every rows file it names (``<stem>.rows/``, a release of more than ``inline_rows_limit`` cells) holds the bytes
+  every rows file it names (``<stem>~rows/``, a release of more than ``inline_rows_limit`` cells) holds the bytes
   whose SHA-256 the ledger recorded;
 * ``<stem>.csv``: its bytes are :func:`~.sinks.release_csv` of it;
 * ``<stem>.parquet``: its bytes are :func:`~.sinks.release_parquet` of it, or (a file another pyarrow version wrote,
@@ -116,7 +116,7 @@ def release_files(path: ObjectStoragePath) -> list[ObjectStoragePath]:
     if not path.exists():
         raise FileNotFoundError(str(path))
     found = [folder / name for folder, _, names in path.walk() for name in names
-             if _is_release_file(name) and not folder.name.endswith(ROWS_SUFFIX)]
+             if _is_release_file(name) and not folder.name.endswith(ROWS_SUFFIX)]  # (no encoded id holds "~")
     return sorted(found, key=str)
 
 
@@ -275,7 +275,7 @@ def _verdict(path: ObjectStoragePath, data: bytes | OSError, key: ReleaseKey | N
     elif fmt == "csv":
         problems += _csv_problems(data, output)
     else:
-        found, note = _parquet_problems(data, output)
+        found, note = _parquet_problems(data, output, path)
         problems += found
         notes += [note] * bool(note)
     if not path_checked:
@@ -309,16 +309,19 @@ def _csv_problems(data: bytes, output: Mapping[str, Any]) -> list[str]:
     return [f"has {len(found) - 1} lines, the committed output's CSV (release_csv) {len(wanted) - 1}"]
 
 
-def _parquet_problems(data: bytes, output: Mapping[str, Any]) -> tuple[list[str], str | None]:
+def _parquet_problems(data: bytes, output: Mapping[str, Any], path: ObjectStoragePath | None = None
+                      ) -> tuple[list[str], str | None]:
     """Problems of a Parquet file, and the note when it matches by content rather than by bytes."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    try:
-        expected = release_parquet(output)
-    except (pa.ArrowException, OSError) as error:  # a rows file the output names is gone or unreadable
-        return [f"the committed output's rows files cannot be read ({type(error).__name__}): see its JSON's "
-                "verdict"], None
+    store = None if path is None else ObjectStorageRowsStore(path.parent / f"{_stem(path.name)}{ROWS_SUFFIX}")
+    try:  # the rows files are read from copies checked against their committed SHA-256, in their own folder
+        expected = release_parquet(output, store)
+    except RowsFileError as error:
+        return [str(error)], None
+    except (pa.ArrowException, OSError) as error:
+        return [f"the committed output's rows files cannot be read ({type(error).__name__})"], None
     if data == expected:
         return [], None
     try:
@@ -326,7 +329,7 @@ def _parquet_problems(data: bytes, output: Mapping[str, Any]) -> tuple[list[str]
         table = found.read()
     except (pa.ArrowException, OSError) as error:
         return [f"not a readable Parquet file ({type(error).__name__})"], None
-    wanted = release_table(output)
+    wanted = release_table(output, store)
     if not table.schema.equals(wanted.schema, check_metadata=False):
         return ["its schema differs from the committed output's (release_table)"], None
     if not table.equals(wanted):

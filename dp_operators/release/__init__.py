@@ -8,13 +8,34 @@ Modules, in the order of one release: :mod:`.plan` (public plan: mechanisms, sca
 the order of steps and the neighbouring relation.
 """
 
-from dp_operators.release.diagnostics import AggregateDiagnostics, DiagnosticsReport, InputProblem
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
-from dp_operators.release.inputs import SATURATION, PreparedInputs, check_aggregates, key_domain, prepare_inputs
-from dp_operators.release.plan import NoiseStep, ReleasePlan, calibrate, component_sensitivity, plan_release
-from dp_operators.release.publish import check_plain_json, publish_aggregate
-from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, LocalRowsStore, RowsFileError, RowsStore
-from dp_operators.release.run import ReleaseResult, draw_noise, run_release
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dp_operators.release.diagnostics import AggregateDiagnostics, DiagnosticsReport, InputProblem
+    from dp_operators.release.inputs import SATURATION, PreparedInputs, check_aggregates, key_domain, prepare_inputs
+    from dp_operators.release.plan import NoiseStep, ReleasePlan, calibrate, component_sensitivity, plan_release
+    from dp_operators.release.publish import check_plain_json, publish_aggregate
+    from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, LocalRowsStore, RowsFileError, RowsStore
+    from dp_operators.release.run import ReleaseResult, draw_noise, run_release
+
+#: Public name -> the submodule defining it, imported on first access (PEP 562): planning a spec (``dpctl spec
+#: plan``, the operator at DAG parse time) then loads neither the ledger nor SQLAlchemy nor pyarrow.
+_LAZY = {
+    "AggregateDiagnostics": "diagnostics", "DiagnosticsReport": "diagnostics", "InputProblem": "diagnostics",
+    "SATURATION": "inputs", "PreparedInputs": "inputs", "check_aggregates": "inputs", "key_domain": "inputs",
+    "prepare_inputs": "inputs",
+    "NoiseStep": "plan", "ReleasePlan": "plan", "calibrate": "plan", "component_sensitivity": "plan",
+    "plan_release": "plan",
+    "check_plain_json": "publish", "publish_aggregate": "publish",
+    "INLINE_ROWS_LIMIT": "rows_file", "LocalRowsStore": "rows_file", "RowsFileError": "rows_file",
+    "RowsStore": "rows_file",
+    "ReleaseResult": "run", "draw_noise": "run", "run_release": "run",
+}
 
 __all__ = [
     "INLINE_ROWS_LIMIT",
@@ -43,3 +64,16 @@ __all__ = [
     "publish_aggregate",
     "run_release",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

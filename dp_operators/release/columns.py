@@ -14,15 +14,15 @@ reader of :mod:`dp_operators.release.inputs`, with numpy integer arithmetic only
   sum on grid ``g = p/q`` is ``floor((2 q v + p) / (2 p))``, an integer division; counts are kept >= 0;
   everything saturates at +-SATURATION grid units, as :func:`~dp_operators.release.inputs.prepare_inputs` does.
 
-Which path reads a table depends on its schema and the spec only (never on a value), except that an integer
-column holding a NULL goes the row-by-row way (its ``non_finite`` policy is applied there). Both paths give
-identical vectors and diagnostics; ``tests/release_engine/test_columnar_inputs.py`` checks it on random tables.
+Which path reads a table depends on its schema and the spec only, never on a value (a NULL value follows the
+aggregate's ``non_finite`` policy here as in the row reader). Both paths give identical vectors and diagnostics; ``tests/release_engine/test_columnar_inputs.py`` checks it on random tables.
 Floats go the row-by-row way (their exact binary value, and the float-sum rules of docs/adr/0017), as do wider
 decimals.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -71,10 +71,19 @@ def _signed_integer(kind: pa.DataType) -> bool:
 
 
 def _exact_number_type(kind: pa.DataType) -> bool:
-    """Integer columns (uint64 excepted) and decimal128 of at most 18 digits (an unscaled value fits int64)."""
+    """Integer columns (uint64 excepted) and decimal128 of at most 18 digits and a scale >= 0 (an unscaled value
+    fits int64, and the value is it over 10^scale)."""
     import pyarrow as pa
 
-    return _signed_integer(kind) or (pa.types.is_decimal128(kind) and kind.precision <= 18)
+    return _signed_integer(kind) or (pa.types.is_decimal128(kind) and kind.precision <= 18 and kind.scale >= 0)
+
+
+def largest_magnitude(values: np.ndarray) -> int:
+    """max |v| as a Python int (0 for no value): ``np.abs`` of int64's -2^63 is -2^63, so never use it for a
+    bound."""
+    if not len(values):
+        return 0
+    return max(-int(values.min()), int(values.max()), 0)
 
 
 def columnar_eligible(spec_units_field: str | None, aggregate: Aggregate, schema: pa.Schema) -> bool:
@@ -85,7 +94,7 @@ def columnar_eligible(spec_units_field: str | None, aggregate: Aggregate, schema
 
     if not aggregate.public_keys or aggregate.kind not in ("count", "sum") or spec_units_field is not None:
         return False
-    names = set(schema.names)
+    names = {name for name in schema.names if len(schema.get_all_field_indices(name)) == 1}  # duplicates: rows
     for column in aggregate.group_by:
         if column not in names:
             return False
@@ -117,33 +126,40 @@ def _codes(column: pa.ChunkedArray, domain: list) -> np.ndarray:
     return pc.index_in(column, value_set=value_set).fill_null(-1).to_numpy().astype(np.int64, copy=False)
 
 
-def _exact_values(column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
-    """``(unscaled, D)``: the column's values are exactly ``unscaled / D`` (int64 array; D = 10^scale for a
-    decimal, 1 for integers). A decimal128's unscaled value is its 16-byte two's complement integer; at most 18
-    digits, it equals its low 64 bits read as int64 (the high word is only the sign's extension)."""
+def _exact_values(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(unscaled, null, D)``: the column's values are exactly ``unscaled / D`` (int64 array, or Python ints in an
+    object array for a decimal holding more digits than its type declares; D = 10^scale for a decimal, 1 for
+    integers); ``null`` marks NULLs (also a NULL a dictionary holds), whose ``unscaled`` is 0. A decimal128's
+    unscaled value is its 16-byte two's complement integer: its low 64 bits read as int64 when the high word is
+    their sign's extension (always, within 18 digits), else ``high * 2^64 + low`` exactly."""
     import pyarrow as pa
 
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
+    null = column.is_null().to_numpy(zero_copy_only=False).astype(bool, copy=False)
     if not pa.types.is_decimal(column.type):
-        return column.cast(pa.int64()).to_numpy().astype(np.int64, copy=False), 1
-    parts = []
+        return column.fill_null(0).cast(pa.int64()).to_numpy().astype(np.int64, copy=False), null, 1
+    lows, highs = [], []
     for chunk in column.chunks:
-        words = np.frombuffer(chunk.buffers()[1], dtype=np.int64)
-        parts.append(words[2 * chunk.offset:2 * (chunk.offset + len(chunk)):2])
-    unscaled = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    return unscaled.astype(np.int64, copy=True), 10**column.type.scale
-
-
-def has_nulls(aggregate: Aggregate, table: pa.Table) -> bool:
-    """True when a value column of ``aggregate`` holds a NULL (the row-by-row reader applies ``non_finite``)."""
-    return any(table.column(component).null_count for component in aggregate.components)
+        words = np.frombuffer(chunk.buffers()[1], dtype=np.int64) if len(chunk) else np.zeros(0, dtype=np.int64)
+        lows.append(words[2 * chunk.offset:2 * (chunk.offset + len(chunk)):2])
+        highs.append(words[2 * chunk.offset + 1:2 * (chunk.offset + len(chunk)):2])
+    low = np.concatenate(lows) if lows else np.zeros(0, dtype=np.int64)
+    high = np.concatenate(highs) if highs else np.zeros(0, dtype=np.int64)
+    unscaled: np.ndarray = low.astype(np.int64, copy=True)
+    wide = np.flatnonzero((high != (low >> 63)) & ~null)
+    if len(wide):  # more digits than declared (Arrow does not check): the whole 128-bit value, exactly
+        unscaled = unscaled.astype(object)
+        for index in wide.tolist():
+            unscaled[index] = int(high[index]) * 2**64 + int(low[index].view(np.uint64))
+    unscaled[null] = 0
+    return unscaled, null, 10**column.type.scale
 
 
 def _exact_totals(positions: np.ndarray, values: np.ndarray, partitions: int) -> np.ndarray:
     """Per-partition sums of ``values``: int64 when no total can leave +-2^62, else Python ints (exact)."""
-    largest = int(np.abs(values).max()) if len(values) else 0
-    if largest * len(values) < 2**62:
+    largest = largest_magnitude(values)
+    if values.dtype != object and largest * len(values) < 2**62:
         totals = np.zeros(partitions, dtype=np.int64)
     else:
         totals = np.zeros(partitions, dtype=object)
@@ -171,7 +187,7 @@ def _on_grid(
     """Exact totals ``totals / scale`` as grid integers, as ``inputs._on_grid`` computes them for one partition:
     ``floor(t / g + 1/2)`` on grid ``g = p/q`` is ``floor((2 q t + p D) / (2 p D))`` for ``t = totals / D``."""
     p, q = (1, 1) if component == "count" else (aggregate.grid.numerator, aggregate.grid.denominator)
-    largest = int(np.abs(totals).max()) if len(totals) else 0
+    largest = max(largest_magnitude(totals), 1)  # 1: the bound must not depend on whether any total is non-zero
     if totals.dtype == object or 2 * q * largest + p * scale >= 2**62:
         totals = totals.astype(object)
     if component == "count":
@@ -187,8 +203,10 @@ def _on_grid(
 def read_table(
     aggregate: Aggregate, table: pa.Table, seen: AggregateDiagnostics, key_domain: Callable[[Aggregate], Any]
 ) -> tuple[list[tuple], dict[str, np.ndarray]]:
-    """Read an eligible table (:func:`columnar_eligible`, no NULL value): the public keys and one int64 vector
-    of grid integers per component, in key-domain order. Fills ``seen`` as the row-by-row reader does.
+    """Read an eligible table (:func:`columnar_eligible`): the public keys and one int64 vector of grid integers
+    per component, in key-domain order. Fills ``seen`` as the row-by-row reader does; a NULL value follows the
+    aggregate's ``non_finite.nan`` policy (``replace``: 0, the value a NULL count or sum has; ``drop``: the row is
+    ignored), counted as ``null`` in ``special_values`` when its key is in the domain.
 
     Shapes: ``table`` has one row per (partial) partition: the ``group_by`` columns and the component columns
     (``count`` or ``sum``); rows repeating a key are added up. Returns ``(keys, {component: array of shape
@@ -208,13 +226,22 @@ def read_table(
     outside = np.flatnonzero(~inside)
     if len(outside):
         _outside_examples(aggregate, table, outside, seen)
-    position = position[inside]
+    read = {component: _exact_values(table.column(component)) for component in aggregate.components}
+    kept = inside.copy()
+    for component, (_, null, _) in read.items():  # a NULL value: the aggregate's non_finite policy for NaN
+        null_inside = int(np.count_nonzero(null & inside))
+        if null_inside:
+            seen.special_values.setdefault(component, Counter())["null"] += null_inside
+        if aggregate.non_finite.nan == "drop":
+            kept &= ~null
+    seen.rows_dropped += int(np.count_nonzero(inside & ~kept))
+    position = position[kept]  # a NULL kept (policy replace) reads as 0: a NULL count or sum is an empty group
     found = np.bincount(position, minlength=partitions) if rows else np.zeros(partitions, dtype=np.int64)
     seen.partitions = int(np.count_nonzero(found))
     vectors: dict[str, np.ndarray] = {}
     for component in aggregate.components:
-        values, scale = _exact_values(table.column(component))
-        totals = _exact_totals(position, values[inside], partitions)
+        values, _, scale = read[component]
+        totals = _exact_totals(position, values[kept], partitions)
         max_rows = aggregate.upstream.max_rows
         if component == "count" and max_rows is not None:
             seen.partitions_over_max_rows += int(np.count_nonzero(np.asarray(totals > max_rows * scale, dtype=bool)))

@@ -229,14 +229,12 @@ def _read_aggregate(
     units_field = selection_units_field(spec, aggregate)
     grouped = bool(aggregate.group_by)
     if columns.is_table(raw):
-        if grouped and columns.columnar_eligible(units_field, aggregate, raw.schema) and not columns.has_nulls(
-            aggregate, raw
-        ):
+        if grouped and columns.columnar_eligible(units_field, aggregate, raw.schema):
             prepared.keys[aggregate.name], vectors = columns.read_table(aggregate, raw, seen, KeyDomain)
             for component in components:
                 prepared.values[(aggregate.name, component)] = vectors[component]
             return
-        raw = raw.to_pylist()  # the row-by-row reader: NULL values, floats, decimals, other key types
+        raw = raw.to_pylist()  # the row-by-row reader: floats, wide decimals, other key types, means, selection
     needed = aggregate.group_by + components + ([units_field] if units_field not in (None, "count") else [])
     if grouped:
         if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):

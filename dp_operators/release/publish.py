@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from dp_operators.accounting import exact_number
+from dp_operators.release.columns import largest_magnitude
 from dp_operators.release.upstream_types import SATURATION
 from dp_operators.release.plan import NoiseStep, ReleasePlan
 from dp_operators.spec import Aggregate, ReleaseSpec
@@ -73,7 +74,7 @@ def grid_values(units: np.ndarray, grid: Fraction) -> np.ndarray:
     2^53 take ``float(Fraction)`` itself."""
     p, q = grid.numerator, grid.denominator
     units = np.asarray(units)
-    if units.dtype != object and (len(units) == 0 or int(np.abs(units).max()) * p < 2**63):
+    if units.dtype != object and max(largest_magnitude(units), 1) * p < 2**63:  # 1: whatever the values
         product = units * p
     else:
         product = units.astype(object) * p
@@ -82,7 +83,7 @@ def grid_values(units: np.ndarray, grid: Fraction) -> np.ndarray:
         out[:] = product.tolist()
         return out
     whole = np.asarray((product % q) == 0, dtype=bool)
-    small = q <= 2**53 and (len(units) == 0 or int(np.abs(product).max()) <= 2**53)
+    small = q <= 2**53 and largest_magnitude(product) <= 2**53
     if small:
         out[:] = (product.astype(np.float64) / float(q)).tolist()
     else:
@@ -111,11 +112,11 @@ def grid_floats(units: np.ndarray, grid: Fraction) -> np.ndarray:
     exact doubles (correctly rounded by IEEE 754); anything larger takes ``float(Fraction)`` per element."""
     p, q = grid.numerator, grid.denominator
     units = np.asarray(units)
-    if units.dtype != object and (len(units) == 0 or int(np.abs(units).max()) * p < 2**63):
+    if units.dtype != object and max(largest_magnitude(units), 1) * p < 2**63:
         product = units * p
         if q == 1:
             return product.astype(np.float64)
-        if q <= 2**53 and (len(units) == 0 or int(np.abs(product).max()) <= 2**53):
+        if q <= 2**53 and largest_magnitude(product) <= 2**53:
             return product.astype(np.float64) / float(q)
     return np.array([float(Fraction(int(u) * p, q)) for u in units.tolist()], dtype=np.float64)
 

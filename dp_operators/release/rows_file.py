@@ -42,8 +42,9 @@ COLUMNS = ("aggregate", "kind", "key", "value", "half_width", "confidence", "mec
 ROW_GROUP = 1 << 20
 #: Default number of cells above which a count's or sum's rows go to a rows file.
 INLINE_ROWS_LIMIT = 100_000
-#: The operator's rows files go to the folder ``<stem>.rows`` beside the release's files.
-ROWS_SUFFIX = ".rows"
+#: The operator's rows files go to the folder ``<stem>~rows`` beside the release's files (``~`` never occurs in an
+#: encoded DAG, run or task id, so no release's own folder or file can be taken for it).
+ROWS_SUFFIX = "~rows"
 
 
 class RowsFileError(ReleaseConfigError):
@@ -93,7 +94,7 @@ class LocalRowsStore:
         return str(target.resolve())
 
     def open(self, uri: str) -> BinaryIO:
-        return open(uri, "rb")
+        return open_regular(Path(uri))
 
     def owns(self, uri: str) -> bool:
         return Path(uri).parent.resolve() == self.folder.resolve()
@@ -183,6 +184,54 @@ def write_rows_file(store: RowsStore, aggregate: Aggregate, pieces: pa.Table | I
     return {"format": "parquet", "rows": rows, "sha256": digest, "uri": uri}
 
 
+def open_regular(path: Path) -> BinaryIO:
+    """Open a local file for reading, refusing anything but a regular file reached without a symbolic link (a FIFO
+    would block the task; a link could lead anywhere).
+
+    Raises:
+        OSError: not a regular file, or a link.
+    """
+    import stat
+
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    descriptor = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def verified_copy(store: RowsStore, reference: dict[str, Any], name: str) -> Path:
+    """A local temporary copy of a rows file, hashed while copied and checked against the committed SHA-256, so
+    what is read from it is what the ledger recorded (the file itself could change after any earlier check). The
+    caller deletes it.
+
+    Raises:
+        RowsFileError: as :func:`check_rows_files`.
+    """
+    _check_reference(name, reference, store)
+    handle = tempfile.NamedTemporaryFile(prefix="dp-rows-", suffix=".parquet", delete=False)
+    digest = hashlib.sha256()
+    try:
+        with handle, store.open(reference["uri"]) as source:
+            for block in iter(lambda: source.read(1 << 22), b""):
+                digest.update(block)
+                handle.write(block)
+    except OSError as error:
+        Path(handle.name).unlink(missing_ok=True)
+        raise RowsFileError(f"the rows file of aggregate {name!r}, {reference['uri']}, cannot be read "
+                            f"({type(error).__name__}); restore it from a backup (the release is never redrawn)") from None
+    if digest.hexdigest() != reference["sha256"]:
+        Path(handle.name).unlink(missing_ok=True)
+        raise RowsFileError(f"the rows file of aggregate {name!r}, {reference['uri']}, does not hold the committed "
+                            "bytes; restore it from a backup (the release is never redrawn)")
+    return Path(handle.name)
+
+
 def _sha256(handle: BinaryIO) -> str:
     digest = hashlib.sha256()
     with handle:
@@ -197,6 +246,19 @@ def rows_files(output: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             if isinstance(aggregate, dict) and "rows_file" in aggregate]
 
 
+def _check_reference(name: str, reference: Any, store: RowsStore) -> None:
+    """Refuse a reference that is not ``<aggregate>-<sha256 prefix>.parquet`` directly in ``store``'s folder."""
+    if not isinstance(reference, dict) or not all(isinstance(reference.get(f), str) for f in ("uri", "sha256")):
+        raise RowsFileError(f"the committed release's rows_file of aggregate {name!r} is malformed")
+    expected_name = f"{name}-{reference['sha256'][:16]}.parquet"
+    if not store.owns(reference["uri"]) or not reference["uri"].endswith("/" + expected_name):
+        raise RowsFileError(
+            f"the committed release names {reference['uri']} as the rows file of aggregate {name!r}, which is "
+            f"not {expected_name} in this release's rows folder; the ledger row was altered (run `dpctl ledger "
+            "verify`); nothing is read or published from it"
+        )
+
+
 def check_rows_files(output: dict[str, Any], store: RowsStore) -> None:
     """Check that every rows file of ``output`` holds the bytes whose SHA-256 the ledger recorded.
 
@@ -206,15 +268,7 @@ def check_rows_files(output: dict[str, Any], store: RowsStore) -> None:
             with other bytes (names the aggregate and the URI).
     """
     for name, reference in rows_files(output):
-        if not isinstance(reference, dict) or not all(isinstance(reference.get(f), str) for f in ("uri", "sha256")):
-            raise RowsFileError(f"the committed release's rows_file of aggregate {name!r} is malformed")
-        expected_name = f"{name}-{reference['sha256'][:16]}.parquet"
-        if not store.owns(reference["uri"]) or not reference["uri"].endswith("/" + expected_name):
-            raise RowsFileError(
-                f"the committed release names {reference['uri']} as the rows file of aggregate {name!r}, which is "
-                f"not {expected_name} in this release's rows folder; the ledger row was altered (run `dpctl ledger "
-                "verify`); nothing is read or published from it"
-            )
+        _check_reference(name, reference, store)
         try:
             found = _sha256(store.open(reference["uri"]))
         except OSError as error:

@@ -41,6 +41,7 @@ import numpy as np
 
 from dp_operators import __version__
 from dp_operators.ledger import AccountStatus, Ledger, LedgerError, ReleaseKey, canonical_json
+from dp_operators.release.columns import largest_magnitude
 from dp_operators.release.diagnostics import DiagnosticsReport
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
 from dp_operators.release.inputs import PreparedInputs, prepare_inputs
@@ -87,7 +88,7 @@ def add_exactly(values: np.ndarray, noise: np.ndarray) -> np.ndarray:
     """``values + noise`` without overflow: int64 when every noise value is below 2^62 in magnitude (the grid
     integers are within +-2^62, so the sum is within int64), else Python ints in an object array. Never a float."""
     noise = np.asarray(noise)
-    if noise.dtype == np.int64 and (len(noise) == 0 or int(np.abs(noise).max()) < 2**62):
+    if noise.dtype == np.int64 and largest_magnitude(noise) < 2**62:
         return values + noise
     return values.astype(object) + noise.astype(object)
 

@@ -99,7 +99,7 @@ def test_rows_files_are_published_replayed_byte_for_byte_and_verified(env, tmp_p
     for name in ("cells", "sums"):
         reference = first["aggregates"][name]["rows_file"]
         assert "rows" not in first["aggregates"][name] and reference["rows"] == XS * YS
-        assert reference["uri"].endswith(".parquet") and ".rows/" in reference["uri"]
+        assert reference["uri"].endswith(".parquet") and "~rows/" in reference["uri"]
     assert "rows" not in first["aggregates"]["total"] and "value" in first["aggregates"]["total"]  # 1 cell: inline
     # the ledger holds the reference, not the rows
     assert ledger.stored_output(_key(ti)) == first
@@ -108,7 +108,7 @@ def test_rows_files_are_published_replayed_byte_for_byte_and_verified(env, tmp_p
     assert published.num_rows == 2 * XS * YS + 1
     assert published.equals(release_table(first))
     written = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert len([name for name in written if ".rows/" in name]) == 2
+    assert len([name for name in written if "~rows/" in name]) == 2
 
     verdicts = verify_published(release_files(ObjectStoragePath(f"file://{out}")), ledger.stored_output)
     assert [v.verdict for v in verdicts] == ["matches", "matches"], verdicts
@@ -169,7 +169,7 @@ def test_below_the_limit_every_row_is_inline(env, tmp_path):
     op = operator(spec, uris, tmp_path / "out", formats=("json", "csv", "parquet"), limit=None)
     output = op.execute(context_for(FakeTaskInstance(upstream=None, dag_id=DAG)))
     assert len(output["aggregates"]["cells"]["rows"]) == XS * YS
-    assert not list((tmp_path / "out").rglob("*.rows"))
+    assert not list((tmp_path / "out").rglob("*~rows"))
 
 
 @pytest.mark.parametrize("change", ["one person fewer", "a NULL sum (the row reader's path)"])

@@ -120,14 +120,20 @@ def test_other_types_go_the_row_by_row_way(table, reason):
     assert not columns.columnar_eligible(None, spec.aggregates[0], table.schema), reason
 
 
-def test_a_null_value_goes_the_row_by_row_way_and_follows_non_finite():
-    spec = parse_spec(spec_text("count"))
-    table = pa.table({"x": pa.array([0, 1], pa.int64()), "y": ["a", "b"], "count": pa.array([3, None], pa.int64())})
-    assert columns.has_nulls(spec.aggregates[0], table)
-    report = DiagnosticsReport("columnar")
-    prepared = prepare_inputs(spec, {"agg": table}, diagnostics=report)
-    assert prepared.values[("agg", "count")].tolist()[:5] == [3, 0, 0, 0, 0]
-    assert report.as_dict()["aggregates"]["agg"]["special_values"] == {"count": {"null": 1}}
+@pytest.mark.parametrize("policy", ["replace", "drop"])
+@pytest.mark.parametrize("kind", ["count", "sum"])
+def test_a_null_value_follows_non_finite_in_the_columnar_reader_too(policy, kind):
+    spec = parse_spec(spec_text(kind).replace("    mechanism: discrete_laplace",
+                                              f"    non_finite: {{nan: {policy}}}\n    mechanism: discrete_laplace"))
+    table = pa.table({"x": pa.array([0, 1, 1, 9], pa.int64()), "y": ["a", "b", "b", "a"],
+                      kind: pa.array([3, None, 4, None], pa.int64())})
+    assert columns.columnar_eligible(None, spec.aggregates[0], table.schema)  # the schema decides, not the NULL
+    fast, slow, fast_report, slow_report = both_ways(spec, table)
+    assert np.array_equal(fast.values[("agg", kind)], slow.values[("agg", kind)])
+    assert fast_report.as_dict() == slow_report.as_dict()
+    seen = fast_report.as_dict()["aggregates"]["agg"]
+    assert seen["special_values"] == {kind: {"null": 1}}  # the NULL outside the domain is not counted
+    assert seen["rows_dropped"] == (1 if policy == "drop" else 0)
 
 
 def test_a_text_key_column_for_an_int_domain_is_refused_as_rows_are():
