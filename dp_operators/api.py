@@ -220,7 +220,9 @@ def _release(
     exact = [_exact_value(v) for v in values] if vector else _exact_value(values)
     upstream = {_NAME: [{"index": i, "sum": v} for i, v in enumerate(exact)] if vector else exact}
     if ledger is not None:
-        result = run_release(spec, upstream, ledger, key, spec_hash=_call_hash(spec))  # type: ignore[arg-type]
+        # the values are returned to the caller, never stored as files: every row stays in the output
+        result = run_release(spec, upstream, ledger, key, spec_hash=_call_hash(spec),  # type: ignore[arg-type]
+                             inline_rows_limit=None)
         output = result.output
         return output["aggregates"][_NAME], output["mechanisms"][0], output["charge"], result.replayed
     plan = plan_release(spec)

@@ -80,6 +80,12 @@ def _print_release(release: dict, path: Path) -> None:
             Text.assemble("\n", (str(name), "bold"), f" ({aggregate['kind']}, {aggregate['mechanism']})"),
             highlight=False,
         )
+        reference = aggregate.get("rows_file")
+        if isinstance(reference, dict):  # a large release: its rows are in a Parquet file, not in the JSON
+            console.print(f"{reference.get('rows')} rows in the rows file {reference.get('uri')} (sha256 "
+                          f"{str(reference.get('sha256'))[:16]}...; `dpctl release verify` checks it)",
+                          highlight=False, soft_wrap=True)
+            continue
         table = Table()
         for column in aggregate["group_by"] + ["value", f"± ({level})"]:
             table.add_column(column, justify="right" if column in ("value",) else "left")

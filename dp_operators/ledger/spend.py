@@ -34,9 +34,17 @@ from sqlalchemy.engine import Connection, Engine
 
 from dp_operators.accounting import exact_number, round_down, round_up, unit_of
 from dp_operators.ledger import schema
-from dp_operators.ledger.chain import AccountChain, audit_context, canonical_json, charge_event_fields
+from dp_operators.ledger.chain import (
+    AccountChain,
+    audit_context,
+    audit_row_mac,
+    canonical_json,
+    charge_event_fields,
+    legacy_row_hash,
+)
 from dp_operators.ledger.errors import (
     AccountNotFoundError,
+    AuditChainError,
     BudgetExhaustedError,
     ChargeStateError,
     DagNotAllowedError,
@@ -71,6 +79,13 @@ _EXPIRED_RESERVATIONS = (
         ),
     )
     .order_by(_c.account, _c.id)
+)
+_a = schema.audit_events.c
+_COMMITTED_CHARGE = sa.select(_c.id, _c.output, _c.token_hash).where(*KEY_MATCHES, _c.state == "committed")
+_RESERVED_AND_COMMITTED = (
+    sa.select(schema.audit_events)
+    .where(_a.charge_id == sa.bindparam("charge_id"), _a.event.in_(("reserved", "committed")))
+    .order_by(_a.account_seq)
 )
 _INSERT_CHARGE = schema.charges.insert()
 #: SET columns come from the parameters (each distinct set of columns is compiled once); ``charge_id`` names the row.
@@ -217,6 +232,70 @@ class Ledger(LedgerBase):
                 f"audit key has id {key.key_id!r} (rotated, or the wrong key); nothing was reserved. Set the ledger "
                 "connection's 'audit_key' to the current spend key"
             )
+
+    def authenticated_output(self, key: ReleaseKey) -> dict | None:
+        """The committed output of ``key`` (parsed JSON), or ``None``, once it is shown to be what the attempt that
+        committed it wrote: a replay publishes it, so a row edited in the database must not pass.
+
+        Checked against the charge's own audit events, with this connection's spend key: the ``reserved`` and
+        ``committed`` events carry valid MACs (HMAC-SHA256 under the spend key; an unkeyed schema-2 row its plain
+        hash), the stored output hashes to the ``committed`` event's ``output_digest``, and that event's ``proof``
+        (the reservation's token, known only to the attempt that reserved) hashes to the ``reserved`` event's
+        ``token_hash``. So neither an edited output (a dropped guard trigger) nor a reserved charge marked
+        committed by SQL (which cannot show the token) is replayed. The whole chain is ``dpctl ledger verify``'s.
+
+        Raises:
+            AuditChainError: the output or its events fail a check (nothing is published; run ``dpctl ledger
+                verify``).
+            LedgerKeyError: no spend key, or the ``committed`` event was signed by a key this connection does not
+                hold (a rotated spend key: give the connection the key that signed, or have the officer check the
+                release with ``dpctl ledger verify``).
+        """
+        self.check_schema()
+        with self._read() as conn:
+            charge = conn.execute(_COMMITTED_CHARGE, key.as_dict()).first()
+            if charge is None:
+                return None
+            events = [dict(row) for row in conn.execute(_RESERVED_AND_COMMITTED, {"charge_id": charge.id}).mappings()]
+        reserved = [e for e in events if e["event"] == "reserved"]
+        committed = [e for e in events if e["event"] == "committed"]
+        where = f"the committed output of release {key}"
+        if len(reserved) != 1 or len(committed) != 1:
+            raise AuditChainError(f"{where} has {len(reserved)} 'reserved' and {len(committed)} 'committed' audit "
+                                  "events instead of one each: the ledger was altered; nothing is published from it. "
+                                  "A privacy officer runs `dpctl ledger verify`")
+        for event in (*reserved, *committed):
+            self._authenticate(event, where)
+        digest = hashlib.sha256((charge.output or "").encode("utf-8")).hexdigest()
+        if digest != committed[0]["output_digest"]:
+            raise AuditChainError(f"{where} does not hash to the digest its 'committed' audit event records: the "
+                                  "stored output was altered; nothing is published from it. A privacy officer runs "
+                                  "`dpctl ledger verify`")
+        token_hash = reserved[0]["token_hash"]
+        if token_hash is not None or committed[0]["key_id"] is not None:
+            proof = committed[0]["proof"]
+            if proof is None or hashlib.sha256(proof.encode("utf-8")).hexdigest() != token_hash:
+                raise AuditChainError(f"{where} was committed without its reservation's token (its 'committed' "
+                                      "event's proof does not match): not by the attempt that reserved it; nothing is "
+                                      "published from it. A privacy officer runs `dpctl ledger verify`")
+        return json.loads(charge.output)
+
+    def _authenticate(self, event: Mapping[str, Any], where: str) -> None:
+        if event["key_id"] is None:  # a schema-2 row (before keyed chains): its plain hash
+            if legacy_row_hash(event) != event["row_hash"]:
+                raise AuditChainError(f"{where}: its {event['event']!r} audit event was altered")
+            return
+        key = self._spend_key()
+        if event["key_id"] != key.key_id:
+            raise LedgerKeyError(
+                f"{where}: its {event['event']!r} audit event was signed by key id {event['key_id']!r}, which this "
+                f"connection does not hold (its spend key is {key.key_id!r}), so it cannot be shown to be the "
+                "committed release and is not published. Give the connection the spend key that signed it, or have "
+                "a privacy officer check it with `dpctl ledger verify`"
+            )
+        if audit_row_mac(event, key) != event["row_hash"]:
+            raise AuditChainError(f"{where}: its {event['event']!r} audit event does not carry a valid MAC under the "
+                                  "spend key: the ledger was altered; nothing is published from it")
 
     # -- the release path ----------------------------------------------------------------------------------------
     def reserve(

@@ -2,7 +2,9 @@
 
 Order of one release (DESIGN.md section 2, invariant 1):
 
-1. replay: if the release key already has a committed output, return it (nothing charged, nothing drawn);
+1. replay: if the release key already has a committed output, return it (nothing charged, nothing drawn), once
+   authenticated against its signed audit events (:meth:`Ledger.authenticated_output
+   <dp_operators.ledger.Ledger.authenticated_output>`: an output edited in the database is never republished);
 2. plan from public parameters only (spec, account): mechanisms, scales, charge;
 3. validate the *structure* of the upstream aggregates (missing aggregate, wrong shape, refused type) and
    normalise every key and value to a plain, exact form — errors here spend nothing. Data *values* never raise:
@@ -173,6 +175,7 @@ def run_release(
         ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError: before anything is reserved (a spec
             with more than ``inline_rows_limit`` public cells in a count or sum and no ``rows_store`` included).
         RowsFileError: on a replay, a rows file is missing or altered (nothing is charged or redrawn).
+        AuditChainError: on a replay, the stored output or its audit events were altered (nothing is published).
         AccountNotFoundError, DagNotAllowedError, BudgetExhaustedError: refusals from the ledger; nothing reserved.
         LeaseHeldError: another attempt of ``key`` is still running and holds the lease on its reservation
             (``.attempt``, ``.expires_at``, UTC); nothing was charged and no aggregate was noised. Transient: a
@@ -188,7 +191,7 @@ def run_release(
     """
     if key.release_name != spec.release:
         raise ReleaseConfigError(f"release key names {key.release_name!r} but the spec releases {spec.release!r}")
-    stored = ledger.stored_output(key)
+    stored = ledger.authenticated_output(key)
     if stored is not None:
         return _replay(stored, spec_hash, key, rows_store)
     filed = filed_aggregates(spec, inline_rows_limit)
@@ -233,8 +236,8 @@ def run_release(
         try_number=try_number,
         audit=audit,
     )
-    if isinstance(reservation, dict):
-        return _replay(reservation, spec_hash, key, rows_store)
+    if isinstance(reservation, dict):  # committed meanwhile by another attempt: authenticated like any replay
+        return _replay(ledger.authenticated_output(key) or reservation, spec_hash, key, rows_store)
 
     # From here on a failure keeps the charge spent unless no sampler was entered (DESIGN.md 2.1, ADR 1), and is
     # permanent: every check that can fail ran before the reservation, so a failure here is a bug a retry would

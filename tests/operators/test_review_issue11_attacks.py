@@ -2,8 +2,10 @@
 write access to the output storage, SQL on the ledger as its spender (the SQLite file), and a DAG author's control
 of task ids, run ids, specs, upstream data and operator arguments.
 
-Tests named ``test_attack_*`` demonstrate an attack that works today: they assert the safe behaviour and FAIL until
-it is fixed. Tests named ``test_stopped_*`` are attacks the code stops: they pass.
+Tests named ``test_attack_*`` demonstrated an attack that worked on commit 4a6431a; they assert the safe behaviour and
+pass since the fixes (verified copies, the ``~rows`` folder prepared before the ledger, rows files checked from the
+Parquet verdict, replays authenticated against the signed audit events). Tests named ``test_stopped_*`` are attacks
+the code stopped from the start.
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ def _published_first_value(parquet: Path, aggregate: str) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Attacks that work today (these tests fail)
+# Attacks that worked on 4a6431a (fixed since)
 # ------------------------------------------------------------------------------------------------------------------
 
 
@@ -196,7 +198,7 @@ def test_attack_verify_skips_every_release_of_a_run_whose_id_ends_in_rows(env):
     hidden_json.write_text(json.dumps(tampered, indent=2, sort_keys=True) + "\n")
 
     result = runner.invoke(app, ["release", "verify", str(env.out), "--url", f"sqlite:///{env.db}"])
-    assert result.exit_code != 0, result.output  # today: exit 0, "2 files: 2 match the ledger"
+    assert result.exit_code != 0, result.output  # on 4a6431a: exit 0, "2 files: 2 match the ledger"
     files = {str(f) for f in release_files(ObjectStoragePath(f"file://{env.out}"))}
     assert f"file://{hidden_json}" in files, "the hidden run's release JSON is not even listed"
 
@@ -409,7 +411,7 @@ def test_stopped_a_rows_file_of_another_release_is_refused(env, swap):
             conn.execute("DROP TRIGGER dp_charges_guard")
             conn.execute("UPDATE dp_charges SET output = ?, output_digest = ? WHERE state = 'committed' "
                          "AND run_id = ?", (text, hashlib.sha256(text.encode()).hexdigest(), RUN))
-        match = "not .* in this release's rows folder"
+        match = "not .* in this release's rows folder|does not hash to the digest"
     ti.try_number = 2
     with pytest.raises(AirflowFailException, match=match):
         op.execute(context_for(ti))

@@ -226,3 +226,31 @@ def test_neighbouring_inputs_look_the_same_but_for_the_noised_values(tmp_path, m
         if what:
             assert a[index] == b[index], what
     assert a[1].equals(b[1])
+
+
+def test_dpctl_release_show_names_the_rows_file(env, tmp_path):
+    from typer.testing import CliRunner
+
+    from dp_operators.cli import app
+
+    _, spec, uris = env
+    op = operator(spec, uris, tmp_path / "out")
+    output = op.execute(context_for(FakeTaskInstance(upstream=None, dag_id=DAG)))
+    published = Path(ObjectStoragePath(op.published.locations["json"]).path)
+    result = CliRunner().invoke(app, ["release", "show", str(published)])
+    assert result.exit_code == 0, result.output
+    assert f"{XS * YS} rows in the rows file" in " ".join(result.output.split())
+    assert output["aggregates"]["cells"]["rows_file"]["sha256"][:16] in result.output
+
+
+def test_the_python_api_keeps_a_large_vector_inline(tmp_path):
+    """``vector_release`` returns its values: above ``inline_rows_limit`` too, without a rows store."""
+    from dp_operators.api import vector_release
+    from dp_operators.ledger import ReleaseKey
+    from dp_operators.release import INLINE_ROWS_LIMIT
+
+    ledger = make_ledger(tmp_path / "api.db", cap="100", accountant="pure_dp", dags=("api_dag",), account="api")
+    size = INLINE_ROWS_LIMIT + 1
+    result = vector_release([1] * size, sensitivity=1, epsilon=1, max_partitions_contributed=1, ledger=ledger,
+                            account="api", key=ReleaseKey("api_dag", "r", "t", -1, "vector"))
+    assert len(result.values) == size

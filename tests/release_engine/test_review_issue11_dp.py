@@ -1,6 +1,7 @@
 """Review of issue 11's array-at-a-time release path (commit 4a6431a) from the differential-privacy side.
 
-Each test states what it checks. Tests marked ``FINDING`` fail on 4a6431a and demonstrate a defect: the columnar
+Each test states what it checks. Tests marked ``FINDING`` failed on 4a6431a (they pass since the fixes) and
+demonstrated a defect: the columnar
 reader (dp_operators.release.columns) disagreeing with the row reader (the reference semantics), a wrap in int64
 arithmetic, a float on the grid path, or an exception whose occurrence depends on the data. The others are
 regression guards and pass.
