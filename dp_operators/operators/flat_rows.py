@@ -44,6 +44,20 @@ def release_rows(output: Mapping[str, Any]) -> list[dict[str, Any]]:
             read that Parquet file (``sinks.release_table`` does) instead of building millions of dicts.
     """
     rows = []
+    fragments: dict[tuple, str] = {}  # (column, type, value) -> '"column":value' as json.dumps writes it
+
+    def key_text(row: Mapping[str, Any], group_by: list[str]) -> str:
+        parts = []
+        for column in group_by:
+            value = row[column]
+            memo = (column, type(value), value)
+            text = fragments.get(memo)
+            if text is None:
+                text = fragments[memo] = (json.dumps(column, ensure_ascii=False) + ":"
+                                          + json.dumps(value, ensure_ascii=False))
+            parts.append(text)
+        return "{" + ",".join(parts) + "}"
+
     for name in sorted(output["aggregates"]):
         aggregate = output["aggregates"][name]
         if "rows_file" in aggregate:
@@ -57,8 +71,7 @@ def release_rows(output: Mapping[str, Any]) -> list[dict[str, Any]]:
             rows.append({
                 "aggregate": name,
                 "kind": aggregate["kind"],
-                "key": json.dumps({column: row[column] for column in group_by}, ensure_ascii=False,
-                                  separators=(",", ":")),
+                "key": key_text(row, group_by),  # json.dumps(..., ensure_ascii=False, separators=(",", ":"))
                 "value": row["value"],
                 "half_width": row["half_width"],
                 "confidence": output["confidence"],

@@ -43,8 +43,25 @@ def published_interval(row: dict[str, Any]) -> tuple[float | None, float | None]
     if "interval" in row:
         lower, upper = row["interval"]
         return lower, upper
-    value, width = Fraction(row["value"]), Fraction(row["half_width"])
+    value, width = row["value"], row["half_width"]
+    if type(width) is float and (type(value) is float or (type(value) is int and abs(value) < 2**53)):
+        return _outward(float(value), -width, -math.inf), _outward(float(value), width, math.inf)
+    value, width = Fraction(value), Fraction(width)
     return _float_towards(value - width, -math.inf), _float_towards(value + width, math.inf)
+
+
+def _outward(a: float, b: float, direction: float) -> float:
+    """``a + b`` for two doubles, rounded towards ``direction``, exactly: the float sum is the nearest double to
+    the exact sum, and Knuth's TwoSum error term (exact, barring overflow) says on which side of it the sum lies.
+    The same result as :func:`_float_towards` on the exact rational sum; the scalar form of :func:`_towards`."""
+    s = a + b
+    if not math.isfinite(s):  # beyond the doubles: the rational route
+        return _float_towards(Fraction(a) + Fraction(b), direction)
+    bb = s - a
+    error = (a - (s - bb)) + (b - bb)
+    if (direction < 0 and error < 0) or (direction > 0 and error > 0):
+        return math.nextafter(s, direction)
+    return s
 
 
 def _near_limit(units: int, noise_half_width: float) -> int:

@@ -273,3 +273,33 @@ def test_no_float_touches_a_grid_integer_or_a_noise_value(tmp_path, monkeypatch)
     assert len(seen) == 2 + 2 + 2
     for array in seen:
         assert array.dtype == np.int64 or (array.dtype == object and all(type(v) is int for v in array.tolist()))
+
+
+def test_the_scalar_interval_ends_are_the_exact_outward_roundings():
+    """published_interval's TwoSum route against the rational one it shortcuts, on awkward values and widths;
+    a width one ulp off gives other ends (negative control)."""
+    from dp_operators.release.publish import _float_towards
+
+    rng = np.random.default_rng(5)
+    values = [0, 1, -1, 2**53 - 1, -(2**53) + 1, 0.1, -0.3, 1e300, 5e-324, 123456.789] + rng.normal(0, 1e6, 300).tolist()
+    widths = [0.1, 1e-17, 30.444827940403645, 2.0**-1074, 1e300, 7.5] + rng.exponential(10, 50).tolist()
+    for value in values:
+        for width in widths:
+            exact_low = _float_towards(Fraction(value) - Fraction(width), -math.inf)
+            exact_high = _float_towards(Fraction(value) + Fraction(width), math.inf)
+            assert published_interval({"value": value, "half_width": width}) == (exact_low, exact_high)
+    shifted = published_interval({"value": 0.1, "half_width": math.nextafter(0.1, 1)})
+    assert shifted != published_interval({"value": 0.1, "half_width": 0.1})
+
+
+def test_flat_keys_are_the_json_objects_they_stand_for():
+    import json as json_module
+
+    from dp_operators.operators.flat_rows import release_rows
+
+    keys = [("a", 1), ("é\x00\"", None), ("1", 1), ("None", -7), ("x", 2**70)]
+    output = {"confidence": 0.95, "aggregates": {"agg": {
+        "kind": "count", "mechanism": "discrete_laplace", "group_by": ["g", "h"],
+        "rows": [{"g": g, "h": h, "value": 1, "half_width": 2.0} for g, h in keys]}}}
+    got = [row["key"] for row in release_rows(output)]
+    assert got == [json_module.dumps({"g": g, "h": h}, ensure_ascii=False, separators=(",", ":")) for g, h in keys]
