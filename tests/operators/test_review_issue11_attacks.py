@@ -32,48 +32,22 @@ from dp_operators.operators.sinks import release_parquet
 from dp_operators.operators.verification import release_files, verify_published
 
 from airflow_fakes import FakeTaskInstance, context_for
+from rows_files_support import rows_spec, write_tables
 from support import SPEND_KEY, governor, make_ledger
 
 DAG = "rows_review_dag"
 ACCOUNT = "rows_review_account"
 RELEASE = "rows_review"
 CONN = "dp_ledger_rows_review"
-XS, YS = 40, 30  # 1,200 cells per aggregate: rows files above inline_rows_limit=1000
-LIMIT = 1000
+LIMIT = 1000  # XS x YS = 1,200 cells per aggregate: rows files
 RUN = "manual__2026-11-29T10:00:00+00:00"
 
-SPEC = f"""\
-version: 1
-release: {RELEASE}
-budget_account: {ACCOUNT}
-privacy_unit: person
-contribution: {{max_partitions_contributed: 1, max_contributions_per_partition: 1}}
-aggregates:
-  - name: cells
-    kind: count
-    group_by: [x, y]
-    keys: {{x: {list(range(XS))}, y: {[f"y{i}" for i in range(YS)]}}}
-    mechanism: discrete_laplace
-    budget: {{epsilon: 1}}
-  - name: sums
-    kind: sum
-    bounds: [0, 100]
-    group_by: [x, y]
-    keys: {{x: {list(range(XS))}, y: {[f"y{i}" for i in range(YS)]}}}
-    mechanism: discrete_gaussian
-    budget: {{epsilon: 1, delta: 1e-7}}
-"""
+SPEC = rows_spec(RELEASE, ACCOUNT)
 
 runner = CliRunner()
 
 
-def _tables(folder: Path) -> dict[str, str]:
-    n = XS * YS
-    xs = [i // YS for i in range(n)]
-    ys = [f"y{i % YS}" for i in range(n)]
-    pq.write_table(pa.table({"x": xs, "y": ys, "count": [i % 7 for i in range(n)]}), folder / "cells.parquet")
-    pq.write_table(pa.table({"x": xs, "y": ys, "sum": [i % 50 for i in range(n)]}), folder / "sums.parquet")
-    return {name: f"file://{folder / f'{name}.parquet'}" for name in ("cells", "sums")}
+_tables = write_tables
 
 
 class Env:

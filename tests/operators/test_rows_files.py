@@ -21,48 +21,23 @@ from dp_operators.operators.verification import release_files, verify_published
 from dp_operators.release.columns import is_table
 
 from airflow_fakes import FakeTaskInstance, context_for
+from rows_files_support import XS, YS, rows_spec, write_tables
 from support import SPEND_KEY, make_ledger
 
 DAG = "rows_files_dag"
 ACCOUNT = "rows_files_account"
-XS, YS = 40, 30  # 1,200 cells per aggregate
 
-SPEC = f"""\
-version: 1
-release: rows_files
-budget_account: {ACCOUNT}
-privacy_unit: person
-contribution: {{max_partitions_contributed: 1, max_contributions_per_partition: 1}}
-aggregates:
-  - name: cells
-    kind: count
-    group_by: [x, y]
-    keys: {{x: {list(range(XS))}, y: {[f"y{i}" for i in range(YS)]}}}
-    mechanism: discrete_laplace
-    budget: {{epsilon: 1}}
-  - name: sums
-    kind: sum
-    bounds: [0, 100]
-    group_by: [x, y]
-    keys: {{x: {list(range(XS))}, y: {[f"y{i}" for i in range(YS)]}}}
-    mechanism: discrete_gaussian
-    budget: {{epsilon: 1, delta: 1e-7}}
+SPEC = rows_spec("rows_files", ACCOUNT, extra="""\
   - name: total
     kind: count
     mechanism: discrete_laplace
-    budget: {{epsilon: 1}}
-"""
+    budget: {epsilon: 1}
+""")
 
 
 def tables(folder: Path) -> dict[str, str]:
-    n = XS * YS
-    xs = [i // YS for i in range(n)]
-    ys = [f"y{i % YS}" for i in range(n)]
-    pq.write_table(pa.table({"x": xs, "y": ys, "count": [i % 7 for i in range(n)]}), folder / "cells.parquet")
-    pq.write_table(pa.table({"x": xs, "y": ys, "sum": [i % 50 for i in range(n)]}), folder / "sums.parquet")
     (folder / "total.json").write_text("12345")
-    return {name: f"file://{folder / f'{name}.{suffix}'}"
-            for name, suffix in (("cells", "parquet"), ("sums", "parquet"), ("total", "json"))}
+    return {**write_tables(folder), "total": f"file://{folder / 'total.json'}"}
 
 
 @pytest.fixture
