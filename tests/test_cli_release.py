@@ -66,3 +66,11 @@ def test_anything_else_is_a_one_line_error(tmp_path: Path, content, message):
     assert result.exception is None or isinstance(result.exception, SystemExit)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+
+
+def test_a_parquet_file_is_pointed_to_its_json(tmp_path: Path):
+    path = tmp_path / "release.parquet"
+    path.write_bytes(b"PAR1\xc0\x00PAR1")
+    result = runner.invoke(app, ["release", "show", str(path)])
+    assert result.exit_code == 1
+    assert "give its JSON file" in result.stderr and str(tmp_path / "release.json") in result.stderr

@@ -47,6 +47,9 @@ def release_show(
 
 def _load_release(path: Path) -> dict:
     """The release JSON at ``path``; a one-line error (exit 1) if it is missing, not JSON or not a release."""
+    if path.suffix.lower() in (".parquet", ".csv"):
+        _fail(f"{path} is the release's {path.suffix[1:].upper()} file: give its JSON file ({path.with_suffix('.json')}) "
+              "or a folder of releases")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

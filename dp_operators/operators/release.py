@@ -40,7 +40,7 @@ from dp_operators.operators.locations import check_publishable, diagnostics_file
 from dp_operators.operators.sinks import ObjectStorageRowsStore, SQLTableSink, check_formats, release_csv, write_files
 from dp_operators.operators.flat_rows import NotInlineError
 from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, ROWS_SUFFIX, RowsFileError
-from dp_operators.release.run import filed_aggregates
+from dp_operators.release.run import check_inline_rows_limit, filed_aggregates, too_large_inline
 from dp_operators.operators.sources import is_reference, read_reference
 from dp_operators.operators.upstream import describe_missing, pull_return_value
 from dp_operators.spec import load_spec_with_hash
@@ -160,6 +160,12 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                 "aggregates or a reference to them) and aggregates_uri (files holding them)"
             )
         self.output_formats = check_formats(output_formats)
+        check_inline_rows_limit(inline_rows_limit)
+        if not (output_uri and "{{" in output_uri):  # a templated output_uri is checked once rendered
+            problem = rows_files_problem(self.release_spec, inline_rows_limit, output_uri, self.output_formats,
+                                         sql_sink)
+            if problem:
+                raise ValueError(f"task {kwargs.get('task_id')!r}: {problem}")
         for name, location in (("output_uri", output_uri), ("diagnostics_uri", diagnostics_uri)):
             if location and "{{" not in location:  # a template is checked once rendered, in execute
                 check_location(name, location)
@@ -282,14 +288,11 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         except ValueError as error:
             raise AirflowFailException(f"release {key.release_name!r} cannot be published: {error}") from None
         filed = filed_aggregates(self.release_spec, self.inline_rows_limit)
-        if filed and (not self.output_uri or "csv" in self.output_formats or self.sql_sink is not None):
-            raise AirflowFailException(
-                f"release {key.release_name!r} cannot be published: aggregate(s) {filed} release more than "
-                f"inline_rows_limit={self.inline_rows_limit} cells, so their rows are stored as Parquet rows files "
-                "under output_uri (the ledger keeps their SHA-256); give an output_uri, publish them as parquet "
-                "(the CSV file and the SQL sink take inline rows only), or raise inline_rows_limit. Nothing was "
-                "charged"
-            )
+        problem = rows_files_problem(self.release_spec, self.inline_rows_limit, self.output_uri,
+                                     self.output_formats, self.sql_sink)
+        if problem:
+            raise AirflowFailException(f"release {key.release_name!r} cannot be published: {problem}. Nothing was "
+                                       "charged.")
         if filed:
             self._prepare_rows_folder(key)
         if self.sql_sink is not None:
@@ -407,6 +410,27 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
 
 #: The run ids ``airflow tasks test`` invents for a run id that does not exist (``task_command._get_ti``).
 TEMPORARY_RUN_PREFIX = "__airflow_temporary_run_"
+
+
+def rows_files_problem(spec: Any, limit: int | None, output_uri: str | None, formats: Sequence[str],
+                       sql_sink: Any) -> str | None:
+    """What keeps ``spec``'s large aggregates from being published with these arguments (public parameters only;
+    checked when the DAG is parsed and again before the ledger is called), or None."""
+    refusal = too_large_inline(spec, limit)
+    if refusal:
+        return refusal
+    filed = filed_aggregates(spec, limit)
+    if not filed:
+        return None
+    why = f"aggregate(s) {filed} release more than inline_rows_limit={limit} cells, so their rows go to Parquet " \
+          "rows files under output_uri (the ledger keeps their SHA-256)"
+    if not output_uri:
+        return f"{why}, and the operator has no output_uri: give one, or raise inline_rows_limit"
+    if "csv" in formats:
+        return f"{why}, and output_formats asks for csv, which takes inline rows only: use json and parquet"
+    if sql_sink is not None:
+        return f"{why}, and the SQL sink takes inline rows only: drop sql_sink, or raise inline_rows_limit"
+    return None
 
 
 def check_location(name: str, uri: str) -> None:

@@ -332,6 +332,7 @@ def _publish(path: ObjectStoragePath, data: bytes, same_content: Callable[[bytes
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(handle.name, 0o644)  # a published file (tempfile creates 0600): readable as rows files are
         os.replace(handle.name, target)
     except BaseException:
         Path(handle.name).unlink(missing_ok=True)

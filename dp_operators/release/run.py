@@ -126,13 +126,38 @@ def draw_noise(
     return noised, selected
 
 
+def check_inline_rows_limit(limit: object) -> int | None:
+    """``limit`` if it is ``None`` or an int >= 0 (not a bool).
+
+    Raises:
+        ValueError: anything else (a string from an environment variable, a float, a negative number).
+    """
+    if limit is None or (type(limit) is int and limit >= 0):
+        return limit
+    raise ValueError(f"inline_rows_limit must be None or an int >= 0 (a number of cells), got {limit!r}")
+
+
 def filed_aggregates(spec: ReleaseSpec, limit: int | None) -> list[str]:
     """The counts and sums over a public key domain of more than ``limit`` cells: their rows go to a rows file
     (:mod:`dp_operators.release.rows_file`). Public parameters only."""
-    if limit is None:
+    if check_inline_rows_limit(limit) is None:
         return []
     return [a.name for a in spec.aggregates
             if a.public_keys and a.kind in ("count", "sum") and a.group_by and a.partition_count > limit]
+
+
+def too_large_inline(spec: ReleaseSpec, limit: int | None) -> str | None:
+    """Why ``spec`` cannot be released under ``limit``: a mean or variance over a public domain of more than
+    ``limit`` cells (published inline only, so its rows would all go to the ledger and XCom); else None."""
+    if check_inline_rows_limit(limit) is None:
+        return None
+    large = [f"{a.name} ({a.kind}, {a.partition_count} cells)" for a in spec.aggregates
+             if a.public_keys and a.kind in ("mean", "variance") and a.partition_count > limit]
+    if not large:
+        return None
+    return (f"aggregate(s) {', '.join(large)} release more than inline_rows_limit={limit} cells, and a mean or "
+            "variance is published inline only (its rows would all go to the ledger row and XCom): release its "
+            "bounded sum and its count as two aggregates (rows files), or raise inline_rows_limit")
 
 
 def run_release(
@@ -195,6 +220,9 @@ def run_release(
     if stored is not None:
         return _replay(stored, spec_hash, key, rows_store)
     filed = filed_aggregates(spec, inline_rows_limit)
+    refusal = too_large_inline(spec, inline_rows_limit)
+    if refusal:
+        raise ReleaseConfigError(refusal)
     if filed and rows_store is None:
         raise ReleaseConfigError(
             f"aggregate(s) {filed} release more than inline_rows_limit={inline_rows_limit} cells: their rows are "

@@ -466,11 +466,15 @@ def test_stopped_raising_inline_rows_limit_on_a_replay_charges_nothing_and_write
 ])
 @pytest.mark.parametrize("limit", [LIMIT, 0, -1])
 def test_stopped_what_cannot_take_rows_files_is_refused_before_the_charge(env, formats, out, limit):
-    """``inline_rows_limit`` at 0 or negative files every grouped count and sum; the refusal of sinks that take
-    inline rows only still comes before the ledger."""
-    with pytest.raises(AirflowFailException, match="Nothing was charged"):
-        env.operator(formats=formats, limit=limit, out=out).execute(
-            context_for(FakeTaskInstance(upstream=None, dag_id=DAG, run_id=RUN)))
+    """``inline_rows_limit`` at 0 files every grouped count and sum (a negative one is refused); sinks that take
+    inline rows only are refused when the DAG is parsed, and again before the ledger if the limit changes later."""
+    with pytest.raises(ValueError, match="inline_rows_limit|inline rows only|no output_uri"):
+        env.operator(formats=formats, limit=limit, out=out)
+    if limit >= 0:
+        op = env.operator(formats=formats, limit=None, out=out)
+        op.inline_rows_limit = limit
+        with pytest.raises(AirflowFailException, match="Nothing was charged"):
+            op.execute(context_for(FakeTaskInstance(upstream=None, dag_id=DAG, run_id=RUN)))
     assert env.spent() == 0
 
 

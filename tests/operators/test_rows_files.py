@@ -61,7 +61,7 @@ def operator(spec: Path, uris, out: Path | None, formats=("json", "parquet"), li
 
 def test_the_parquet_source_reaches_the_engine_as_an_arrow_table(env):
     _, spec, uris = env
-    read = operator(spec, uris, None).read_aggregates({})
+    read = operator(spec, uris, None, limit=None).read_aggregates({})
     assert is_table(read["cells"]) and is_table(read["sums"]) and read["total"] == 12345
 
 
@@ -127,15 +127,36 @@ def test_an_altered_rows_file_is_refused_on_replay_and_by_verify(env, tmp_path):
 @pytest.mark.parametrize(
     "formats, out, match",
     [
-        (("json", "csv"), True, "CSV file and the SQL sink take inline rows only"),
-        (("json",), False, "give an output_uri"),
+        (("json", "csv"), True, "output_formats asks for csv, which takes inline rows only"),
+        (("json",), False, "the operator has no output_uri"),
     ],
 )
-def test_what_cannot_take_rows_files_is_refused_before_the_ledger(env, tmp_path, formats, out, match):
+def test_what_cannot_take_rows_files_is_refused_when_the_dag_is_parsed_and_before_the_ledger(
+    env, tmp_path, formats, out, match
+):
     ledger, spec, uris = env
-    op = operator(spec, uris, tmp_path / "out" if out else None, formats=formats)
+    with pytest.raises(ValueError, match=match):  # a DAG import error
+        operator(spec, uris, tmp_path / "out" if out else None, formats=formats)
+    op = operator(spec, uris, tmp_path / "out" if out else None, formats=formats, limit=None)
+    op.inline_rows_limit = 1000  # changed after parsing (a template, a subclass): checked again at run time
     with pytest.raises(AirflowFailException, match=match):
         op.execute(context_for(FakeTaskInstance(upstream=None, dag_id=DAG)))
+    assert ledger.account(ACCOUNT).spent == 0
+
+
+@pytest.mark.parametrize("limit", [-1, 1.5, True, "100000"])
+def test_a_bad_inline_rows_limit_is_refused_when_the_dag_is_parsed(env, tmp_path, limit):
+    _, spec, uris = env
+    with pytest.raises(ValueError, match="inline_rows_limit must be None or an int >= 0"):
+        operator(spec, uris, tmp_path / "out", limit=limit)
+
+
+def test_a_large_mean_is_refused_not_put_in_the_ledger(env, tmp_path):
+    ledger, _, uris = env
+    spec = tmp_path / "mean.yaml"
+    spec.write_text(rows_spec("rows_files", ACCOUNT).replace("kind: sum", "kind: mean"))
+    with pytest.raises(ValueError, match=r"sums \(mean, 1200 cells\).*release its bounded sum and its count"):
+        operator(spec, uris, tmp_path / "out")
     assert ledger.account(ACCOUNT).spent == 0
 
 
@@ -229,3 +250,20 @@ def test_the_python_api_keeps_a_large_vector_inline(tmp_path):
     result = vector_release([1] * size, sensitivity=1, epsilon=1, max_partitions_contributed=1, ledger=ledger,
                             account="api", key=ReleaseKey("api_dag", "r", "t", -1, "vector"))
     assert len(result.values) == size
+
+
+def test_published_files_are_readable_by_others(env, tmp_path):
+    """Every published file (JSON, CSV and Parquet written from bytes, rows files, the streamed Parquet) is 0644,
+    not the 0600 a temporary file is created with."""
+    import stat
+
+    _, spec, uris = env
+    out = tmp_path / "out"
+    operator(spec, uris, out, formats=("json", "parquet")).execute(
+        context_for(FakeTaskInstance(upstream=None, dag_id=DAG)))
+    small = tmp_path / "small"
+    operator(spec, uris, small, formats=("json", "csv", "parquet"), limit=None).execute(
+        context_for(FakeTaskInstance(upstream=None, dag_id=DAG, run_id="small")))
+    files = [p for p in [*out.rglob("*"), *small.rglob("*")] if p.is_file()]
+    assert len(files) == 4 + 3
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {"0o644"}
