@@ -42,6 +42,8 @@ GOVERNOR_KEY_EXTRA = "governor_key"
 
 #: The connection extra setting the lease of reservations, in seconds.
 LEASE_SECONDS_EXTRA = "lease_seconds"
+#: Extra holding the spend keys a rotation retired (replays of releases they signed are authenticated with them).
+RETIRED_KEYS_EXTRA = "retired_audit_keys"
 
 
 def lease_seconds_from_extra(conn_id: str, value: Any) -> float:
@@ -119,6 +121,26 @@ def audit_key_from_connection(conn: Any) -> AuditKey | None:
     return _key_from_extra(conn, AUDIT_KEY_EXTRA)
 
 
+def retired_keys_from_connection(conn: Any) -> list[AuditKey]:
+    """The spend keys in a connection's extra ``retired_audit_keys`` (a list of key texts; empty if unset): keys
+    that signed releases before a rotation, used only to authenticate a replay of such a release, never to sign.
+
+    Raises:
+        LedgerKeyError: not a list of key texts (the message names the connection, never a value).
+    """
+    values = (conn.extra_dejson or {}).get(RETIRED_KEYS_EXTRA) or []
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise LedgerKeyError(f"connection {conn.conn_id!r}: extra {RETIRED_KEYS_EXTRA!r} must be a list of key texts")
+    keys = []
+    for value in values:
+        try:
+            keys.append(AuditKey.from_text(value))
+        except ValueError as error:
+            raise LedgerKeyError(f"connection {conn.conn_id!r}, extra {RETIRED_KEYS_EXTRA!r}: {error}") from None
+        _mask(keys[-1])
+    return keys
+
+
 def governor_key_from_connection(conn: Any) -> AuditKey | None:
     """The governor key in a connection's extra ``governor_key`` (a connection only the privacy officer's
     ``dpctl`` uses), or ``None``. :meth:`DPLedgerHook.get_ledger` never reads it.
@@ -192,6 +214,8 @@ class DPLedgerHook(BaseHook):
         lease = (conn.extra_dejson or {}).get(LEASE_SECONDS_EXTRA)
         if lease is not None and "lease_seconds" not in kwargs:
             kwargs["lease_seconds"] = lease_seconds_from_extra(conn.conn_id, lease)
+        if "retired_audit_keys" not in kwargs:
+            kwargs["retired_audit_keys"] = retired_keys_from_connection(conn)
         return Ledger(ledger_url_from_connection(conn), audit_key=audit_key_from_connection(conn), **kwargs)
 
     def test_connection(self) -> tuple[bool, str]:

@@ -25,7 +25,7 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -40,7 +40,6 @@ from dp_operators.ledger.chain import (
     audit_row_mac,
     canonical_json,
     charge_event_fields,
-    legacy_row_hash,
 )
 from dp_operators.ledger.errors import (
     AccountNotFoundError,
@@ -52,7 +51,7 @@ from dp_operators.ledger.errors import (
     LedgerKeyError,
     stored_fraction,
 )
-from dp_operators.ledger.keys import AuditKey, as_key
+from dp_operators.ledger.keys import AuditKey, Keyring, as_key
 from dp_operators.ledger.store import KEY_MATCHES, LedgerBase, Refusal, ReleaseKey, Reservation, not_found
 
 log = logging.getLogger(__name__)
@@ -81,7 +80,7 @@ _EXPIRED_RESERVATIONS = (
     .order_by(_c.account, _c.id)
 )
 _a = schema.audit_events.c
-_COMMITTED_CHARGE = sa.select(_c.id, _c.output, _c.token_hash).where(*KEY_MATCHES, _c.state == "committed")
+_COMMITTED_CHARGES = sa.select(schema.charges).where(*KEY_MATCHES, _c.state == "committed").order_by(_c.attempt)
 _RESERVED_AND_COMMITTED = (
     sa.select(schema.audit_events)
     .where(_a.charge_id == sa.bindparam("charge_id"), _a.event.in_(("reserved", "committed")))
@@ -208,9 +207,12 @@ class Ledger(LedgerBase):
         audit_key: AuditKey | str | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         max_retries: int = 30,
+        retired_audit_keys: Iterable[AuditKey | str] = (),
     ) -> None:
         super().__init__(url, max_retries=max_retries)
         self._key = as_key(audit_key)
+        # keys that signed earlier spend events: only to authenticate a replay of a release committed under them
+        self._verifying_keys = Keyring([self._key, *(as_key(k) for k in retired_audit_keys)])
         if not 0 < lease_seconds <= schema.MAX_LEASE_SECONDS:
             raise ValueError(f"lease_seconds must be in (0, {schema.MAX_LEASE_SECONDS}], got {lease_seconds}")
         self.lease_seconds = lease_seconds
@@ -235,67 +237,85 @@ class Ledger(LedgerBase):
 
     def authenticated_output(self, key: ReleaseKey) -> dict | None:
         """The committed output of ``key`` (parsed JSON), or ``None``, once it is shown to be what the attempt that
-        committed it wrote: a replay publishes it, so a row edited in the database must not pass.
+        committed it wrote: a replay publishes it, so a row edited or inserted in the database must not pass.
 
-        Checked against the charge's own audit events, with this connection's spend key: the ``reserved`` and
-        ``committed`` events carry valid MACs (HMAC-SHA256 under the spend key; an unkeyed schema-2 row its plain
-        hash), the stored output hashes to the ``committed`` event's ``output_digest``, and that event's ``proof``
-        (the reservation's token, known only to the attempt that reserved) hashes to the ``reserved`` event's
-        ``token_hash``. So neither an edited output (a dropped guard trigger) nor a reserved charge marked
-        committed by SQL (which cannot show the token) is replayed. The whole chain is ``dpctl ledger verify``'s.
+        Checked against the charge's own audit events, with this connection's spend key (or a retired one it was
+        given): exactly one committed charge of ``key``; its ``reserved`` and ``committed`` events name this
+        charge's account, release key and attempt, and carry valid MACs under a key this connection holds (an
+        unkeyed or unknown-key event is refused); the stored output hashes to the ``committed`` event's
+        ``output_digest``; that event's ``proof`` (the reservation's token, known only to the attempt that
+        reserved) hashes to the ``token_hash`` of the charge and of its ``reserved`` event. So neither an output
+        edited in the database, nor a charge inserted or re-keyed by SQL, nor a reserved charge marked committed
+        without the token is replayed. The whole chain is ``dpctl ledger verify``'s.
 
         Raises:
-            AuditChainError: the output or its events fail a check (nothing is published; run ``dpctl ledger
-                verify``).
-            LedgerKeyError: no spend key, or the ``committed`` event was signed by a key this connection does not
-                hold (a rotated spend key: give the connection the key that signed, or have the officer check the
-                release with ``dpctl ledger verify``).
+            AuditChainError: a check fails (nothing is published; a privacy officer runs ``dpctl ledger verify``).
+            LedgerKeyError: no spend key, or an event signed by a key this connection does not hold (a release
+                committed before a spend-key rotation: give the connection the retired key, extra
+                ``retired_audit_keys``), or unkeyed (committed before the ledger's chain was keyed).
         """
         self.check_schema()
         with self._read() as conn:
-            charge = conn.execute(_COMMITTED_CHARGE, key.as_dict()).first()
-            if charge is None:
+            charges = [dict(row) for row in conn.execute(_COMMITTED_CHARGES, key.as_dict()).mappings()]
+            if not charges:
                 return None
-            events = [dict(row) for row in conn.execute(_RESERVED_AND_COMMITTED, {"charge_id": charge.id}).mappings()]
+            events = [dict(row) for row in
+                      conn.execute(_RESERVED_AND_COMMITTED, {"charge_id": charges[0]["id"]}).mappings()]
+        where = (f"the committed output of release {key.release_name!r} (DAG {key.dag_id!r}, run {key.run_id!r}, "
+                 f"task {key.task_id!r}, map index {key.map_index})")
+
+        def refuse(why: str) -> AuditChainError:
+            return AuditChainError(f"{where} {why}: the ledger was altered; nothing is published from it. A privacy "
+                                   "officer runs `dpctl ledger verify`")
+
+        if len(charges) != 1:
+            raise refuse(f"has {len(charges)} committed charges")
+        charge = charges[0]
+        if charge["attempt"] < 1 or charge["output"] is None:
+            raise refuse("is not a charge the ledger commits")
         reserved = [e for e in events if e["event"] == "reserved"]
         committed = [e for e in events if e["event"] == "committed"]
-        where = f"the committed output of release {key}"
+        if not events:
+            raise LedgerKeyError(
+                f"{where} has no audit events: it was committed before the ledger kept them (schema 1), so a replay "
+                "cannot authenticate it and does not publish it; a privacy officer checks it with `dpctl ledger "
+                "verify` (release anew under another run id)"
+            )
         if len(reserved) != 1 or len(committed) != 1:
-            raise AuditChainError(f"{where} has {len(reserved)} 'reserved' and {len(committed)} 'committed' audit "
-                                  "events instead of one each: the ledger was altered; nothing is published from it. "
-                                  "A privacy officer runs `dpctl ledger verify`")
+            raise refuse(f"has {len(reserved)} 'reserved' and {len(committed)} 'committed' audit events instead of "
+                         "one each")
         for event in (*reserved, *committed):
+            named = {field: event[field] for field in ("account", "dag_id", "run_id", "task_id", "map_index",
+                                                       "release_name", "attempt")}
+            if named != {field: charge[field] for field in named}:
+                raise refuse(f"has a {event['event']!r} audit event of another charge")
             self._authenticate(event, where)
-        digest = hashlib.sha256((charge.output or "").encode("utf-8")).hexdigest()
+        digest = hashlib.sha256(charge["output"].encode("utf-8")).hexdigest()
         if digest != committed[0]["output_digest"]:
-            raise AuditChainError(f"{where} does not hash to the digest its 'committed' audit event records: the "
-                                  "stored output was altered; nothing is published from it. A privacy officer runs "
-                                  "`dpctl ledger verify`")
-        token_hash = reserved[0]["token_hash"]
-        if token_hash is not None or committed[0]["key_id"] is not None:
-            proof = committed[0]["proof"]
-            if proof is None or hashlib.sha256(proof.encode("utf-8")).hexdigest() != token_hash:
-                raise AuditChainError(f"{where} was committed without its reservation's token (its 'committed' "
-                                      "event's proof does not match): not by the attempt that reserved it; nothing is "
-                                      "published from it. A privacy officer runs `dpctl ledger verify`")
-        return json.loads(charge.output)
+            raise refuse("does not hash to the digest its 'committed' audit event records")
+        token_hash, proof = reserved[0]["token_hash"], committed[0]["proof"]
+        if (token_hash is None or token_hash != charge["token_hash"] or proof is None
+                or hashlib.sha256(proof.encode("utf-8")).hexdigest() != token_hash):
+            raise refuse("was committed without its reservation's token (its 'committed' event's proof does not "
+                         "match): not by the attempt that reserved it")
+        return json.loads(charge["output"])
 
     def _authenticate(self, event: Mapping[str, Any], where: str) -> None:
-        if event["key_id"] is None:  # a schema-2 row (before keyed chains): its plain hash
-            if legacy_row_hash(event) != event["row_hash"]:
-                raise AuditChainError(f"{where}: its {event['event']!r} audit event was altered")
-            return
-        key = self._spend_key()
-        if event["key_id"] != key.key_id:
+        key = self._verifying_keys.get(event["key_id"]) if event["key_id"] is not None else None
+        if key is None:
+            if self._key is None:
+                self._spend_key()  # raises: no key at all
+            signer = "no key (written before the ledger's chain was keyed, schema 2)" if event["key_id"] is None else \
+                f"key id {event['key_id']!r}"
             raise LedgerKeyError(
-                f"{where}: its {event['event']!r} audit event was signed by key id {event['key_id']!r}, which this "
-                f"connection does not hold (its spend key is {key.key_id!r}), so it cannot be shown to be the "
-                "committed release and is not published. Give the connection the spend key that signed it, or have "
-                "a privacy officer check it with `dpctl ledger verify`"
+                f"{where}: its {event['event']!r} audit event is signed by {signer}, which this connection cannot "
+                "check, so it is not shown to be the committed release and is not published. If a spend key was "
+                "rotated since, give the connection the retired key (extra 'retired_audit_keys'); else have a "
+                "privacy officer check it with `dpctl ledger verify`"
             )
         if audit_row_mac(event, key) != event["row_hash"]:
-            raise AuditChainError(f"{where}: its {event['event']!r} audit event does not carry a valid MAC under the "
-                                  "spend key: the ledger was altered; nothing is published from it")
+            raise AuditChainError(f"{where}: its {event['event']!r} audit event does not carry a valid MAC: the "
+                                  "ledger was altered; nothing is published from it")
 
     # -- the release path ----------------------------------------------------------------------------------------
     def reserve(

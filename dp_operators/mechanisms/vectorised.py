@@ -33,8 +33,10 @@ Method: inverse CDF of the magnitude M = |X| on 64-bit words, plus a sign bit.
   the scalar exact geometric of CKS 2020 Algorithm 2 instead.
 
 Output: numpy int64; if a value would not fit (possible only with astronomically small probability, or for a
-huge scale), the array is an object array of Python ints. Scales above ``TABLE_SCALE_LIMIT`` use the scalar
-exact sampler ``samplers.sample_discrete_laplace_vector`` (exact, slow) and return int64 when every value fits,
+huge scale), the array is an object array of Python ints. Scales above ``TABLE_SCALE_LIMIT`` (2^22) use
+``vectorised_large.sample_discrete_laplace_large`` (the geometric magnitude split into a quotient and digits, each
+drawn by the same inverse CDF on small exact tables), and above its ``LARGE_SCALE_LIMIT`` (2^60) the scalar exact
+sampler ``samplers.sample_discrete_laplace_vector`` (exact, slow), which returns int64 when every value fits,
 object otherwise. Randomness: OS CSPRNG only (``os.urandom``); no seed.
 """
 
@@ -257,7 +259,11 @@ def sample_discrete_laplace_array(scale: Fraction | int, size: int, *, _words: W
     """
     scale = as_positive_rational(scale, "scale")
     _check_size(size)
-    if scale > TABLE_SCALE_LIMIT:
+    if scale > TABLE_SCALE_LIMIT:  # a geometric decomposed into small exact tables (vectorised_large), then scalar
+        from dp_operators.mechanisms.vectorised_large import LARGE_SCALE_LIMIT, sample_discrete_laplace_large
+
+        if scale <= LARGE_SCALE_LIMIT:
+            return sample_discrete_laplace_large(scale, size, _words=_words)
         return _fallback(sample_discrete_laplace_vector(scale, size))
     table = laplace_table(scale.numerator, scale.denominator)
     magnitude = _magnitudes(table, size, _words)

@@ -161,11 +161,10 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             )
         self.output_formats = check_formats(output_formats)
         check_inline_rows_limit(inline_rows_limit)
-        if not (output_uri and "{{" in output_uri):  # a templated output_uri is checked once rendered
-            problem = rows_files_problem(self.release_spec, inline_rows_limit, output_uri, self.output_formats,
-                                         sql_sink)
-            if problem:
-                raise ValueError(f"task {kwargs.get('task_id')!r}: {problem}")
+        # a templated output_uri counts as given (it is checked again once rendered, before the ledger)
+        problem = rows_files_problem(self.release_spec, inline_rows_limit, output_uri, self.output_formats, sql_sink)
+        if problem:
+            raise ValueError(f"task {kwargs.get('task_id')!r}: {problem}")
         for name, location in (("output_uri", output_uri), ("diagnostics_uri", diagnostics_uri)):
             if location and "{{" not in location:  # a template is checked once rendered, in execute
                 check_location(name, location)
@@ -194,8 +193,20 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         parsed: only :data:`RELEASE_ALIAS` is declared, and each instance announces through it."""
         spec_path = kwargs.get("spec_path")
         asset = kwargs.get("asset")
-        if asset is None and isinstance(spec_path, (str, Path)):
-            asset = default_asset(load_spec_with_hash(str(spec_path))[0].release)
+        if isinstance(spec_path, (str, Path)):
+            spec = load_spec_with_hash(str(spec_path))[0]
+            if asset is None:
+                asset = default_asset(spec.release)
+            # what the partial arguments already rule out is a DAG import error too (``__init__`` runs only when a
+            # mapped instance does); arguments left to expand() are assumed to fit
+            limit = check_inline_rows_limit(kwargs.get("inline_rows_limit", INLINE_ROWS_LIMIT))
+            problem = rows_files_problem(
+                spec, limit, kwargs.get("output_uri", "<expanded>"),
+                check_formats(kwargs["output_formats"]) if "output_formats" in kwargs else ("json", "parquet"),
+                kwargs.get("sql_sink"),
+            )
+            if problem:
+                raise ValueError(f"task {kwargs.get('task_id')!r}: {problem}")
         if "outlets" in kwargs or asset is None:
             kwargs["outlets"] = release_outlets(kwargs.get("outlets"), None)
         else:

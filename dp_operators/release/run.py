@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from dp_operators import __version__
-from dp_operators.ledger import AccountStatus, Ledger, LedgerError, ReleaseKey, canonical_json
+from dp_operators.ledger import AccountStatus, AuditChainError, Ledger, LedgerError, ReleaseKey, canonical_json
 from dp_operators.release.columns import largest_magnitude
 from dp_operators.release.diagnostics import DiagnosticsReport
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
@@ -265,7 +265,11 @@ def run_release(
         audit=audit,
     )
     if isinstance(reservation, dict):  # committed meanwhile by another attempt: authenticated like any replay
-        return _replay(ledger.authenticated_output(key) or reservation, spec_hash, key, rows_store)
+        authenticated = ledger.authenticated_output(key)
+        if authenticated is None:  # reserve() saw a committed charge this read does not: never publish it unchecked
+            raise AuditChainError(f"release {key.release_name!r}: the ledger returned a committed output it then "
+                                  "does not hold; nothing is published. A privacy officer runs `dpctl ledger verify`")
+        return _replay(authenticated, spec_hash, key, rows_store)
 
     # From here on a failure keeps the charge spent unless no sampler was entered (DESIGN.md 2.1, ADR 1), and is
     # permanent: every check that can fail ran before the reservation, so a failure here is a bug a retry would
