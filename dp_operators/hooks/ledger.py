@@ -13,7 +13,9 @@ The spend key (``audit_key``, made by ``dpctl ledger keygen`` and given to the a
 secrets backend (Vault, AWS Secrets Manager, ...) hold it with the rest of the connection. The *governor* key never
 belongs in the workers' connection: tasks can read their connection, and whoever holds the governor key can sign
 cap changes. ``dpctl`` may read it from a separate connection only the privacy officer uses (extra
-``governor_key``, see :func:`governor_key_from_connection`).
+``governor_key``, see :func:`governor_key_from_connection`). After a spend-key rotation, the extra
+``retired_audit_keys`` (a list of the old keys' texts) lets a retry of a release committed under an old key
+authenticate its audit events and replay it; those keys never sign.
 
 Tasks cannot reach Airflow's own metadata database (Airflow 3), so the ledger always lives behind its own
 Connection.
