@@ -54,6 +54,25 @@ def pg_database() -> Iterator[sa.URL]:
         admin.dispose()
 
 
+@pytest.fixture(scope="module")
+def pg_roles(pg_database) -> Iterator[tuple[str, str]]:
+    """A spender and a governor login role for one test module (cluster-wide; dropped at the end)."""
+    suffix = uuid.uuid4().hex[:8]
+    roles = (f"dp_spender_{suffix}", f"dp_governor_{suffix}")
+    admin = sa.create_engine(pg_database, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        for role in roles:
+            conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        yield roles
+    finally:
+        with admin.connect() as conn:
+            for role in roles:
+                conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
+                conn.exec_driver_sql(f'DROP ROLE "{role}"')
+        admin.dispose()
+
+
 @pytest.fixture(params=BACKENDS)
 def ledger_url(request, tmp_path: Path) -> Iterator[str]:
     """A URL of an empty ledger database, once per backend."""

@@ -17,8 +17,6 @@ import datetime as dt
 import hashlib
 import json
 import sqlite3
-import uuid
-from collections.abc import Iterator
 from fractions import Fraction
 
 import pytest
@@ -95,23 +93,6 @@ def new_ledger(url: str) -> Ledger:
     return spender(url)
 
 
-@pytest.fixture(scope="module")
-def pg_spender_role(pg_database) -> Iterator[tuple[str, str]]:
-    """A spender and a governor login role (cluster-wide, dropped at the end), as tests/ledger/test_tamper.py."""
-    suffix = uuid.uuid4().hex[:8]
-    roles = (f"dp_rv_spender_{suffix}", f"dp_rv_governor_{suffix}")
-    admin = sa.create_engine(pg_database, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        for role in roles:
-            conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
-    try:
-        yield roles
-    finally:
-        with admin.connect() as conn:
-            for role in roles:
-                conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
-                conn.exec_driver_sql(f'DROP ROLE "{role}"')
-        admin.dispose()
 
 
 def attacker_url(ledger_url: str, request) -> str:
@@ -119,7 +100,7 @@ def attacker_url(ledger_url: str, request) -> str:
     a charge's state/output/lease and the account totals; guard triggers it cannot drop)."""
     if ledger_url.startswith("sqlite"):
         return ledger_url
-    spender_role, governor_role = request.getfixturevalue("pg_spender_role")
+    spender_role, governor_role = request.getfixturevalue("pg_roles")
     apply_roles(ledger_url, spender_role, governor_role)
     return sa.make_url(ledger_url).set(username=spender_role).render_as_string(hide_password=False)
 

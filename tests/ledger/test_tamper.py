@@ -21,7 +21,6 @@ import dataclasses
 import datetime as dt
 import json
 import re
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -511,23 +510,6 @@ def _cases():
 # -- fixtures -----------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pg_roles(pg_database) -> Iterator[tuple[str, str]]:
-    """A spender and a governor login role for this module (cluster-wide; dropped at the end)."""
-    suffix = uuid.uuid4().hex[:8]
-    roles = (f"dp_spender_{suffix}", f"dp_governor_{suffix}")
-    admin = sa.create_engine(pg_database, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        for role in roles:
-            conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
-    try:
-        yield roles
-    finally:
-        with admin.connect() as conn:
-            for role in roles:
-                conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
-                conn.exec_driver_sql(f'DROP ROLE "{role}"')
-        admin.dispose()
 
 
 @pytest.fixture(scope="module", autouse=True)
