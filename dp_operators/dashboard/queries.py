@@ -1,0 +1,497 @@
+"""Read-only queries behind the budget dashboard: accounts, burn-down, forecast, charge pages and releases.
+
+Every function takes the ledger as a :class:`~dp_operators.ledger.store.LedgerBase` (a spender's ``Ledger`` or a
+governor's view), a SQLAlchemy :class:`~sqlalchemy.engine.Engine` or a URL, and only reads: each call runs in one
+read transaction (PostgreSQL: ``REPEATABLE READ READ ONLY``, one snapshot that the server refuses to write from;
+SQLite: a deferred transaction on the ledger's reader engine). Pages and aggregates come from SQL (``COUNT``,
+``GROUP BY``, keyset pages on the primary key): a call reads O(page + chart points) rows whatever the number of
+charges (``benchmarks/dashboard_queries.py`` measures it at 100,000).
+
+Numbers. Budgets are exact fractions stored as text (``str(Fraction)``). Totals that matter (cap, spent,
+reserved, remaining) are exact: taken from the account row's running totals and the reserved charges, exactly as
+``dpctl ledger show`` and :meth:`LedgerBase.account` compute them, and returned as exact strings (``"1/3"``) with
+a float beside them (``*_float``). The burn-down chart and the forecast's rate sum many charges in SQL, which
+cannot add fractions exactly: there each stored amount is converted to a double in SQL and summed as doubles
+(relative error about 1e-16 per charge; for display only, never for a budget decision).
+
+Spend over time counts *settled* charges: ``committed`` and ``abandoned`` (both spent for good). ``reserved``
+charges are in flight (their total is the account's ``reserved``) and ``released`` ones were returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import weakref
+from collections.abc import Iterator
+from fractions import Fraction
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import FunctionElement
+
+from dp_operators.ledger import schema
+from dp_operators.ledger.store import LedgerBase, account_status, reserved_totals
+
+#: The states of a charge (DESIGN.md 3).
+CHARGE_STATES = ("reserved", "committed", "released", "abandoned")
+#: States whose amount is spent for good: the burn-down and the forecast count these.
+SETTLED_STATES = ("committed", "abandoned")
+#: Most points of a burn-down series.
+MAX_BURN_DOWN_POINTS = 500
+#: The forecast's window: spend over this many days before ``now``.
+FORECAST_WINDOW_DAYS = 30
+#: Largest page of :func:`account_charges`.
+MAX_PAGE = 500
+
+_c = schema.charges.c
+_a = schema.accounts.c
+_DAY = 86_400.0
+
+
+# -- SQL building blocks (one expression, compiled per dialect) ---------------------------------------------------
+class _fraction_as_double(FunctionElement):
+    """A ``str(Fraction)`` text column (``"3"``, ``"-1/3"``) as a double: numerator / denominator."""
+
+    type = sa.Float()
+    name = "fraction_as_double"
+    inherit_cache = True
+
+
+@compiles(_fraction_as_double, "sqlite")
+def _fraction_sqlite(element, compiler, **kw) -> str:
+    x = compiler.process(element.clauses, **kw)
+    return (
+        f"(CASE WHEN instr({x}, '/') > 0 THEN CAST(substr({x}, 1, instr({x}, '/') - 1) AS REAL) "
+        f"/ CAST(substr({x}, instr({x}, '/') + 1) AS REAL) ELSE CAST({x} AS REAL) END)"
+    )
+
+
+@compiles(_fraction_as_double, "postgresql")
+def _fraction_postgresql(element, compiler, **kw) -> str:
+    x = compiler.process(element.clauses, **kw)
+    return (
+        f"(CAST(split_part({x}, '/', 1) AS DOUBLE PRECISION) "
+        f"/ CAST(COALESCE(NULLIF(split_part({x}, '/', 2), ''), '1') AS DOUBLE PRECISION))"
+    )
+
+
+class _epoch_seconds(FunctionElement):
+    """A timestamp column as seconds since 1970-01-01 UTC (a double)."""
+
+    type = sa.Float()
+    name = "epoch_seconds"
+    inherit_cache = True
+
+
+@compiles(_epoch_seconds, "sqlite")
+def _epoch_sqlite(element, compiler, **kw) -> str:
+    # SQLAlchemy stores SQLite timestamps as UTC text 'YYYY-MM-DD HH:MM:SS.ffffff'; julianday() parses it.
+    return f"((julianday({compiler.process(element.clauses, **kw)}) - 2440587.5) * 86400.0)"
+
+
+@compiles(_epoch_seconds, "postgresql")
+def _epoch_postgresql(element, compiler, **kw) -> str:
+    return f"EXTRACT(EPOCH FROM {compiler.process(element.clauses, **kw)})"
+
+
+_AMOUNT = _fraction_as_double(_c.amount)
+_SETTLED = _c.state.in_(SETTLED_STATES)
+_OF_ACCOUNT = _c.account == sa.bindparam("account")
+
+_ACCOUNT_ROW = sa.select(schema.accounts).where(_a.name == sa.bindparam("account"))
+_STATE_COUNTS = sa.select(_c.state, sa.func.count()).where(_OF_ACCOUNT).group_by(_c.state)
+_SETTLED_SPAN = sa.select(sa.func.min(_c.created_at), sa.func.max(_c.created_at), sa.func.count()).where(
+    _OF_ACCOUNT, _SETTLED
+)
+_BUCKET = sa.cast((_epoch_seconds(_c.created_at) - sa.bindparam("t0")) / sa.bindparam("width"), sa.Integer)
+_BURN_DOWN = (
+    sa.select(sa.func.max(_c.created_at), sa.func.sum(_AMOUNT), sa.func.count())
+    .where(_OF_ACCOUNT, _SETTLED)
+    .group_by(_BUCKET)
+    .order_by(_BUCKET)
+)
+_WINDOW_SPEND = sa.select(sa.func.sum(_AMOUNT), sa.func.count()).where(
+    _OF_ACCOUNT, _SETTLED, _c.created_at >= sa.bindparam("start"), _c.created_at <= sa.bindparam("end")
+)
+_PAGE_COLUMNS = (
+    _c.id, _c.dag_id, _c.run_id, _c.task_id, _c.map_index, _c.release_name, _c.attempt, _c.state, _c.amount,
+    _c.delta_amount, _c.mechanisms, _c.created_at, _c.updated_at,
+)
+_RELEASE = sa.select(
+    _c.id, _c.account, _c.dag_id, _c.run_id, _c.task_id, _c.map_index, _c.release_name, _c.attempt, _c.state,
+    _c.amount, _c.output, _c.output_digest, _c.created_at, _c.updated_at,
+).where(_c.id == sa.bindparam("charge_id"))
+
+
+# -- access ---------------------------------------------------------------------------------------------------
+_LEDGERS: weakref.WeakKeyDictionary[Engine, LedgerBase] = weakref.WeakKeyDictionary()
+
+
+def _ledger(ledger: LedgerBase | Engine | str) -> LedgerBase:
+    if isinstance(ledger, LedgerBase):
+        return ledger
+    if isinstance(ledger, Engine):
+        if ledger not in _LEDGERS:
+            _LEDGERS[ledger] = LedgerBase(ledger)
+        return _LEDGERS[ledger]
+    return LedgerBase(ledger)
+
+
+@contextlib.contextmanager
+def _reading(ledger: LedgerBase | Engine | str) -> Iterator[Connection]:
+    """One read-only transaction on the ledger (the schema checked first). A ledger opened here from a URL is
+    closed afterwards (its engines disposed)."""
+    base = _ledger(ledger)
+    try:
+        base.check_schema()
+        with base._read() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield conn
+    finally:
+        if isinstance(ledger, str):
+            base.engine.dispose()
+            base._reader.dispose()
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    """Aware UTC (a naive value is taken as UTC: SQLite hands stored timestamps back naive)."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    value = _utc(value)
+    return None if value is None else value.isoformat()
+
+
+def _exact(value: Fraction | None) -> tuple[str | None, float | None]:
+    return (None, None) if value is None else (str(value), float(value))
+
+
+# -- accounts -------------------------------------------------------------------------------------------------
+def _overview_row(status) -> dict[str, Any]:
+    """The fields of ``dpctl ledger show --json`` for one account (``account`` named ``name``), plus floats."""
+    mu = status.accountant == "gaussian_dp"
+    row: dict[str, Any] = {"name": status.name, "accountant": status.accountant, "unit": status.unit}
+    for field in ("cap", "spent", "reserved", "remaining"):
+        row[field], row[f"{field}_float"] = _exact(getattr(status, field))
+    row["delta"], row["delta_float"] = _exact(status.delta)
+    row["delta_spent"] = str(status.delta_spent) if status.accountant == "approx_dp" else None
+    row["cap_mu"] = float(status.cap) ** 0.5 if mu else None
+    row["spent_mu"] = float(status.spent) ** 0.5 if mu else None
+    row["spent_epsilon"] = status.as_epsilon(status.spent)
+    row["cap_epsilon"] = status.as_epsilon(status.cap)
+    row["privacy_unit"] = status.privacy_unit
+    row["allowed_dags"] = list(status.allowed_dags)
+    row["fraction_spent"] = float(status.spent / status.cap) if status.cap else None
+    return row
+
+
+def accounts_overview(ledger: LedgerBase | Engine | str) -> list[dict[str, Any]]:
+    """Every budget account, by name: the data of ``dpctl ledger show --json``.
+
+    Each row: ``name``, ``accountant``, ``unit`` (``epsilon``, ``rho`` or ``mu_squared``); ``cap``, ``spent``
+    (reserved and abandoned included, released excluded), ``reserved`` and ``remaining`` (rounded down) as exact
+    strings, each with a ``*_float``; ``delta`` (exact string or ``None``) and ``delta_float``; ``delta_spent``
+    (``approx_dp`` only, else ``None``); ``cap_mu``/``spent_mu`` (``gaussian_dp`` only); ``spent_epsilon`` and
+    ``cap_epsilon`` (floats: epsilon at the account's delta, CKS 2020 for zCDP, Dong-Roth-Su for Gaussian DP,
+    rounded up; ``None`` without a delta); ``privacy_unit``; ``allowed_dags`` (list); ``fraction_spent``
+    (spent / cap as a float, for a bar).
+
+    Raises:
+        LedgerNotInitialisedError: the ledger has no schema (or another version).
+    """
+    with _reading(ledger) as conn:
+        rows = conn.execute(sa.select(schema.accounts).order_by(_a.name)).all()
+        return [_overview_row(account_status(row, *reserved_totals(conn, row.name))) for row in rows]
+
+
+def _status(conn: Connection, name: str):
+    row = conn.execute(_ACCOUNT_ROW, {"account": name}).first()
+    return None if row is None else account_status(row, *reserved_totals(conn, name))
+
+
+def _burn_down(conn: Connection, name: str, max_points: int) -> tuple[list[dict[str, Any]], dt.datetime | None]:
+    first, last, count = conn.execute(_SETTLED_SPAN, {"account": name}).one()
+    if not count:
+        return [], None
+    first, last = _utc(first), _utc(last)
+    span = (last - first).total_seconds()
+    # equal buckets from the first to the last charge; bucket i holds times near t0 + i * width, so the index
+    # (truncated on SQLite, rounded on PostgreSQL) runs from 0 to max_points - 1
+    width = span / (max_points - 1) if span > 0 else 1.0
+    points, total, charges = [], 0.0, 0
+    rows = conn.execute(_BURN_DOWN, {"account": name, "t0": first.timestamp(), "width": width})
+    for time, amount, number in rows:
+        total += amount
+        charges += number
+        points.append({"time": _iso(time), "cumulative": total, "charges": charges})
+    return points, first
+
+
+def _forecast(
+    conn: Connection, name: str, remaining: Fraction, first: dt.datetime | None, now: dt.datetime, days: float
+) -> dict[str, Any]:
+    start = now - dt.timedelta(days=days)
+    spend, count = conn.execute(_WINDOW_SPEND, {"account": name, "start": start, "end": now}).one()
+    forecast: dict[str, Any] = {
+        "method": f"settled spend (committed + abandoned) over the last {days:g} days before now, or since the "
+        "first settled charge if later; remaining / that rate, from now",
+        "window_days": days,
+        "window_start": None,
+        "window_end": now.isoformat(),
+        "window_spend": float(spend or 0.0),
+        "window_charges": count,
+        "rate_per_day": None,
+        "remaining": float(remaining),
+        "exhausted": remaining <= 0,
+        "exhausts_at": None,
+        "days_left": None,
+    }
+    if first is None or not count or not spend:
+        return forecast
+    effective = max(start, first)
+    forecast["window_start"] = effective.isoformat()
+    elapsed_days = (now - effective).total_seconds() / _DAY
+    if elapsed_days <= 0:
+        return forecast
+    rate = spend / elapsed_days
+    forecast["rate_per_day"] = rate
+    if remaining <= 0:
+        forecast["days_left"] = 0.0
+        forecast["exhausts_at"] = now.isoformat()
+        return forecast
+    days_left = float(remaining) / rate
+    forecast["days_left"] = days_left
+    with contextlib.suppress(OverflowError):  # beyond year 9999: no date
+        forecast["exhausts_at"] = (now + dt.timedelta(days=days_left)).isoformat()
+    return forecast
+
+
+def account_detail(
+    ledger: LedgerBase | Engine | str,
+    name: str,
+    *,
+    now: dt.datetime | None = None,
+    window_days: float = FORECAST_WINDOW_DAYS,
+    max_points: int = MAX_BURN_DOWN_POINTS,
+) -> dict[str, Any] | None:
+    """One account: its :func:`accounts_overview` row plus ``burn_down``, ``forecast`` and ``charge_counts``;
+    ``None`` if there is no account ``name``.
+
+    * ``burn_down``: ``{"unit", "cap_float", "points": [{"time", "cumulative", "charges"}, ...]}``, cumulative
+      settled spend (committed + abandoned, a float in the account's unit) against time (ISO 8601 UTC, the
+      creation time of the bucket's last charge), at most ``max_points`` points: the span from the first to the
+      last settled charge is cut into equal time buckets, summed in SQL (``GROUP BY``); ``charges`` is the
+      cumulative count. Without settled charges ``points`` is empty.
+    * ``forecast``: the exhaustion date at the recent rate: settled spend created in ``[now - window_days, now]``
+      divided by the days from the later of that start and the first settled charge to ``now``. Keys: ``method``
+      (this in words), ``window_days``, ``window_start``, ``window_end``, ``window_spend``, ``window_charges``,
+      ``rate_per_day`` (unit per day, ``None`` without spend in the window), ``remaining`` (float of the exact
+      remaining budget), ``exhausted`` (bool), ``days_left`` and ``exhausts_at`` (ISO 8601 UTC; ``None`` when
+      there is no rate).
+    * ``charge_counts``: ``{state: count}`` for every state of :data:`CHARGE_STATES`, and ``total``.
+
+    Args:
+        now: the forecast's reference time (default: the current time, UTC).
+        window_days: the forecast's window.
+        max_points: most points of the burn-down (at least 2).
+
+    Raises:
+        ValueError: ``max_points`` below 2.
+        LedgerNotInitialisedError: the ledger has no schema (or another version).
+    """
+    if max_points < 2:
+        raise ValueError(f"max_points must be at least 2, got {max_points}")
+    now = _utc(now) or dt.datetime.now(dt.timezone.utc)
+    with _reading(ledger) as conn:
+        status = _status(conn, name)
+        if status is None:
+            return None
+        detail = _overview_row(status)
+        counts = dict.fromkeys(CHARGE_STATES, 0)
+        counts.update({state: number for state, number in conn.execute(_STATE_COUNTS, {"account": name})})
+        counts["total"] = sum(counts.values())
+        points, first = _burn_down(conn, name, max_points)
+        detail["burn_down"] = {"unit": status.unit, "cap_float": float(status.cap), "points": points}
+        detail["forecast"] = _forecast(conn, name, status.remaining, first, now, window_days)
+        detail["charge_counts"] = counts
+    return detail
+
+
+# -- charges --------------------------------------------------------------------------------------------------
+def _mechanism_names(text: str) -> list[str]:
+    try:
+        described = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(described, list):
+        return []
+    names = [m.get("mechanism") for m in described if isinstance(m, dict)]
+    return list(dict.fromkeys(str(n) for n in names if n))
+
+
+def _charge_row(row: Any) -> dict[str, Any]:
+    amount = Fraction(row.amount)
+    return {
+        "id": row.id,
+        "dag_id": row.dag_id,
+        "run_id": row.run_id,
+        "task_id": row.task_id,
+        "map_index": row.map_index,
+        "release_name": row.release_name,
+        "attempt": row.attempt,
+        "state": row.state,
+        "amount": str(amount),
+        "amount_float": float(amount),
+        "delta_amount": row.delta_amount,
+        "mechanisms": _mechanism_names(row.mechanisms),
+        "created_at": _iso(row.created_at),
+        "updated_at": _iso(row.updated_at),
+    }
+
+
+def account_charges(
+    ledger: LedgerBase | Engine | str,
+    name: str,
+    *,
+    dag_id: str | None = None,
+    state: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    after: int | None = None,
+    limit: int = 50,
+) -> dict[str, Any] | None:
+    """A page of account ``name``'s charges, by id (oldest first), as ``dpctl ledger history`` filters them;
+    ``None`` if there is no account ``name``.
+
+    Returns ``{"account", "charges": [...], "total", "next_after", "limit"}``: each charge has ``id``,
+    ``dag_id``, ``run_id``, ``task_id``, ``map_index``, ``release_name``, ``attempt``, ``state``, ``amount``
+    (exact string, account's unit) and ``amount_float``, ``delta_amount`` (exact string), ``mechanisms`` (the
+    mechanism names, in order, without repeats), ``created_at`` and ``updated_at`` (ISO 8601 UTC). ``total``
+    counts every charge matching the filters (all pages); ``next_after`` is the ``after`` of the next page, or
+    ``None`` on the last one.
+
+    Args:
+        dag_id, state: filters (``state`` one of :data:`CHARGE_STATES`).
+        since, until: creation time, ``since`` inclusive, ``until`` exclusive (naive values are UTC).
+        after: keyset cursor: only charges with an id above it.
+        limit: page size, 1 to :data:`MAX_PAGE`.
+
+    Raises:
+        ValueError: an unknown state or a limit out of range.
+        LedgerNotInitialisedError: the ledger has no schema (or another version).
+    """
+    if state is not None and state not in CHARGE_STATES:
+        raise ValueError(f"unknown charge state {state!r}: use one of {', '.join(CHARGE_STATES)}")
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+    filters = [_c.account == name]
+    if dag_id is not None:
+        filters.append(_c.dag_id == dag_id)
+    if state is not None:
+        filters.append(_c.state == state)
+    if since is not None:
+        filters.append(_c.created_at >= _utc(since))
+    if until is not None:
+        filters.append(_c.created_at < _utc(until))
+    page = sa.select(*_PAGE_COLUMNS).where(*filters).order_by(_c.id).limit(limit + 1)
+    if after is not None:
+        page = page.where(_c.id > after)
+    with _reading(ledger) as conn:
+        if conn.execute(sa.select(_a.name).where(_a.name == name)).first() is None:
+            return None
+        total = conn.execute(sa.select(sa.func.count()).select_from(schema.charges).where(*filters)).scalar()
+        rows = conn.execute(page).all()
+    more = len(rows) > limit
+    charges = [_charge_row(row) for row in rows[:limit]]
+    return {
+        "account": name,
+        "charges": charges,
+        "total": total,
+        "next_after": charges[-1]["id"] if more else None,
+        "limit": limit,
+    }
+
+
+# -- releases -------------------------------------------------------------------------------------------------
+def _published_values(aggregate: dict[str, Any]) -> list[dict[str, Any]]:
+    """The aggregate's released values with their intervals: ``key`` (group-by values), ``value``,
+    ``half_width``, ``lower``, ``upper`` (``None`` on an unbounded side), ``saturated``."""
+    from dp_operators.release.publish import published_interval  # the one definition of a published interval
+
+    group_by = list(aggregate.get("group_by") or [])
+    rows = aggregate.get("rows")
+    if rows is None:
+        rows = [aggregate] if "value" in aggregate else []
+    values = []
+    for row in rows:
+        lower, upper = published_interval(row)
+        values.append(
+            {
+                "key": {column: row.get(column) for column in group_by},
+                "value": row["value"],
+                "half_width": row.get("half_width"),
+                "lower": lower,
+                "upper": upper,
+                "saturated": bool(row.get("saturated", False)),
+            }
+        )
+    return values
+
+
+def release_detail(ledger: LedgerBase | Engine | str, charge_id: int) -> dict[str, Any] | None:
+    """The release of charge ``charge_id``; ``None`` if there is no such charge.
+
+    Returns the charge (``id``, ``account``, release key fields, ``attempt``, ``state``, ``amount``,
+    ``output_digest``, ``created_at``, ``updated_at``), ``output`` (the committed output JSON as stored, or
+    ``None`` when the charge is not committed) and ``aggregates``: per aggregate, ``{"name", "kind",
+    "mechanism", "group_by", "confidence", "values": [...]}`` with the values of :func:`_published_values`
+    (value, half-width, interval), or, for an aggregate whose rows are stored as a file, ``"rows_file"`` (its
+    ``uri``, ``sha256``, ``rows``, ``format``) and no ``values``: the dashboard does not read rows files.
+
+    Raises:
+        LedgerNotInitialisedError: the ledger has no schema (or another version).
+    """
+    with _reading(ledger) as conn:
+        row = conn.execute(_RELEASE, {"charge_id": charge_id}).first()
+    if row is None:
+        return None
+    output = json.loads(row.output) if row.state == "committed" and row.output is not None else None
+    aggregates = []
+    for aggregate_name, aggregate in ((output or {}).get("aggregates") or {}).items():
+        entry: dict[str, Any] = {
+            "name": aggregate_name,
+            "kind": aggregate.get("kind"),
+            "mechanism": aggregate.get("mechanism"),
+            "group_by": list(aggregate.get("group_by") or []),
+            "confidence": output.get("confidence"),
+        }
+        if "rows_file" in aggregate:
+            entry["rows_file"] = aggregate["rows_file"]
+        else:
+            entry["values"] = _published_values(aggregate)
+        aggregates.append(entry)
+    return {
+        "id": row.id,
+        "account": row.account,
+        "dag_id": row.dag_id,
+        "run_id": row.run_id,
+        "task_id": row.task_id,
+        "map_index": row.map_index,
+        "release_name": row.release_name,
+        "attempt": row.attempt,
+        "state": row.state,
+        "amount": row.amount,
+        "output_digest": row.output_digest,
+        "created_at": _iso(row.created_at),
+        "updated_at": _iso(row.updated_at),
+        "output": output,
+        "aggregates": aggregates,
+    }

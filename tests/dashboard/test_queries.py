@@ -1,0 +1,257 @@
+"""The dashboard's read-only queries, on SQLite and PostgreSQL: the numbers are the ledger's (``Ledger.account``,
+``dpctl ledger show``), pages and filters select what ``Ledger.charges`` selects, the forecast follows its rate."""
+
+from __future__ import annotations
+
+import datetime as dt
+from fractions import Fraction
+
+import pytest
+import sqlalchemy as sa
+
+from dp_operators.cli.ledger_records import _account_row
+from dp_operators.dashboard import queries
+from dp_operators.ledger import ReleaseKey, schema
+from dp_operators.ledger.errors import LedgerNotInitialisedError
+from ledger_backends import account_config, ledger_with
+from support import make_ledger
+
+MECHANISMS = [
+    {"mechanism": "discrete_laplace", "scale": 10.0},
+    {"mechanism": "discrete_gaussian", "sigma": 3.0},
+    {"mechanism": "discrete_laplace", "scale": 5.0},
+]
+
+OUTPUT = {
+    "release": "r",
+    "confidence": 0.95,
+    "aggregates": {
+        "by_sex": {
+            "kind": "count", "mechanism": "discrete_laplace", "group_by": ["sex"],
+            "rows": [{"sex": "F", "value": 10, "half_width": 3.0}, {"sex": "M", "value": 12, "half_width": 3.0}],
+        },
+        "total": {"kind": "count", "mechanism": "discrete_laplace", "group_by": [], "value": 22, "half_width": 1.5},
+        "capped": {
+            "kind": "sum", "mechanism": "discrete_laplace", "group_by": ["k"],
+            "rows": [{"k": "a", "value": 100, "half_width": None, "saturated": True, "interval": [90.0, None]}],
+        },
+        "large": {
+            "kind": "count", "mechanism": "discrete_laplace", "group_by": ["k"],
+            "rows_file": {"uri": "file:///x~rows/abc.parquet", "sha256": "ab" * 32, "rows": 10**6,
+                          "format": "parquet"},
+        },
+    },
+}
+
+
+def key(run: str, dag: str = "d") -> ReleaseKey:
+    return ReleaseKey(dag, run, "t", -1, "r")
+
+
+def reserve(ledger, run: str, amount, dag: str = "d", account: str = "a"):
+    return ledger.reserve(key(run, dag), account=account, amount=Fraction(amount), mechanisms=MECHANISMS,
+                          spec_hash="0" * 64)
+
+
+@pytest.fixture
+def small(ledger_url):
+    """Account ``a`` (pure_dp, cap 10) with charges 1..6 in states committed, committed, released, abandoned,
+    committed (DAG ``e``), reserved; account ``z`` (zCDP, cap 1/2) with one committed charge of 1/30."""
+    ledger = ledger_with(
+        ledger_url,
+        a=account_config("pure_dp", epsilon="10", dags=("d", "e")),
+        z=account_config("zcdp", cap="1/2", delta="1e-6", dags=("d",)),
+    )
+    ledger.commit(reserve(ledger, "r1", "1/3"), OUTPUT)
+    ledger.commit(reserve(ledger, "r2", "1/2"), {"run": "r2"})
+    ledger.release(reserve(ledger, "r3", "2"))
+    ledger.abandon(reserve(ledger, "r4", "1/4"))
+    ledger.commit(reserve(ledger, "r5", "1/5", dag="e"), {"run": "r5"})
+    reserve(ledger, "r6", "1/7")
+    ledger.commit(reserve(ledger, "r7", "1/30", account="z"), {"run": "r7"})
+    return ledger
+
+
+def settled(ledger, account="a") -> list[dict]:
+    return [c for c in ledger.charges(account=account) if c["state"] in queries.SETTLED_STATES]
+
+
+def utc(value: dt.datetime) -> dt.datetime:
+    """A stored time as aware UTC (SQLite hands timestamps back naive)."""
+    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value
+
+
+def test_overview_is_what_ledger_show_prints(small):
+    rows = queries.accounts_overview(small)
+    assert [row["name"] for row in rows] == ["a", "z"]
+    for row in rows:
+        status = small.account(row["name"])
+        expected = _account_row(status)
+        expected["name"] = expected.pop("account")
+        assert {k: row[k] for k in expected} == expected
+        assert row["spent_float"] == float(status.spent) and row["remaining_float"] == float(status.remaining)
+    a = rows[0]
+    # committed 1/3 + 1/2 + 1/5, abandoned 1/4, reserved 1/7; released 2 returned
+    assert Fraction(a["spent"]) == Fraction(1, 3) + Fraction(1, 2) + Fraction(1, 5) + Fraction(1, 4) + Fraction(1, 7)
+    assert Fraction(a["reserved"]) == Fraction(1, 7)
+    assert rows[1]["unit"] == "rho" and rows[1]["spent_epsilon"] > 0 and rows[1]["cap_epsilon"] > 0
+
+
+def test_detail_counts_burn_down_and_unknown_account(small):
+    detail = queries.account_detail(small, "a")
+    assert {k: detail[k] for k in queries.accounts_overview(small)[0]} == queries.accounts_overview(small)[0]
+    assert detail["charge_counts"] == {"reserved": 1, "committed": 3, "released": 1, "abandoned": 1, "total": 6}
+    points = detail["burn_down"]["points"]
+    exact = sum(Fraction(c["amount"]) for c in settled(small))
+    assert points[-1]["cumulative"] == pytest.approx(float(exact), rel=1e-12)
+    assert points[-1]["charges"] == 4
+    assert [p["cumulative"] for p in points] == sorted(p["cumulative"] for p in points)
+    assert detail["burn_down"]["cap_float"] == 10.0
+    assert queries.account_detail(small, "nope") is None
+
+
+def test_burn_down_is_downsampled(small):
+    points = queries.account_detail(small, "a", max_points=2)["burn_down"]["points"]
+    assert 1 <= len(points) <= 2
+    assert points[-1]["charges"] == 4
+    assert dt.datetime.fromisoformat(points[-1]["time"]) == max(utc(c["created_at"]) for c in settled(small))
+    with pytest.raises(ValueError, match="max_points"):
+        queries.account_detail(small, "a", max_points=1)
+
+
+def test_forecast_at_a_known_rate(small):
+    first = min(utc(c["created_at"]) for c in settled(small))
+    now = first + dt.timedelta(days=10)
+    forecast = queries.account_detail(small, "a", now=now)["forecast"]
+    spend = float(sum(Fraction(c["amount"]) for c in settled(small)))
+    remaining = small.account("a").remaining
+    assert forecast["window_spend"] == pytest.approx(spend, rel=1e-12)
+    assert forecast["rate_per_day"] == pytest.approx(spend / 10, rel=1e-9)
+    assert forecast["days_left"] == pytest.approx(float(remaining) / (spend / 10), rel=1e-9)
+    exhausts = dt.datetime.fromisoformat(forecast["exhausts_at"])
+    assert abs((exhausts - now).total_seconds() - forecast["days_left"] * 86_400) < 1
+    assert forecast["remaining"] == float(remaining) and not forecast["exhausted"]
+    # a month and more later nothing was spent in the window: no rate, no date
+    later = queries.account_detail(small, "a", now=first + dt.timedelta(days=45))["forecast"]
+    assert later["rate_per_day"] is None and later["exhausts_at"] is None and later["window_charges"] == 0
+
+
+def test_no_spend_no_forecast(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", epsilon="1"))
+    ledger.release(reserve(ledger, "r1", "1/2"))
+    detail = queries.account_detail(ledger, "a")
+    assert detail["burn_down"]["points"] == []
+    assert detail["forecast"]["rate_per_day"] is None and detail["forecast"]["exhausts_at"] is None
+    assert detail["charge_counts"]["released"] == 1
+
+
+def test_charges_pages_by_id(small):
+    seen, after = [], None
+    while True:
+        page = queries.account_charges(small, "a", after=after, limit=4)
+        assert page["total"] == 6
+        seen += page["charges"]
+        after = page["next_after"]
+        if after is None:
+            break
+    assert [c["id"] for c in seen] == [c["id"] for c in small.charges(account="a")]
+    assert len(seen) == 6
+    first = seen[0]
+    assert first["amount"] == "1/3" and first["amount_float"] == pytest.approx(1 / 3)
+    assert first["mechanisms"] == ["discrete_laplace", "discrete_gaussian"]
+    assert (first["dag_id"], first["run_id"], first["task_id"], first["map_index"], first["release_name"]) == (
+        "d", "r1", "t", -1, "r")
+    assert first["state"] == "committed" and first["attempt"] == 1
+    assert dt.datetime.fromisoformat(first["created_at"]).tzinfo is not None
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        pytest.param({"dag_id": "e"}, id="dag"),
+        pytest.param({"state": "committed"}, id="state"),
+        pytest.param({"dag_id": "d", "state": "committed"}, id="dag and state"),
+        pytest.param({"state": "released"}, id="released"),
+    ],
+)
+def test_charges_filters_match_ledger_history(small, filters):
+    page = queries.account_charges(small, "a", **filters)
+    expected = [c["id"] for c in small.charges(account="a", **filters)]
+    assert [c["id"] for c in page["charges"]] == expected
+    assert page["total"] == len(expected) and page["next_after"] is None
+
+
+def test_charges_time_window(small):
+    charges = list(small.charges(account="a"))
+    middle = charges[2]["created_at"]
+    since = queries.account_charges(small, "a", since=middle)
+    until = queries.account_charges(small, "a", until=middle)
+    assert [c["id"] for c in since["charges"]] == [c["id"] for c in small.charges(account="a", since=middle)]
+    assert since["total"] + until["total"] == 6
+    # an aware time in another zone means the same instant
+    shifted = utc(middle).astimezone(dt.timezone(dt.timedelta(hours=5)))
+    assert queries.account_charges(small, "a", since=shifted)["total"] == since["total"]
+
+
+def test_charges_refusals(small):
+    assert queries.account_charges(small, "nope") is None
+    with pytest.raises(ValueError, match="unknown charge state 'spent'"):
+        queries.account_charges(small, "a", state="spent")
+    with pytest.raises(ValueError, match="limit"):
+        queries.account_charges(small, "a", limit=0)
+
+
+def test_release_detail_values_and_intervals(small):
+    first = next(iter(small.charges(account="a")))
+    release = queries.release_detail(small, first["id"])
+    assert release["state"] == "committed" and release["output"] == OUTPUT
+    assert release["output_digest"] == first["output_digest"]
+    by_name = {a["name"]: a for a in release["aggregates"]}
+    assert by_name["by_sex"]["values"] == [
+        {"key": {"sex": "F"}, "value": 10, "half_width": 3.0, "lower": 7.0, "upper": 13.0, "saturated": False},
+        {"key": {"sex": "M"}, "value": 12, "half_width": 3.0, "lower": 9.0, "upper": 15.0, "saturated": False},
+    ]
+    assert by_name["total"]["values"] == [
+        {"key": {}, "value": 22, "half_width": 1.5, "lower": 20.5, "upper": 23.5, "saturated": False}]
+    assert by_name["capped"]["values"][0]["upper"] is None and by_name["capped"]["values"][0]["saturated"]
+    assert by_name["large"]["rows_file"] == OUTPUT["aggregates"]["large"]["rows_file"]
+    assert "values" not in by_name["large"] and by_name["by_sex"]["confidence"] == 0.95
+
+
+def test_release_detail_of_uncommitted_and_unknown_charges(small):
+    released = next(iter(small.charges(account="a", state="released")))
+    detail = queries.release_detail(small, released["id"])
+    assert detail["state"] == "released" and detail["output"] is None and detail["aggregates"] == []
+    assert queries.release_detail(small, 10**9) is None
+
+
+def test_engine_and_url_are_accepted_and_nothing_is_written(small):
+    before = _row_counts(small.engine)
+    by_engine = queries.accounts_overview(small.engine)
+    by_url = queries.account_charges(small.url if "sqlite" in small.url else
+                                     small.engine.url.render_as_string(hide_password=False), "a")
+    assert by_engine == queries.accounts_overview(small)
+    assert by_url["total"] == 6
+    assert _row_counts(small.engine) == before
+
+
+def _row_counts(engine) -> tuple:
+    with engine.connect() as conn:
+        return tuple(conn.execute(sa.select(sa.func.count()).select_from(t)).scalar()
+                     for t in (schema.accounts, schema.charges, schema.audit_events))
+
+
+def test_uninitialised_ledger_is_refused(tmp_path):
+    with pytest.raises(LedgerNotInitialisedError):
+        queries.accounts_overview(f"sqlite:///{tmp_path / 'empty.db'}")
+
+
+def test_make_ledger_example_account(tmp_path):
+    ledger = make_ledger(tmp_path / "ledger.db")
+    reservation = ledger.reserve(key("r1", "adult_census_release"), account="census_adult",
+                                 amount=Fraction(1, 100), mechanisms=MECHANISMS, spec_hash="0" * 64)
+    ledger.commit(reservation, OUTPUT)
+    row = queries.accounts_overview(ledger)[0]
+    status = ledger.account("census_adult")
+    assert row["spent"] == str(status.spent) and row["spent_epsilon"] == status.as_epsilon(status.spent)
+    assert row["delta"] == "1/1000000" and row["unit"] == "rho"
