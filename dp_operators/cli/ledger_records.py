@@ -43,27 +43,6 @@ from dp_operators.ledger import Keyring
 from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV
 
 
-def _account_row(a) -> dict:
-    mu = a.accountant == "gaussian_dp"
-    return {
-        "account": a.name,
-        "accountant": a.accountant,
-        "unit": a.unit,
-        "cap": str(a.cap),
-        "spent": str(a.spent),
-        "reserved": str(a.reserved),
-        "remaining": str(a.remaining),
-        "delta": None if a.delta is None else str(a.delta),
-        "delta_spent": str(a.delta_spent) if a.accountant == "approx_dp" else None,
-        "cap_mu": float(a.cap) ** 0.5 if mu else None,
-        "spent_mu": float(a.spent) ** 0.5 if mu else None,
-        "spent_epsilon": a.as_epsilon(a.spent),
-        "cap_epsilon": a.as_epsilon(a.cap),
-        "privacy_unit": a.privacy_unit,
-        "allowed_dags": list(a.allowed_dags),
-    }
-
-
 @ledger_app.command("show")
 def ledger_show(
     url: UrlOption = None,
@@ -80,7 +59,7 @@ def ledger_show(
     with _ledger_errors():
         ledger = _ledger(url, conn_id)
         accounts = [ledger.account(account)] if account else ledger.accounts()
-        rows = [_account_row(a) for a in accounts]
+        rows = [a.summary() for a in accounts]
     if as_json:
         console.print_json(json.dumps(rows))
         return

@@ -177,18 +177,10 @@ def _exact(value: Fraction | None) -> tuple[str | None, float | None]:
 # -- accounts -------------------------------------------------------------------------------------------------
 def _overview_row(status) -> dict[str, Any]:
     """The fields of ``dpctl ledger show --json`` for one account (``account`` named ``name``), plus floats."""
-    mu = status.accountant == "gaussian_dp"
-    row: dict[str, Any] = {"name": status.name, "accountant": status.accountant, "unit": status.unit}
-    for field in ("cap", "spent", "reserved", "remaining"):
-        row[field], row[f"{field}_float"] = _exact(getattr(status, field))
-    row["delta"], row["delta_float"] = _exact(status.delta)
-    row["delta_spent"] = str(status.delta_spent) if status.accountant == "approx_dp" else None
-    row["cap_mu"] = float(status.cap) ** 0.5 if mu else None
-    row["spent_mu"] = float(status.spent) ** 0.5 if mu else None
-    row["spent_epsilon"] = status.as_epsilon(status.spent)
-    row["cap_epsilon"] = status.as_epsilon(status.cap)
-    row["privacy_unit"] = status.privacy_unit
-    row["allowed_dags"] = list(status.allowed_dags)
+    shown = status.summary()
+    row: dict[str, Any] = {"name": shown.pop("account"), **shown}
+    for field in ("cap", "spent", "reserved", "remaining", "delta"):
+        row[f"{field}_float"] = _exact(getattr(status, field))[1]
     row["fraction_spent"] = float(status.spent / status.cap) if status.cap else None
     return row
 

@@ -154,6 +154,29 @@ class AccountStatus:
         """``amount`` reported as epsilon (at the account's delta for zCDP and Gaussian DP), rounded up."""
         return epsilon_at_delta(amount, self.accountant, self.delta)
 
+    def summary(self) -> dict[str, Any]:
+        """The account as ``dpctl ledger show --json`` prints it (and the dashboard's API serves it): exact amounts
+        as ``str(Fraction)``; ``delta_spent`` for ``approx_dp`` only; mu for ``gaussian_dp`` only; the spend and
+        the cap as epsilon at the account's delta (:meth:`as_epsilon`)."""
+        mu = self.accountant == "gaussian_dp"
+        return {
+            "account": self.name,
+            "accountant": self.accountant,
+            "unit": self.unit,
+            "cap": str(self.cap),
+            "spent": str(self.spent),
+            "reserved": str(self.reserved),
+            "remaining": str(self.remaining),
+            "delta": None if self.delta is None else str(self.delta),
+            "delta_spent": str(self.delta_spent) if self.accountant == "approx_dp" else None,
+            "cap_mu": float(self.cap) ** 0.5 if mu else None,
+            "spent_mu": float(self.spent) ** 0.5 if mu else None,
+            "spent_epsilon": self.as_epsilon(self.spent),
+            "cap_epsilon": self.as_epsilon(self.cap),
+            "privacy_unit": self.privacy_unit,
+            "allowed_dags": list(self.allowed_dags),
+        }
+
 
 def create_ledger_engine(url: str, *, read_only: bool = False) -> Engine:
     """Create a SQLAlchemy engine for a ledger URL (``sqlite:///path`` or ``postgresql+psycopg://...``).

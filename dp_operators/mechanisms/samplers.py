@@ -45,8 +45,9 @@ def _bernoulli_exp_minus(num: int, den: int) -> bool:
     return _bernoulli_exp_minus_at_most_one(num, den)
 
 
-def _discrete_laplace(t: int, s: int) -> int:
-    """One draw with pmf proportional to exp(-|x| * s / t), i.e. scale t/s (CKS 2020 Algorithm 2)."""
+def sample_geometric(t: int, s: int) -> int:
+    """One exact draw with P(y) = (1-q) q^y, q = exp(-s/t): CKS 2020 Algorithm 2 before its sign step (``u + t v``
+    is geometric with parameter exp(-1/t); floor division by s gives parameter exp(-s/t))."""
     while True:
         u = secrets.randbelow(t)
         if not _bernoulli_exp_minus_at_most_one(u, t):
@@ -54,8 +55,13 @@ def _discrete_laplace(t: int, s: int) -> int:
         v = 0
         while _bernoulli_exp_minus_at_most_one(1, 1):
             v += 1
-        # u + t*v is geometric with parameter exp(-1/t); dividing by s turns it into parameter exp(-s/t)
-        magnitude = (u + t * v) // s
+        return (u + t * v) // s
+
+
+def _discrete_laplace(t: int, s: int) -> int:
+    """One draw with pmf proportional to exp(-|x| * s / t), i.e. scale t/s (CKS 2020 Algorithm 2)."""
+    while True:
+        magnitude = sample_geometric(t, s)
         negative = secrets.randbelow(2) == 1
         # without this rejection 0 would be drawn twice as often as the symmetric pmf allows
         if negative and magnitude == 0:

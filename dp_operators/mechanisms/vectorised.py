@@ -43,7 +43,6 @@ object otherwise. Randomness: OS CSPRNG only (``os.urandom``); no seed.
 from __future__ import annotations
 
 import os
-import secrets
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property, lru_cache
@@ -53,7 +52,7 @@ import numpy as np
 
 from dp_operators.mechanisms._rational import as_positive_rational
 from dp_operators.mechanisms.samplers import (
-    _bernoulli_exp_minus_at_most_one,
+    sample_geometric,
     sample_discrete_gaussian_vector,
     sample_discrete_laplace_vector,
 )
@@ -187,17 +186,8 @@ def _magnitudes(table: MagnitudeTable, n: int, words: WordSource) -> np.ndarray:
 
 
 def _scalar_geometric(scale: Fraction) -> int:
-    """One exact draw with P(y) = (1-q) q^y, q = exp(-1/scale): CKS 2020 Algorithm 2 before its sign step
-    (u + t v is geometric with parameter exp(-1/t); floor division by s gives parameter exp(-s/t))."""
-    t, s = scale.numerator, scale.denominator
-    while True:
-        u = secrets.randbelow(t)
-        if not _bernoulli_exp_minus_at_most_one(u, t):
-            continue
-        v = 0
-        while _bernoulli_exp_minus_at_most_one(1, 1):
-            v += 1
-        return (u + t * v) // s
+    """One exact draw with P(y) = (1-q) q^y, q = exp(-1/scale) (:func:`samplers.sample_geometric`)."""
+    return sample_geometric(scale.numerator, scale.denominator)
 
 
 def _first_floor_at_least(table: MagnitudeTable, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import json
+
 import datetime as dt
 from fractions import Fraction
 
 import pytest
 import sqlalchemy as sa
 
-from dp_operators.cli.ledger_records import _account_row
 from dp_operators.dashboard import queries
 from dp_operators.ledger import ReleaseKey, schema
 from dp_operators.ledger.errors import LedgerNotInitialisedError
@@ -81,13 +82,19 @@ def utc(value: dt.datetime) -> dt.datetime:
     return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value
 
 
-def test_overview_is_what_ledger_show_prints(small):
+def test_overview_is_what_ledger_show_prints(small, ledger_url):
+    from typer.testing import CliRunner
+
+    from dp_operators.cli import app
+
+    shown = CliRunner().invoke(app, ["ledger", "show", "--url", str(ledger_url), "--json"])
+    assert shown.exit_code == 0, shown.output
+    printed = {row.pop("account"): row for row in json.loads(shown.stdout)}
     rows = queries.accounts_overview(small)
-    assert [row["name"] for row in rows] == ["a", "z"]
+    assert [row["name"] for row in rows] == ["a", "z"] == sorted(printed)
     for row in rows:
         status = small.account(row["name"])
-        expected = _account_row(status)
-        expected["name"] = expected.pop("account")
+        expected = printed[row["name"]]
         assert {k: row[k] for k in expected} == expected
         assert row["spent_float"] == float(status.spent) and row["remaining_float"] == float(status.remaining)
     a = rows[0]

@@ -7,7 +7,8 @@
    they assert the refusal); ``test_legit_*`` are replays that must keep working (a rotated spend key is given to
    the connection as a retired key; a charge committed before the ledger kept signed events is refused, by
    decision, since it looks like an inserted one); ``test_guard_*`` guard what worked from the start.
-2. NULLs in the columnar reader (dp_operators/release/columns.py) against the row reader.
+2. NULLs in the columnar reader (dp_operators/release/columns.py) against the row reader: those tests live in
+   tests/release_engine/test_columnar_inputs.py.
 3. Rows-file refusals at DAG parse time (dp_operators/operators/release.py ``rows_files_problem``).
 """
 
@@ -478,111 +479,7 @@ def test_guard_edited_outputs_and_a_sql_commit_are_refused_on_postgresql_as_the_
         release(ledger)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# 2. NULLs in the columnar reader against the row reader
-# ------------------------------------------------------------------------------------------------------------------
-
-
-def _columnar_spec(kind: str, policy: str, grid: str | None):
-    bounds = "\n    bounds: [-50, 100]" if kind == "sum" else ""
-    grid_line = f"\n    grid: {grid}" if grid else ""
-    return parse_spec(f"""
-version: 1
-release: columnar
-budget_account: acct
-privacy_unit: person
-contribution: {{max_partitions_contributed: 1, max_contributions_per_partition: 1}}
-aggregates:
-  - name: agg
-    kind: {kind}{bounds}{grid_line}
-    group_by: [x, y]
-    keys: {{x: [0, 1, 2, 3], y: ['a', 'b', 'c']}}
-    non_finite: {{nan: {policy}}}
-    mechanism: discrete_laplace
-    budget: {{epsilon: 1}}
-""")
-
-
-def _null_table(rng, kind: str, value_type: str, dictionary: bool, chunks: int, sliced: bool, huge: bool):
-    """Random rows with NULLs in the value (20 %) and in both keys (10 % each), keys outside the domain too."""
-    import numpy as np
-    import pyarrow as pa
-    from decimal import Decimal
-
-    rows = 80
-    field = "count" if kind == "count" else "sum"
-    null_value = rng.random(rows) < 0.2
-    if value_type.startswith("decimal"):
-        scale = int(value_type.removeprefix("decimal"))
-        digits = rng.integers(-10**17, 10**17, rows) if huge else rng.integers(-9000, 9000, rows)
-        values = pa.array([None if n else Decimal(int(d)).scaleb(-scale) for d, n in zip(digits, null_value)],
-                          pa.decimal128(18, scale))
-    else:
-        low, high = (-2**63, 2**63 - 1) if huge else (-100, 100)
-        values = pa.array(rng.integers(low, high, rows, dtype=np.int64, endpoint=True), mask=null_value,
-                          type=pa.int64()).cast(getattr(pa, value_type)(), safe=False)
-    x = pa.array(rng.integers(-1, 5, rows), mask=rng.random(rows) < 0.1, type=pa.int32())
-    y = pa.array(rng.choice(["a", "b", "c", "zz"], rows).tolist(), mask=rng.random(rows) < 0.1, type=pa.string())
-    if dictionary:
-        values, x, y = values.dictionary_encode(), x.dictionary_encode(), y.dictionary_encode()
-    table = pa.table({"x": x, "y": y, field: values})
-    if chunks > 1:
-        cuts = sorted(rng.choice(range(1, rows), chunks - 1, replace=False).tolist())
-        table = pa.concat_tables([table.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, rows])])
-    return table.slice(3, rows - 7) if sliced else table
-
-
-@pytest.mark.parametrize("policy", ["replace", "drop"])
-@pytest.mark.parametrize("kind,grid", [("count", None), ("sum", None), ("sum", "1/3")])
-@pytest.mark.parametrize("value_type", ["int64", "int16", "decimal0", "decimal2", "decimal7"])
-@pytest.mark.parametrize("layout", ["plain", "dictionary", "chunked+sliced", "dictionary+chunked+sliced"])
-def test_guard_columnar_nulls_agree_with_the_row_reader(policy, kind, grid, value_type, layout):
-    """Regression guard (passes): on random tables with NULL values and NULL keys, both ``non_finite.nan``
-    policies, integer and decimal columns, dictionary-encoded, chunked and sliced, small and huge values, the
-    columnar reader gives the row reader's vectors and diagnostics (``special_values[...]["null"]`` counted
-    inside the domain only, ``rows_dropped`` under drop)."""
-    import numpy as np
-
-    from dp_operators.release import DiagnosticsReport, columns, prepare_inputs
-
-    spec = _columnar_spec(kind, policy, grid)
-    component = spec.aggregates[0].components[0]
-    for seed in range(3):
-        rng = np.random.default_rng(seed)
-        table = _null_table(rng, kind, value_type, "dictionary" in layout, 3 if "chunked" in layout else 1,
-                            "sliced" in layout, huge=seed == 2)
-        assert columns.columnar_eligible(None, spec.aggregates[0], table.schema)
-        fast_report, slow_report = DiagnosticsReport("columnar"), DiagnosticsReport("columnar")
-        fast = prepare_inputs(spec, {"agg": table}, diagnostics=fast_report)
-        slow = prepare_inputs(spec, {"agg": table.to_pylist()}, diagnostics=slow_report)
-        assert np.array_equal(fast.values[("agg", component)], slow.values[("agg", component)])
-        assert fast_report.as_dict() == slow_report.as_dict()
-        found = fast_report.as_dict()["aggregates"]["agg"]
-        assert found["special_values"][component]["null"] > 0  # the NULLs were met inside the domain
-        assert (found["rows_dropped"] > 0) == (policy == "drop")
-
-
-def test_guard_columnar_ignores_garbage_under_a_null_decimal_slot():
-    """Regression guard (passes): Arrow leaves the bytes under a NULL slot unspecified; a decimal NULL whose data
-    words are garbage (not a sign extension: the "wide" path) reads as the NULL it is."""
-    import struct
-
-    import numpy as np
-    import pyarrow as pa
-
-    from dp_operators.release import DiagnosticsReport, prepare_inputs
-
-    words = [(125, 0), (0x1234567890ABCDEF, 0x7EDCBA0987654321), (-300, -1)]
-    data = pa.py_buffer(b"".join(struct.pack("<qq", low, high) for low, high in words))
-    values = pa.Array.from_buffers(pa.decimal128(10, 2), 3, [pa.py_buffer(bytes([0b101])), data])
-    for policy in ("replace", "drop"):
-        spec = _columnar_spec("sum", policy, None)
-        table = pa.table({"x": pa.array([0, 1, 2], pa.int32()), "y": pa.array(["a"] * 3), "sum": values})
-        fast_report, slow_report = DiagnosticsReport("c"), DiagnosticsReport("c")
-        fast = prepare_inputs(spec, {"agg": table}, diagnostics=fast_report)
-        slow = prepare_inputs(spec, {"agg": table.to_pylist()}, diagnostics=slow_report)
-        assert np.array_equal(fast.values[("agg", "sum")], slow.values[("agg", "sum")])
-        assert fast_report.as_dict() == slow_report.as_dict()
+# 2. NULLs in the columnar reader against the row reader: tests/release_engine/test_columnar_inputs.py
 
 
 # ------------------------------------------------------------------------------------------------------------------
