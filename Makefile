@@ -34,6 +34,7 @@ benchmarks: $(VENV)/.installed
 	$(BIN)/python benchmarks/samplers.py
 	$(BIN)/python benchmarks/large_release.py
 	$(BIN)/python benchmarks/startup.py
+	$(BIN)/python benchmarks/dashboard_queries.py
 
 clean:
 	rm -rf $(VENV) .demo .cache build *.egg-info

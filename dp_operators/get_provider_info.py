@@ -36,6 +36,33 @@ def get_provider_info() -> dict:
         "hooks": [
             {"integration-name": "Differential Privacy", "python-modules": ["dp_operators.hooks.ledger"]}
         ],
+        "plugins": [
+            {"name": "dp_budget_dashboard", "plugin-class": "dp_operators.dashboard.plugin.DPBudgetDashboardPlugin"}
+        ],
+        "config": {
+            "dp_operators": {
+                "description": "The budget dashboard (Airflow UI plugin) of dp-operators.",
+                "options": {
+                    "dashboard_ledger_conn_id": {
+                        "description": "The connection the budget dashboard reads the ledger through: a "
+                        "spender's or reader's connection (never the privacy officer's; a connection holding a "
+                        "governor_key is refused).",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "dp_ledger_readonly",
+                        "default": "dp_ledger_default",
+                    },
+                    "dashboard_verify_interval": {
+                        "description": "Seconds between the dashboard's background checks of the audit chain "
+                        "(structure only: the dashboard holds no key).",
+                        "version_added": "0.1.0",
+                        "type": "integer",
+                        "example": "600",
+                        "default": "300",
+                    },
+                },
+            }
+        },
         "integrations": [
             {
                 "integration-name": "Differential Privacy",

@@ -137,6 +137,9 @@ def ledger_roles(
     governor_role: Annotated[
         str, typer.Option("--governor-role", help="The database role the privacy officer's dpctl connects as.")
     ] = "dp_ledger_governor",
+    reader_role: Annotated[
+        str | None, typer.Option("--reader-role", help="A read-only role, e.g. for the budget dashboard.")
+    ] = None,
     create: Annotated[bool, typer.Option("--create", help="Also create the roles (NOLOGIN) if missing.")] = False,
     execute: Annotated[
         bool, typer.Option("--execute", help="Run the statements on the ledger (as the tables' owner).")
@@ -144,9 +147,9 @@ def ledger_roles(
     url: UrlOption = None,
     conn_id: ConnOption = None,
 ) -> None:
-    """PostgreSQL only: print (or with --execute run) the GRANTs that let the spender role only spend and the
-    governor role govern: neither may change or disable the guard triggers, and the spender has no privilege on
-    caps, allowlists, accountants or accounts (see docs/ledger.md). Idempotent.
+    """PostgreSQL only: print (or with --execute run) the GRANTs that let the spender role only spend, the
+    governor role govern and the optional reader role only read: none may change or disable the guard triggers,
+    and the spender has no privilege on caps, allowlists, accountants or accounts (see docs/ledger.md). Idempotent.
 
     Printing needs no ledger; --execute runs them on the ledger named by --url, --conn-id or DP_LEDGER_URL,
     connected as the role that owns the tables (the one that ran 'dpctl ledger init').
@@ -164,7 +167,9 @@ def ledger_roles(
                 "on SQLite, file permissions decide who may write (docs/ledger.md)"
             )
         if not execute:
-            for statement in roles.role_statements(spender_role, governor_role, create=create):
+            for statement in roles.role_statements(
+                spender_role, governor_role, reader_role=reader_role, create=create
+            ):
                 typer.echo(statement.rstrip().rstrip(";") + ";")
             return
         assert target is not None
@@ -172,12 +177,15 @@ def ledger_roles(
 
         engine = create_ledger_engine(target.url)
         try:
-            done = roles.apply_roles(engine, spender_role, governor_role, create=create)
+            done = roles.apply_roles(engine, spender_role, governor_role, create=create, reader_role=reader_role)
         finally:
             engine.dispose()
+    named = [f"{spender_role!r} (spender)", f"{governor_role!r} (governor)"]
+    if reader_role is not None:
+        named.append(f"{reader_role!r} (reader)")
     console.print(
-        f"granted the ledger privileges to {spender_role!r} (spender) and {governor_role!r} (governor): "
-        f"{len(done)} statements run on {target.how or 'DP_LEDGER_URL'}",
+        f"granted the ledger privileges to {', '.join(named[:-1])} and {named[-1]}: {len(done)} statements run on "
+        f"{target.how or 'DP_LEDGER_URL'}",
         highlight=False,
         soft_wrap=True,
     )

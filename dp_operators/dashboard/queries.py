@@ -412,6 +412,33 @@ def account_charges(
     }
 
 
+def run_charges(ledger: LedgerBase | Engine | str, dag_id: str, run_id: str, *, limit: int = MAX_PAGE) -> dict[str, Any]:
+    """The charges of one DAG run, in every account, by id (the dashboard's DAG-run tab).
+
+    Returns ``{"dag_id", "run_id", "charges": [...], "total", "limit"}``: each charge as in
+    :func:`account_charges` plus ``account``; at most ``limit`` charges (the first by id), ``total`` counts them
+    all. A run that spent nothing has no charges (an unknown run is not an error: Airflow knows its runs, the
+    ledger only those that spent).
+
+    Raises:
+        ValueError: a limit out of range.
+        LedgerNotInitialisedError: the ledger has no schema (or another version).
+    """
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+    filters = (_c.dag_id == dag_id, _c.run_id == run_id)  # the leading columns of uq_release_attempt's index
+    with _reading(ledger) as conn:
+        total = conn.execute(sa.select(sa.func.count()).select_from(schema.charges).where(*filters)).scalar()
+        rows = conn.execute(sa.select(_c.account, *_PAGE_COLUMNS).where(*filters).order_by(_c.id).limit(limit)).all()
+    return {
+        "dag_id": dag_id,
+        "run_id": run_id,
+        "charges": [{"account": row.account, **_charge_row(row)} for row in rows],
+        "total": total,
+        "limit": limit,
+    }
+
+
 # -- releases -------------------------------------------------------------------------------------------------
 def _published_values(aggregate: dict[str, Any]) -> list[dict[str, Any]]:
     """The aggregate's released values with their intervals: ``key`` (group-by values), ``value``,

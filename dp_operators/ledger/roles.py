@@ -1,6 +1,6 @@
 """PostgreSQL roles of the ledger: the database, not only the Python API, decides who may spend and who may govern.
 
-Two roles (docs/adr/0020):
+Three roles (docs/adr/0020), the third optional:
 
 * the **spender** (what release tasks connect as) may read every ledger table, insert charges and audit events, and
   update only what the release path changes: a charge's ``state``, ``output``, ``output_digest``, ``updated_at`` and
@@ -10,15 +10,20 @@ Two roles (docs/adr/0020):
 * the **governor** (what the privacy officer's ``dpctl ledger apply`` and ``reconcile`` connect as) may read
   everything, create accounts and update every account column but ``name`` and ``created_at``, insert audit events,
   and move a charge's ``state`` (reconcile's ``abandoned``).
+* the **reader** (e.g. the budget dashboard's connection, issue 12) may read every ledger table and nothing else:
+  no INSERT, UPDATE, DELETE or TRUNCATE, no sequence, so it can neither spend nor change a cap. Nor can it lock
+  rows (``FOR UPDATE`` and ``FOR SHARE`` need an UPDATE privilege), so it cannot hold up a spender's
+  check-and-charge.
 
-Neither may own the tables: the owner (the admin role that ran ``dpctl ledger init``) is the only one who can drop,
+None may own the tables: the owner (the admin role that ran ``dpctl ledger init``) is the only one who can drop,
 disable or replace the guard triggers (PostgreSQL allows ``ALTER TABLE ... DISABLE TRIGGER``, ``DROP TRIGGER`` and
 ``CREATE OR REPLACE FUNCTION`` only to the owner of the table or function). The generated SQL refuses to grant to a
-role that owns the tables, is a member of their owner, is a superuser or may create roles.
+role that owns the tables, is a member of their owner, is a superuser or may create roles (a superuser ignores
+every privilege check, so a "read-only" superuser could still write).
 
 Row locks: ``SELECT ... FOR UPDATE`` needs the UPDATE privilege on at least one column of the locked table
-(PostgreSQL documentation, SELECT, "The Locking Clause"); both roles' column grants give it on
-``dp_budget_accounts`` and ``dp_charges``.
+(PostgreSQL documentation, SELECT, "The Locking Clause"); the spender's and the governor's column grants give it on
+``dp_budget_accounts`` and ``dp_charges``; the reader has none.
 
 The statements use unqualified table names and ``current_schema()``: run them with the same ``search_path`` as the
 ledger's connections (``dpctl ledger roles`` uses the ledger's URL).
@@ -81,43 +86,60 @@ def _columns(names: tuple[str, ...]) -> str:
     return ", ".join(names)
 
 
-def role_statements(spender_role: str, governor_role: str, *, create: bool = False) -> list[str]:
-    """The SQL (PostgreSQL only) giving ``spender_role`` and ``governor_role`` exactly the ledger's privileges.
+def role_statements(
+    spender_role: str, governor_role: str, *, reader_role: str | None = None, create: bool = False
+) -> list[str]:
+    """The SQL (PostgreSQL only) giving ``spender_role``, ``governor_role`` and optionally ``reader_role`` exactly
+    the ledger's privileges.
 
     In order: optionally create the roles (``NOLOGIN``: grant them to login roles, or ``ALTER ROLE ... LOGIN``);
     refuse roles that own the tables, are members of their owner, are superusers or may create roles; revoke every
-    privilege on the ledger's tables and sequences from ``PUBLIC`` and from both roles (so re-running converges on
+    privilege on the ledger's tables and sequences from ``PUBLIC`` and from the roles (so re-running converges on
     exactly these grants); grant ``USAGE`` on the ledger's schema (``current_schema()``); then the grants of each
     role (module docstring). Idempotent. Run as the tables' owner (or a superuser), with the ledger's
-    ``search_path``.
+    ``search_path``. Without ``reader_role`` the statements are those of the two-role setup, unchanged.
 
     Args:
         spender_role, governor_role: role names (letters, digits, underscores; case-sensitive, as quoted
             identifiers). They must differ.
+        reader_role: a role that may only read (``SELECT`` on every ledger table, no sequence), e.g. for the
+            budget dashboard; a role of its own, different from the other two. ``None``: no reader.
         create: also create the roles if they do not exist.
 
     Returns:
         The statements, each runnable on its own (``DO`` blocks for the conditional parts).
 
     Raises:
-        ValueError: a role name that is not plain, reserved, or both roles the same.
+        ValueError: a role name that is not plain, reserved, or two roles the same.
     """
     spender = _role(spender_role, "spender")
     governor = _role(governor_role, "governor")
     if spender_role == governor_role:
         raise ValueError("the spender and the governor must be different roles: tasks connect as the spender")
+    granted = [spender, governor]
+    reader = None
+    if reader_role is not None:
+        reader = _role(reader_role, "reader")
+        if reader_role in (spender_role, governor_role):
+            other = "spender" if reader_role == spender_role else "governor"
+            raise ValueError(
+                f"the reader role {reader_role!r} is also the {other} role: a reader may only read, so give it a "
+                "role of its own (e.g. dp_ledger_reader)"
+            )
+        granted.append(reader)
     tables = ", ".join(LEDGER_TABLES)
     sequences = ", ".join(LEDGER_SEQUENCES)
+    roles = ", ".join(granted)
     statements: list[str] = []
     if create:
-        for quoted in (spender, governor):
+        for quoted in granted:
             statements.append(
                 "DO $$ BEGIN "
                 f"IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = {_literal(quoted[1:-1])}) THEN "
                 f"CREATE ROLE {quoted} NOLOGIN; END IF; END $$"
             )
     owned = ", ".join(f"'{table}'::regclass" for table in LEDGER_TABLES)
-    for quoted in (spender, governor):
+    for quoted in granted:
         name = _literal(quoted[1:-1])
         statements.append(
             "DO $$ BEGIN "
@@ -130,13 +152,13 @@ def role_statements(spender_role: str, governor_role: str, *, create: bool = Fal
             f"that is not', {name}; END IF; END $$"
         )
     statements += [
-        f"REVOKE ALL ON TABLE {tables} FROM PUBLIC, {spender}, {governor}",
-        f"REVOKE ALL ON SEQUENCE {sequences} FROM PUBLIC, {spender}, {governor}",
+        f"REVOKE ALL ON TABLE {tables} FROM PUBLIC, {roles}",
+        f"REVOKE ALL ON SEQUENCE {sequences} FROM PUBLIC, {roles}",
         "DO $$ BEGIN "
         "IF current_schema() IS NULL THEN RAISE EXCEPTION 'no schema on the search_path: set the search_path of "
         "the ledger''s connection'; END IF; "
-        f"EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I, %I', current_schema(), {_literal(spender[1:-1])}, "
-        f"{_literal(governor[1:-1])}); END $$",
+        f"EXECUTE format('GRANT USAGE ON SCHEMA %I TO {', '.join(['%I'] * len(granted))}', current_schema(), "
+        f"{', '.join(_literal(quoted[1:-1]) for quoted in granted)}); END $$",
         # the spender: read, spend, and nothing that governs
         f"GRANT SELECT ON TABLE {tables} TO {spender}",
         f"GRANT INSERT ON TABLE {schema.charges.name}, {schema.audit_events.name} TO {spender}",
@@ -150,20 +172,32 @@ def role_statements(spender_role: str, governor_role: str, *, create: bool = Fal
         f"GRANT UPDATE ({_columns(GOVERNOR_CHARGE_COLUMNS)}) ON TABLE {schema.charges.name} TO {governor}",
         f"GRANT USAGE ON SEQUENCE {AUDIT_ID_SEQUENCE} TO {governor}",
     ]
+    if reader is not None:
+        # the reader: read, and nothing else (no sequence either: it never inserts)
+        statements.append(f"GRANT SELECT ON TABLE {tables} TO {reader}")
     return statements
 
 
-def apply_roles(engine: Engine | str, spender_role: str, governor_role: str, create: bool = False) -> list[str]:
+def apply_roles(
+    engine: Engine | str,
+    spender_role: str,
+    governor_role: str,
+    create: bool = False,
+    *,
+    reader_role: str | None = None,
+) -> list[str]:
     """Run :func:`role_statements` in one transaction on ``engine`` (connected as the tables' owner or a
-    superuser, with the ledger's ``search_path``). Returns the statements run.
+    superuser, with the ledger's ``search_path``). ``reader_role``: the optional read-only role (as in
+    :func:`role_statements`). Returns the statements run.
 
     Raises:
-        ValueError: a bad role name, a database other than PostgreSQL, or a role that may not receive the grants
-            (it owns the tables, is a member of their owner, a superuser or may create roles; nothing is changed).
+        ValueError: a bad role name, two roles the same, a database other than PostgreSQL, or a role that may not
+            receive the grants (it owns the tables, is a member of their owner, a superuser or may create roles;
+            nothing is changed).
         sqlalchemy.exc.DBAPIError: the database refused, e.g. the roles do not exist (without ``create``), the
             ledger has no schema, or the connecting role may not grant (not the owner).
     """
-    statements = role_statements(spender_role, governor_role, create=create)
+    statements = role_statements(spender_role, governor_role, reader_role=reader_role, create=create)
     owned_engine = isinstance(engine, str)
     bound = sa.create_engine(engine) if isinstance(engine, str) else engine
     try:

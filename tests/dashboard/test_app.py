@@ -1,5 +1,6 @@
 """The dashboard's JSON API (dp_operators/dashboard/app.py): authentication with real Airflow JWTs minted by
-Airflow's simple auth manager, read-only routes, parameter validation and 404s.
+Airflow's simple auth manager (the ``auth_manager`` fixture of conftest.py), read-only routes, parameter validation
+and 404s.
 
 The data layer (:mod:`dp_operators.dashboard.queries`) is replaced by recording fakes here: these tests pin what
 the app does (who gets in, what it asks the queries for, what it answers); the queries' JSON is tested with them.
@@ -19,56 +20,18 @@ from fastapi.testclient import TestClient
 
 from dp_operators.dashboard import app as dashboard_app
 from dp_operators.dashboard import queries
-
-JWT_SECRET = "dashboard-test-jwt-secret-" + "j" * 38
-SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+from dashboard_auth import JWT_SECRET, bearer, mint
 
 ACCOUNTS = [{"name": "census_adult", "unit": "rho", "cap": "1/2", "spent": "0.1", "remaining": "0.4"}]
 ACCOUNT = {"name": "census_adult", "unit": "rho", "cap": "1/2", "spent": "0.1", "burn_down": []}
 PAGE = {"charges": [{"id": 7, "dag_id": "adult_census_release", "state": "committed"}], "next_after": None}
 RELEASE = {"charge_id": 7, "release_name": "adult", "values": []}
 
-ROUTES = ["/api/accounts", "/api/accounts/census_adult", "/api/accounts/census_adult/charges", "/api/releases/7"]
-
-
-@pytest.fixture(scope="module")
-def auth_manager(tmp_path_factory):
-    """Airflow's simple auth manager initialised as the api-server does (``init_auth_manager``), signing with a
-    test secret; torn down so no other test sees it."""
-    from airflow.api_fastapi.app import init_auth_manager, purge_cached_app
-    from airflow.api_fastapi.auth.managers.base_auth_manager import BaseAuthManager
-
-    patch = pytest.MonkeyPatch()
-    patch.setenv("AIRFLOW__CORE__AUTH_MANAGER", SIMPLE_AUTH_MANAGER)
-    patch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", JWT_SECRET)
-    patch.setenv("AIRFLOW__API_AUTH__JWT_LEEWAY", "0")
-    patch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "officer:viewer")
-    patch.setenv(
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(tmp_path_factory.mktemp("auth") / "passwords.json")
-    )
-
-    def reset() -> None:
-        purge_cached_app()  # also forgets the auth manager singleton
-        BaseAuthManager._get_token_signer.cache_clear()
-        BaseAuthManager._get_token_validator.cache_clear()
-
-    reset()
-    # get_user_from_token looks the token's jti up in Airflow's metadata database (logged-out tokens); the
-    # session's throwaway Airflow home has an empty one, so create that one table
-    from airflow import settings
-    from airflow.models.revoked_token import RevokedToken
-
-    RevokedToken.__table__.create(settings.engine, checkfirst=True)
-    yield init_auth_manager()
-    reset()
-    patch.undo()
-
-
-def mint(auth_manager, role: str | None = "viewer", **kwargs) -> str:
-    """A JWT for user ``officer`` made the way Airflow's login does (``BaseAuthManager.generate_jwt``)."""
-    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-
-    return auth_manager.generate_jwt(SimpleAuthManagerUser(username="officer", role=role), **kwargs)
+ROUTES = [
+    "/api/accounts", "/api/accounts/census_adult", "/api/accounts/census_adult/charges", "/api/releases/7",
+    "/api/runs/adult_census_release/manual__2026-01-01T00%3A00%3A00%2B00%3A00", "/api/audit-chain",
+]
+RUN = {"dag_id": "adult_census_release", "run_id": "?", "charges": [], "total": 0, "limit": 500}
 
 
 @pytest.fixture
@@ -93,7 +56,11 @@ def fake_queries(monkeypatch):
         calls.append(("release_detail", ledger, charge_id))
         return RELEASE if charge_id == 7 else None
 
-    for function in (accounts_overview, account_detail, account_charges, release_detail):
+    def run_charges(ledger, dag_id, run_id):
+        calls.append(("run_charges", ledger, dag_id, run_id))
+        return {**RUN, "run_id": run_id}
+
+    for function in (accounts_overview, account_detail, account_charges, release_detail, run_charges):
         monkeypatch.setattr(queries, function.__name__, function)
     return calls
 
@@ -120,10 +87,6 @@ def client(auth_manager, fake_queries, opened):
 @pytest.fixture
 def token(auth_manager):
     return mint(auth_manager)
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 # ---- authentication -------------------------------------------------------------------------------------------
@@ -221,8 +184,10 @@ def test_a_user_the_auth_manager_denies_the_ui_gets_403(client, auth_manager):
 def test_every_route_carries_the_auth_dependency():
     app = dashboard_app.create_app(FakeLedger)
     routes = [route for route in app.routes if isinstance(route, APIRoute)]
-    assert {route.path for route in routes} == {
-        "/api/accounts", "/api/accounts/{name}", "/api/accounts/{name}/charges", "/api/releases/{charge_id}"
+    api = {route.path for route in routes if route.path.startswith("/api/")}
+    assert api == {
+        "/api/accounts", "/api/accounts/{name}", "/api/accounts/{name}/charges", "/api/releases/{charge_id}",
+        "/api/runs/{dag_id}/{run_id:path}", "/api/audit-chain",
     }
     for route in routes:
         assert route.methods == {"GET"}
@@ -262,6 +227,26 @@ def test_routes_answer_the_queries_json_from_one_ledger(client, token, fake_quer
     assert all(call[1] is opened[0] for call in fake_queries)
     assert fake_queries[2][3] == dict(dag_id=None, state=None, since=None, until=None, after=None, limit=50)
     assert fake_queries[3][2] == 7
+
+
+@pytest.mark.parametrize(
+    "encoded, run_id",
+    [
+        pytest.param("manual__2026-01-01T00%3A00%3A00%2B00%3A00", "manual__2026-01-01T00:00:00+00:00", id="encoded"),
+        pytest.param("manual__2026-01-01T00:00:00+00:00", "manual__2026-01-01T00:00:00+00:00", id="raw plus"),
+        pytest.param("a%2Fb%20%25%3Cx%3E", "a/b %<x>", id="slash percent markup"),
+    ],
+)
+def test_the_run_route_decodes_the_run_id_as_airflow_encodes_it(client, token, fake_queries, encoded, run_id):
+    """Airflow's UI fills {RUN_ID} with encodeURIComponent(run_id)."""
+    response = client.get(f"/api/runs/adult_census_release/{encoded}", headers=bearer(token))
+    assert response.status_code == 200 and response.json() == {**RUN, "run_id": run_id}
+    assert fake_queries[-1][2:] == ("adult_census_release", run_id)
+
+
+def test_the_audit_chain_route_answers_the_background_status(client, token, opened):
+    first = client.get("/api/audit-chain", headers=bearer(token)).json()
+    assert first["authenticated"] is False and first["state"] in ("pending", "error")
 
 
 @pytest.mark.parametrize(

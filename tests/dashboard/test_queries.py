@@ -262,3 +262,38 @@ def test_make_ledger_example_account(tmp_path):
     status = ledger.account("census_adult")
     assert row["spent"] == str(status.spent) and row["spent_epsilon"] == status.as_epsilon(status.spent)
     assert row["delta"] == "1/1000000" and row["unit"] == "rho"
+
+
+@pytest.mark.parametrize(
+    "run_id",
+    [
+        pytest.param("manual__2026-01-01T00:00:00+00:00", id="colons and plus"),
+        pytest.param("a/b %2F <script>é", id="slash, percent, markup, unicode"),
+    ],
+)
+def test_run_charges_are_the_runs_charges_in_every_account(ledger_url, run_id):
+    ledger = ledger_with(
+        ledger_url,
+        a=account_config("pure_dp", epsilon="10", dags=("d", "e")),
+        z=account_config("zcdp", cap="1/2", delta="1e-6", dags=("d",)),
+    )
+    first = reserve(ledger, run_id, "1/3")
+    ledger.commit(first, {"run": run_id})
+    other_task = ReleaseKey("d", run_id, "t2", -1, "r")
+    ledger.abandon(ledger.reserve(other_task, account="z", amount=Fraction(1, 30), mechanisms=MECHANISMS,
+                                  spec_hash="0" * 64))
+    reserve(ledger, run_id + "x", "1/5")  # another run whose id starts with this one's
+    reserve(ledger, run_id, "1/7", dag="e")  # the same run id in another DAG
+
+    page = queries.run_charges(ledger, "d", run_id)
+    assert page["total"] == 2 and [c["account"] for c in page["charges"]] == ["a", "z"]
+    assert [c["state"] for c in page["charges"]] == ["committed", "abandoned"]
+    assert {c["run_id"] for c in page["charges"]} == {run_id}
+    assert page["charges"][0]["amount"] == "1/3" and page["charges"][0]["id"] == first.charge_id
+    assert queries.run_charges(ledger, "d", "no-such-run") == {
+        "dag_id": "d", "run_id": "no-such-run", "charges": [], "total": 0, "limit": queries.MAX_PAGE
+    }
+    limited = queries.run_charges(ledger, "d", run_id, limit=1)
+    assert limited["total"] == 2 and len(limited["charges"]) == 1
+    with pytest.raises(ValueError, match="limit must be between 1 and 500"):
+        queries.run_charges(ledger, "d", run_id, limit=0)

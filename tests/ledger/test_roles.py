@@ -26,12 +26,14 @@ from dp_operators.ledger import (
     LeaseHeldError,
     ReleaseKey,
 )
+from dp_operators.ledger import schema
 from dp_operators.ledger.keys import Keyring
-from dp_operators.ledger.roles import apply_roles, role_statements
+from dp_operators.ledger.roles import LEDGER_SEQUENCES, LEDGER_TABLES, apply_roles, role_statements
 from ledger_backends import account_config
 from support import GOVERNOR_KEY, SPEND_KEY
 
 NO_MECHANISMS: list[dict] = []
+LEDGER_TABLE_OBJECTS = (schema.schema_version, schema.accounts, schema.charges, schema.audit_events)
 
 
 def release_key(run: str, dag: str = "d") -> ReleaseKey:
@@ -459,3 +461,249 @@ def test_the_spender_grants_name_no_governed_column():
         'GRANT UPDATE (spent, delta_spent, audit_seq, audit_head, updated_at) ON TABLE dp_budget_accounts TO "s"',
     ]
     assert not [s for s in statements if "OWNER" in s or "DELETE" in s or "TRUNCATE" in s or "TRIGGER" in s]
+
+
+# ---- the reader role (issue 12: the budget dashboard reads the ledger and can change nothing) ---------------------
+
+
+@pytest.fixture(scope="module")
+def reader(deployment) -> Iterator[str]:
+    """A login role made the ledger's reader (with the deployment's spender and governor), dropped afterwards."""
+    role = _unique("dp_reader")
+    admin = _admin(deployment.database)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
+    admin.dispose()
+    try:
+        apply_roles(deployment.raw("postgres"), deployment.spender_role, deployment.governor_role, reader_role=role)
+        yield role
+    finally:
+        deployment.dispose()
+        _drop_roles(deployment.database, role)
+
+
+def _first_column(table: sa.Table) -> str:
+    return next(column.name for column in table.columns if not column.primary_key)
+
+
+#: Every write a reader might try, on every ledger table (raw SQL), and the refusal expected.
+READER_ATTEMPTS = [
+    *[(f"insert into {t.name}", f"INSERT INTO {t.name} DEFAULT VALUES", DENIED) for t in LEDGER_TABLE_OBJECTS],
+    *[
+        (f"update {t.name}", f"UPDATE {t.name} SET {_first_column(t)} = {_first_column(t)}", DENIED)
+        for t in LEDGER_TABLE_OBJECTS
+    ],
+    *[(f"delete from {t.name}", f"DELETE FROM {t.name}", DENIED) for t in LEDGER_TABLE_OBJECTS],
+    *[(f"truncate {t.name}", f"TRUNCATE {t.name}", DENIED) for t in LEDGER_TABLE_OBJECTS],
+    ("raise a cap", "UPDATE dp_budget_accounts SET cap = '1000' WHERE name = 'a'", DENIED),
+    ("zero the spend", "UPDATE dp_budget_accounts SET spent = '0' WHERE name = 'a'", DENIED),
+    ("lock an account row", "SELECT name FROM dp_budget_accounts WHERE name = 'a' FOR UPDATE", DENIED),
+    ("share-lock a charge row", "SELECT id FROM dp_charges FOR SHARE", DENIED),
+    ("draw a charge id", "SELECT nextval('dp_charges_id_seq')", "permission denied for sequence"),
+    ("draw an event id", "SELECT nextval('dp_audit_events_id_seq')", "permission denied for sequence"),
+    ("disable the audit triggers", "ALTER TABLE dp_audit_events DISABLE TRIGGER USER", "must be owner of table"),
+    ("drop a trigger function", "DROP FUNCTION dp_audit_append_only() CASCADE", "must be owner of function"),
+    ("become the owner", "SET ROLE postgres", "permission denied to set role"),
+]
+
+
+def _counts(engine: sa.Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {t: conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar() for t in LEDGER_TABLES}
+
+
+def test_the_reader_role_reads_every_table(deployment, reader):
+    owner_counts = _counts(deployment.raw("postgres"))
+    assert owner_counts["dp_budget_accounts"] >= 2 and owner_counts["dp_audit_events"] > 0
+    assert _counts(deployment.raw(reader)) == owner_counts
+    with deployment.raw(reader).connect() as conn:
+        cap = conn.exec_driver_sql("SELECT cap FROM dp_budget_accounts WHERE name = 'a'").scalar()
+    assert cap == deployment.owner_row("a")["cap"]
+
+
+def test_the_reader_role_is_refused_every_write_by_the_database(deployment, reader, capsys):
+    engine = deployment.raw(reader)
+    before = {name: deployment.owner_row(name) for name in ("a", "g")}
+    counts = _counts(deployment.raw("postgres"))
+    outcomes = [(action, *_denied(engine, statement), expected) for action, statement, expected in READER_ATTEMPTS]
+    with capsys.disabled():
+        print(f"\n{'attempt (reader role, raw SQL)':32} | {'database error':34} | message")
+        for action, error, message, _ in outcomes:
+            print(f"{action:32} | {error:34} | {message}")
+    allowed = [action for action, error, _, _ in outcomes if error == "ALLOWED"]
+    assert not allowed, f"the reader role was allowed to: {allowed}"
+    wrong = [
+        (action, error, message)
+        for action, error, message, expected in outcomes
+        if not error.startswith("InsufficientPrivilege (42501)") or not re.search(expected, message)
+    ]
+    assert not wrong, f"refused, but not for lack of privilege: {wrong}"
+    assert {name: deployment.owner_row(name) for name in ("a", "g")} == before
+    assert _counts(deployment.raw("postgres")) == counts
+
+
+def test_the_spend_api_with_the_reader_connection_spends_nothing(deployment, reader):
+    before, counts = deployment.owner_row("a"), _counts(deployment.raw("postgres"))
+    ledger = Ledger(deployment.url(reader), audit_key=SPEND_KEY)  # the spend key too: only the database refuses
+    deployment.engines += [ledger.engine, ledger._reader]
+    assert ledger.account("a").cap == Fraction(before["cap"])  # reading works
+    with pytest.raises(sa.exc.ProgrammingError) as refused:
+        ledger.reserve(
+            release_key("reader-1"), account="a", amount=Fraction(1, 4), mechanisms=NO_MECHANISMS, spec_hash="0" * 64
+        )
+    assert isinstance(refused.value.orig, psycopg.errors.InsufficientPrivilege)
+    assert "permission denied for table" in str(refused.value.orig)
+    officer = LedgerGovernor(deployment.url(reader), governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY)
+    deployment.engines += [officer.engine, officer._reader]
+    with pytest.raises(sa.exc.ProgrammingError) as refused:
+        officer.apply_config(LedgerConfig(version=1, accounts={"a": account_config("pure_dp", cap=1000)}))
+    assert isinstance(refused.value.orig, psycopg.errors.InsufficientPrivilege)
+    assert deployment.owner_row("a") == before
+    assert _counts(deployment.raw("postgres")) == counts
+
+
+#: Table privileges PostgreSQL knows (has_table_privilege), and sequence privileges (has_sequence_privilege).
+TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
+SEQUENCE_PRIVILEGES = ("USAGE", "SELECT", "UPDATE")
+
+
+def _privileges(engine: sa.Engine, role: str) -> set[str]:
+    """Every privilege ``role`` holds on the ledger's tables (``table:PRIVILEGE``; column UPDATE as
+    ``table:UPDATE(column)``) and sequences (``sequence:PRIVILEGE``), directly or through PUBLIC."""
+    held = set()
+    with engine.connect() as conn:
+        def has(query: str) -> bool:
+            return conn.exec_driver_sql(query).scalar()
+
+        for table in LEDGER_TABLE_OBJECTS:
+            held |= {f"{table.name}:{p}" for p in TABLE_PRIVILEGES
+                     if has(f"SELECT has_table_privilege('{role}', '{table.name}', '{p}')")}
+            held |= {f"{table.name}:UPDATE({c.name})" for c in table.columns
+                     if has(f"SELECT has_column_privilege('{role}', '{table.name}', '{c.name}', 'UPDATE')")}
+        for sequence in LEDGER_SEQUENCES:
+            held |= {f"{sequence}:{p}" for p in SEQUENCE_PRIVILEGES
+                     if has(f"SELECT has_sequence_privilege('{role}', '{sequence}', '{p}')")}
+    return held
+
+
+def test_re_running_the_roles_converges_on_select_only_for_the_reader(deployment, reader):
+    owner = deployment.raw("postgres")
+    spender_before = _privileges(owner, deployment.spender_role)
+    reader_grants = {f"{table}:SELECT" for table in LEDGER_TABLES}
+    assert _privileges(owner, reader) == reader_grants
+    with owner.begin() as conn:  # privileges a reader must not keep, granted by hand
+        conn.exec_driver_sql(f'GRANT INSERT, DELETE ON dp_charges TO "{reader}"')
+        conn.exec_driver_sql(f'GRANT UPDATE (cap) ON dp_budget_accounts TO "{reader}"')
+        conn.exec_driver_sql(f'GRANT USAGE ON SEQUENCE dp_charges_id_seq TO "{reader}"')
+    assert _privileges(owner, reader) > reader_grants  # the negative control: the check sees extra grants
+    for _ in range(2):
+        apply_roles(owner, deployment.spender_role, deployment.governor_role, reader_role=reader)
+        assert _privileges(owner, reader) == reader_grants
+    assert _privileges(owner, deployment.spender_role) == spender_before
+
+
+def test_a_created_reader_is_a_nologin_group_whose_members_only_read(deployment):
+    spender_group, governor_group, reader_group = _unique("dp_sg"), _unique("dp_gg"), _unique("dp_rg")
+    viewer = _unique("dp_viewer")
+    owner = deployment.raw("postgres")
+    try:
+        for _ in range(2):  # idempotent
+            apply_roles(owner, spender_group, governor_group, create=True, reader_role=reader_group)
+        with owner.connect() as conn:
+            login = conn.exec_driver_sql(f"SELECT rolcanlogin FROM pg_roles WHERE rolname = '{reader_group}'").scalar()
+        assert login is False
+        admin = _admin(deployment.database)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE ROLE "{viewer}" LOGIN IN ROLE "{reader_group}"')
+        admin.dispose()
+        assert _counts(deployment.raw(viewer)) == _counts(owner)
+        error, message = _denied(deployment.raw(viewer), "UPDATE dp_budget_accounts SET cap = '1000'")
+        assert error == "InsufficientPrivilege (42501)", message
+    finally:
+        deployment.dispose()
+        _drop_roles(deployment.database, viewer, spender_group, governor_group, reader_group)
+
+
+@pytest.mark.parametrize(
+    "reader_role",
+    [
+        pytest.param("postgres", id="a superuser (owns the tables)"),
+        pytest.param("member", id="a member of the tables' owner"),
+    ],
+)
+def test_a_reader_that_could_write_anyway_is_refused(deployment, reader, reader_role):
+    role = _unique("dp_member") if reader_role == "member" else reader_role
+    owner = deployment.raw("postgres")
+    if reader_role == "member":
+        admin = _admin(deployment.database)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE ROLE "{role}" IN ROLE postgres')
+        admin.dispose()
+    before = _privileges(owner, reader)
+    try:
+        with pytest.raises(ValueError, match=rf"role {role} owns the ledger tables .* a role that is not"):
+            apply_roles(owner, deployment.spender_role, deployment.governor_role, reader_role=role)
+        assert _privileges(owner, reader) == before  # one transaction: the refusal changed nothing
+    finally:
+        deployment.dispose()
+        if role != "postgres":
+            _drop_roles(deployment.database, role)
+
+
+@pytest.mark.parametrize(
+    "reader_role, message",
+    [
+        pytest.param("s", "reader role 's' is also the spender role", id="the spender"),
+        pytest.param("g", "reader role 'g' is also the governor role", id="the governor"),
+        pytest.param("r; GRANT ALL ON dp_charges TO r", "reader role .* is not a plain role name", id="SQL in a name"),
+        pytest.param("pg_read_all_data", "reader role .* is reserved", id="pg_ prefix"),
+    ],
+)
+def test_reader_names_are_validated_before_any_sql(reader_role, message):
+    with pytest.raises(ValueError, match=message):
+        role_statements("s", "g", reader_role=reader_role)
+
+
+def test_the_reader_statements_add_select_and_nothing_else():
+    two, three = role_statements("s", "g"), role_statements("s", "g", reader_role="r")
+    tables = ", ".join(LEDGER_TABLES)
+    added = [s for s in three if s not in two]
+    assert added[0].startswith("DO $$ BEGIN IF EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = 'r' ")
+    assert added[0] == [s for s in two if "rolname = 's'" in s][0].replace("'s'", "'r'")  # the same refusal check
+    assert added[1:] == [
+        f'REVOKE ALL ON TABLE {tables} FROM PUBLIC, "s", "g", "r"',
+        f'REVOKE ALL ON SEQUENCE {", ".join(LEDGER_SEQUENCES)} FROM PUBLIC, "s", "g", "r"',
+        "DO $$ BEGIN IF current_schema() IS NULL THEN RAISE EXCEPTION 'no schema on the search_path: set the "
+        "search_path of the ledger''s connection'; END IF; EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I, %I, %I', "
+        "current_schema(), 's', 'g', 'r'); END $$",
+        f'GRANT SELECT ON TABLE {tables} TO "r"',
+    ]
+    created = role_statements("s", "g", reader_role="r", create=True)
+    assert 'CREATE ROLE "r" NOLOGIN' in created[2]
+
+
+def test_dpctl_roles_grants_the_reader(deployment, reader):
+    from typer.testing import CliRunner
+
+    from dp_operators.cli import app
+
+    printed = CliRunner().invoke(
+        app, ["ledger", "roles", "--spender-role", "s", "--governor-role", "g", "--reader-role", "r"]
+    )
+    assert printed.exit_code == 0, printed.output
+    assert f'GRANT SELECT ON TABLE {", ".join(LEDGER_TABLES)} TO "r";' in printed.stdout.splitlines()
+    owner = deployment.raw("postgres")
+    with owner.begin() as conn:
+        conn.exec_driver_sql(f'GRANT DELETE ON dp_charges TO "{reader}"')
+    executed = CliRunner().invoke(
+        app,
+        ["ledger", "roles", "--url", deployment.url(), "--spender-role", deployment.spender_role,
+         "--governor-role", deployment.governor_role, "--reader-role", reader, "--execute"],
+    )
+    assert executed.exit_code == 0, executed.output
+    assert f"and {reader!r} (reader):" in executed.stdout
+    assert _privileges(owner, reader) == {f"{table}:SELECT" for table in LEDGER_TABLES}
+    refused = CliRunner().invoke(
+        app, ["ledger", "roles", "--spender-role", "s", "--governor-role", "g", "--reader-role", "s"]
+    )
+    assert refused.exit_code == 1 and "is also the spender role" in refused.stderr

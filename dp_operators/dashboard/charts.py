@@ -1,0 +1,203 @@
+"""The dashboard's charts, built with plotly's Python API from the JSON of :mod:`dp_operators.dashboard.queries`.
+
+Each function returns a figure as ``fig.to_plotly_json()`` gives it (``{"data": [...], "layout": {...}}``, plain
+JSON types). A page embeds it in a ``<script type="application/json">`` element (Jinja's ``tojson``, which escapes
+``<``, ``>``, ``&`` and ``'`` as ``\\u003c`` etc.) and ``static/dashboard.js`` draws it with ``Plotly.newPlot``
+and the plotly.js that ships inside the plotly package (served by the app, no CDN).
+
+Names from the ledger (accounts, group-by values) are shown through plotly's text renderer, which reads a few
+HTML-like tags (``<b>``, ``<br>``, ``<a href>``) and entities in labels; :func:`_label` escapes them so a name is
+shown as it is written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+from fractions import Fraction
+from typing import Any
+
+import plotly.graph_objects as go
+
+_TEMPLATE = "plotly_white"
+_FONT = {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 13}
+_SPENT, _RESERVED, _CAP, _FORECAST = "#3b6ea8", "#e0a030", "#b03a2e", "#6c757d"
+
+
+def _layout(**layout: Any) -> dict[str, Any]:
+    return {
+        "template": _TEMPLATE,
+        "font": _FONT,
+        "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
+        "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom", "traceorder": "normal"},
+        **layout,
+    }
+
+
+def _label(text: Any) -> str:
+    """``text`` as plotly shows it literally: its tag and entity syntax (``<``, ``>``, ``&``) escaped."""
+    return html.escape(str(text), quote=False)
+
+
+def overview_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A horizontal stacked bar per account: settled spend and reserved spend as fractions of the cap.
+
+    Args:
+        rows: :func:`~dp_operators.dashboard.queries.accounts_overview` rows (``name``, ``cap``, ``spent``,
+            ``reserved`` as exact fraction strings; ``spent`` includes ``reserved``).
+
+    Returns:
+        the figure: x is the fraction of the cap (1 = the cap, drawn as a line), computed exactly from the
+        strings and rounded to floats once; an account with a zero cap gets empty bars.
+    """
+    names, settled, reserved = [], [], []
+    for row in rows:
+        cap, spent, held = Fraction(row["cap"]), Fraction(row["spent"]), Fraction(row["reserved"])
+        names.append(_label(row["name"]))
+        settled.append(float((spent - held) / cap) if cap else 0.0)
+        reserved.append(float(held / cap) if cap else 0.0)
+    hover = "%{y}: %{x:.2%} of the cap<extra>%{fullData.name}</extra>"
+    fig = go.Figure(
+        [
+            go.Bar(y=names, x=settled, orientation="h", name="spent (settled)", marker_color=_SPENT,
+                   hovertemplate=hover),
+            go.Bar(y=names, x=reserved, orientation="h", name="reserved (in flight)", marker_color=_RESERVED,
+                   hovertemplate=hover),
+        ],
+        layout=_layout(
+            barmode="stack",
+            height=120 + 32 * len(rows),
+            xaxis={"title": {"text": "fraction of the cap"}, "tickformat": ".0%",
+                   "range": [0, max([1.05] + [s + r for s, r in zip(settled, reserved)])]},
+            yaxis={"type": "category", "autorange": "reversed", "automargin": True},
+        ),
+    )
+    fig.add_vline(x=1, line_color=_CAP, line_dash="dot")
+    return fig.to_plotly_json()
+
+
+def burn_down_figure(detail: dict[str, Any]) -> dict[str, Any]:
+    """Cumulative settled spend against time, the cap as a horizontal line, and the forecast as a dashed line.
+
+    Args:
+        detail: :func:`~dp_operators.dashboard.queries.account_detail`'s dict: ``burn_down`` (``unit``,
+            ``cap_float``, ``points`` of ``time``/``cumulative``/``charges``) and ``forecast`` (``window_end`` is
+            "now"; ``remaining``, ``rate_per_day``, ``days_left``, ``exhausts_at``).
+
+    Returns:
+        the figure: traces ``settled spend`` (a step line held from the last settled charge to now; absent
+        without settled charges, and the chart says so), the forecast (from (now, cap - remaining), where the
+        spend includes reserved charges, to (exhaustion date, cap); only when that date is still to come) and
+        the cap (last; from the first settled charge, or the forecast window's start, to the end of the chart).
+    """
+    burn, forecast = detail["burn_down"], detail["forecast"]
+    unit, cap, points = burn["unit"], burn["cap_float"], burn["points"]
+    now = forecast["window_end"]
+    fig = go.Figure(layout=_layout(height=340, yaxis={"title": {"text": f"settled spend ({unit})"},
+                                                      "rangemode": "tozero"}))
+    if points:
+        fig.add_trace(
+            go.Scatter(
+                x=[p["time"] for p in points] + [now],
+                y=[p["cumulative"] for p in points] + [points[-1]["cumulative"]],
+                customdata=[p["charges"] for p in points] + [points[-1]["charges"]],
+                mode="lines",
+                line={"shape": "hv", "color": _SPENT, "width": 2},
+                name="settled spend",
+                hovertemplate=f"%{{x}}<br>%{{y:.6g}} {unit} in %{{customdata}} charges<extra></extra>",
+            )
+        )
+    else:
+        fig.add_annotation(text="no settled charges yet", showarrow=False, xref="paper", yref="paper",
+                           x=0.5, y=0.5)
+    end = now
+    if forecast["exhausts_at"] is not None and forecast["days_left"]:
+        end = forecast["exhausts_at"]
+        fig.add_trace(
+            go.Scatter(
+                x=[now, end],
+                y=[cap - forecast["remaining"], cap],
+                mode="lines",
+                line={"dash": "dash", "color": _FORECAST},
+                name=f"forecast at {forecast['rate_per_day']:.6g} {unit}/day",
+                hovertemplate=f"%{{x}}<br>%{{y:.6g}} {unit}<extra>forecast</extra>",
+            )
+        )
+    # a trace rather than a layout shape: in the legend, and in the chart's data for whoever reads it
+    start = points[0]["time"] if points else (
+        dt.datetime.fromisoformat(now) - dt.timedelta(days=forecast["window_days"])).isoformat()
+    fig.add_trace(
+        go.Scatter(x=[start, end], y=[cap, cap], mode="lines", line={"dash": "dot", "color": _CAP},
+                   name=f"cap {cap:.6g} {unit}", hoverinfo="name")
+    )
+    return fig.to_plotly_json()
+
+
+#: A release chart with more values than this is drawn horizontally: one row per value, labels read level.
+MAX_COLUMNS = 12
+#: Pixels per value of a horizontal release chart.
+ROW_HEIGHT = 20
+# the height of a horizontal release chart's value axis, its title and the margins
+_FRAME_HEIGHT = 90
+#: Markers of a value whose interval is open on a side, pointing to that side; as (lower open, upper open).
+_OPEN_MARKERS = {
+    "vertical": {(False, False): "circle", (False, True): "triangle-up", (True, False): "triangle-down"},
+    "horizontal": {(False, False): "circle", (False, True): "triangle-right", (True, False): "triangle-left"},
+}
+
+
+def _bound(value: float | None, open_side: str) -> str:
+    return open_side if value is None else f"{value:.6g}"
+
+
+def release_figure(aggregate: dict[str, Any]) -> dict[str, Any]:
+    """The published values of one aggregate as points with their confidence intervals as error bars.
+
+    Args:
+        aggregate: an entry of :func:`~dp_operators.dashboard.queries.release_detail`'s ``aggregates`` with
+            ``name``, ``group_by`` (column names), ``confidence`` and ``values`` (``key``, ``value``, ``lower``,
+            ``upper``; a ``None`` bound is an unbounded side), already cut to the values to show.
+
+    Returns:
+        the figure: one point per value with asymmetric error bars from ``lower`` to ``upper``; a point open on a
+        side has no bar there and a triangle marker pointing to its open side (a diamond when both are open).
+        A value's category label is its group-by key's values joined with `` · `` (the aggregate's name without
+        a group-by); the column names are the category axis's title. Up to :data:`MAX_COLUMNS` values the
+        categories are on x (values on y, ``error_y``); with more, on y from the top down in the values' order
+        (values on x, ``error_x``) and the chart is :data:`ROW_HEIGHT` pixels taller per value.
+    """
+    rows = aggregate["values"]
+    columns = aggregate.get("group_by") or []
+    horizontal = len(rows) > MAX_COLUMNS
+    markers = _OPEN_MARKERS["horizontal" if horizontal else "vertical"]
+    labels, values, above, below, symbols, hover = [], [], [], [], [], []
+    for row in rows:
+        key = row["key"]
+        label = " · ".join(str(key[column]) for column in key) or aggregate["name"]
+        value, lower, upper = row["value"], row["lower"], row["upper"]
+        labels.append(_label(label))
+        values.append(value)
+        above.append(None if upper is None else upper - value)
+        below.append(None if lower is None else value - lower)
+        symbols.append(markers.get((lower is None, upper is None), "diamond"))
+        named = "<br>".join(f"{_label(column)} = {_label(key[column])}" for column in key) or _label(label)
+        hover.append(f"{named}<br>value {_bound(value, '')}<br>"
+                     f"interval [{_bound(lower, '-∞')}, {_bound(upper, '+∞')}]")
+    confidence = aggregate.get("confidence")
+    value_title = {"text": "published value" + (f" ({confidence * 100:.6g}% interval)" if confidence else "")}
+    error = {"type": "data", "symmetric": False, "array": above, "arrayminus": below,
+             "color": _SPENT, "thickness": 1.5, "width": 4}
+    category_axis = {"type": "category", "automargin": True,
+                     "title": {"text": " · ".join(_label(column) for column in columns)}}
+    value_axis = {"title": value_title, "automargin": True}
+    margin = {"l": 60, "r": 20, "t": 20, "b": 50}  # no legend above the plot
+    point = {"mode": "markers", "marker": {"symbol": symbols, "size": 9, "color": _SPENT}, "hovertext": hover,
+             "hoverinfo": "text", "name": _label(aggregate["name"])}
+    if horizontal:
+        trace = go.Scatter(y=labels, x=values, error_x=error, **point)
+        layout = _layout(height=_FRAME_HEIGHT + ROW_HEIGHT * len(rows), showlegend=False, margin=margin,
+                         yaxis={**category_axis, "autorange": "reversed"}, xaxis=value_axis)
+    else:
+        trace = go.Scatter(x=labels, y=values, error_y=error, **point)
+        layout = _layout(height=340, showlegend=False, margin=margin, xaxis=category_axis, yaxis=value_axis)
+    return go.Figure(trace, layout=layout).to_plotly_json()

@@ -1,0 +1,300 @@
+"""The budget dashboard's HTML pages, over the same queries as the JSON API (:mod:`dp_operators.dashboard.app`).
+
+Routes (all ``GET``, all behind the app's :func:`~dp_operators.dashboard.app.require_dashboard_user`):
+
+* ``/``: every account (cap, spent, reserved, remaining, unit, epsilon at the account's delta) with a bar chart.
+* ``/accounts/{name}``: one account: summary, burn-down chart, forecast, charge counts, the audit-chain status and
+  a filtered, keyset-paged charges table (``dag_id``, ``state``, ``since``, ``until``, ``after``, ``limit``,
+  validated as the JSON route validates them; an empty form field means no filter). 404 page if unknown.
+  Invalid values get a 422 page (the JSON routes keep FastAPI's JSON answer).
+* ``/releases/{charge_id}``: one charge and what it published, with the confidence intervals as charts.
+* ``/runs/{dag_id}/{run_id}``: the charges of one DAG run (Airflow's DAG-run tab; ``run_id`` percent-encoded, may
+  hold ``/``; a DAG id cannot, Airflow refuses one).
+* ``/static/{plotly.min.js,dashboard.css,dashboard.js}``: plotly.js from the installed plotly package (no CDN)
+  and the page assets, gzipped once, with an ``ETag`` and a version in their URLs so browsers cache them.
+
+Links are built from the app's own routes and ``root_path``, so they hold when Airflow mounts the app under a
+prefix (``/dp-budget``); path parameters are percent-encoded (any character may be in a name).
+
+Numbers are shown with 6 significant digits; each number's cell carries the exact value as the JSON API gives it
+in ``data-exact`` (a string as it is, a number as JSON writes it, empty for null), next to a ``data-field`` naming
+the JSON field. A browser test reads these attributes: keep them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import gzip
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path as FilePath
+from typing import Annotated, Any
+from urllib.parse import quote, urlencode
+
+import jinja2
+import markupsafe
+from fastapi import APIRouter, FastAPI, Path, Request
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from fastapi.templating import Jinja2Templates
+from pydantic import BeforeValidator
+from starlette.middleware.gzip import GZipMiddleware
+
+from dp_operators.dashboard import charts, queries
+from dp_operators.dashboard.app import (
+    DEFAULT_LIMIT, AccountName, AfterCursor, DagId, DagIdFilter, PageLimit, RunId, SinceFilter, StateFilter,
+    UntilFilter, time_window,
+)
+from dp_operators.dashboard.queries import MAX_PAGE
+
+#: Most published values of one aggregate drawn and listed on a release page.
+MAX_SHOWN_VALUES = 200
+#: Charges listed on a run page (the query's largest page).
+RUN_PAGE_CHARGES = MAX_PAGE
+
+_HERE = FilePath(__file__).parent
+# plotly.js draws with inline styles; everything else comes from this app
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'self'"
+)
+
+# An empty field of the filter form (submitted as "dag_id=") means "no filter" (an empty limit: the default);
+# anything else is validated by the JSON route's own filter types (app.py).
+_Blank = BeforeValidator(lambda value: None if value == "" else value)
+_BlankIsDefaultLimit = BeforeValidator(lambda value: value or DEFAULT_LIMIT)
+
+
+# -- assets -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Asset:
+    body: bytes
+    media_type: str
+    etag: str
+
+    @functools.cached_property
+    def gzipped(self) -> bytes:
+        # once per process: plotly.js (4.8 MB) takes about 0.3 s to compress
+        return gzip.compress(self.body, mtime=0)
+
+
+def _plotly_js() -> bytes:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs().encode("utf-8")
+
+
+_ASSET_SOURCES = {
+    "plotly.min.js": (_plotly_js, "text/javascript; charset=utf-8"),
+    "dashboard.js": (lambda: (_HERE / "static" / "dashboard.js").read_bytes(), "text/javascript; charset=utf-8"),
+    "dashboard.css": (lambda: (_HERE / "static" / "dashboard.css").read_bytes(), "text/css; charset=utf-8"),
+}
+
+
+@functools.cache
+def _asset(name: str) -> _Asset:
+    read, media_type = _ASSET_SOURCES[name]
+    body = read()
+    return _Asset(body, media_type, f'"{hashlib.sha256(body).hexdigest()[:32]}"')
+
+
+def _serve(request: Request, asset: _Asset) -> Response:
+    # private: the assets are behind the login; the URL carries the version, so a day's caching is safe
+    headers = {"ETag": asset.etag, "Cache-Control": "private, max-age=86400", "Vary": "Accept-Encoding"}
+    if asset.etag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers=headers)
+    if "gzip" in request.headers.get("accept-encoding", ""):
+        return Response(asset.gzipped, media_type=asset.media_type, headers={**headers, "Content-Encoding": "gzip"})
+    return Response(asset.body, media_type=asset.media_type, headers=headers)
+
+
+# -- templates ----------------------------------------------------------------------------------------------------
+def _href(request: Request, route: str, query: dict[str, Any] | None = None, /, **params: Any) -> str:
+    """The path of route ``route`` as the browser must request it: under the mount prefix (``root_path``), each
+    path parameter percent-encoded (``/`` too, as ``encodeURIComponent`` does), the query without empty values."""
+    path = request.app.url_path_for(route, **{key: quote(str(value), safe="") for key, value in params.items()})
+    url = request.scope.get("root_path", "") + path
+    query = {key: value for key, value in (query or {}).items() if value is not None}
+    return f"{url}?{urlencode(query)}" if query else url
+
+
+def _number(value: Any) -> str:
+    """6 significant digits; an exact fraction string as its nearest float; ``-`` for None."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        value = float(Fraction(value))
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+
+def _exact(value: Any) -> str:
+    """The ``data-exact`` text of a value: a string as it is, a number as JSON writes it, empty for None."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _when(iso: str | None, pattern: str = "%Y-%m-%d %H:%M:%S UTC") -> str:
+    """An ISO 8601 time in UTC as the strftime ``pattern`` says (default ``2025-01-31 12:00:00 UTC``; the exact
+    value goes in a ``<time>`` element)."""
+    if iso is None:
+        return "-"
+    return dt.datetime.fromisoformat(iso).astimezone(dt.timezone.utc).strftime(pattern)
+
+
+# After these characters a long identifier may wrap: "adult_census_release" breaks at its underscores, so a table
+# column of DAG ids or release names can be narrower than its longest name and the table fits the page.
+_BREAK_AFTER = re.compile(r"(?<=[_./:-])")
+
+
+def _breakable(text: Any) -> markupsafe.Markup:
+    """``text`` HTML-escaped with a ``<wbr>`` after each ``_ . / : -``: where it may wrap; its text is unchanged
+    (``<wbr>`` adds no character to ``innerText`` or a copy)."""
+    return markupsafe.Markup("<wbr>").join(markupsafe.escape(part) for part in _BREAK_AFTER.split(str(text)))
+
+
+def _templates() -> Jinja2Templates:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+    )
+    env.filters.update(number=_number, exact=_exact, when=_when, breakable=_breakable)
+    env.globals.update(href=_template_href, static_url=_static_url, charge_states=queries.CHARGE_STATES,
+                       max_page=MAX_PAGE)
+    return Jinja2Templates(env=env)
+
+
+@jinja2.pass_context
+def _template_href(context: Any, route: str, query: dict[str, Any] | None = None, /, **params: Any) -> str:
+    return _href(context["request"], route, query, **params)
+
+
+@jinja2.pass_context
+def _static_url(context: Any, asset: str, /) -> str:
+    # the content's hash in the URL: a new plotly or stylesheet is fetched at once despite the caching
+    return _href(context["request"], "static_asset", {"v": _asset(asset).etag[1:13]}, name=asset)
+
+
+_TEMPLATES = _templates()
+
+
+def _page(request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
+    return _TEMPLATES.TemplateResponse(
+        request, template, context, status_code=status_code, headers={"Content-Security-Policy": _CSP}
+    )
+
+
+def _error_page(request: Request, status_code: int, title: str, problems: list[str]) -> Response:
+    return _page(request, "error.html", status_code, title=title, problems=problems)
+
+
+def _ledger(request: Request) -> Any:
+    return request.app.state.ledger()
+
+
+# -- pages --------------------------------------------------------------------------------------------------------
+router = APIRouter()
+
+
+@router.get("/", name="overview_page")
+def overview_page(request: Request) -> Response:
+    """Every budget account with its bar."""
+    rows = queries.accounts_overview(_ledger(request))
+    return _page(request, "overview.html", accounts=rows, figure=charts.overview_figure(rows))
+
+
+@router.get("/accounts/{name:path}", name="account_page")
+def account_page(
+    request: Request,
+    name: AccountName,
+    dag_id: Annotated[DagIdFilter, _Blank] = None,
+    state: Annotated[StateFilter, _Blank] = None,
+    since: Annotated[SinceFilter, _Blank] = None,
+    until: Annotated[UntilFilter, _Blank] = None,
+    after: Annotated[AfterCursor, _Blank] = None,
+    limit: Annotated[PageLimit, _BlankIsDefaultLimit] = DEFAULT_LIMIT,
+) -> Response:
+    """One account: summary, burn-down, forecast, counts, audit-chain status and a page of its charges."""
+    try:
+        since, until = time_window(since, until)
+    except ValueError as error:
+        return _error_page(request, 422, "Invalid parameters", [str(error)])
+    ledger = _ledger(request)
+    detail = queries.account_detail(ledger, name)
+    if detail is None:
+        return _error_page(request, 404, "No such budget account", [f"There is no budget account {name!r}."])
+    filters = {"dag_id": dag_id, "state": state, "since": since, "until": until, "limit": limit}
+    page = queries.account_charges(ledger, name, after=after, **filters)
+    # the filters as the next page's and the form's query: times in ISO 8601, the default limit left out
+    query = {**filters, "since": since and since.isoformat(), "until": until and until.isoformat(),
+             "limit": None if limit == DEFAULT_LIMIT else limit}
+    return _page(
+        request,
+        "account.html",
+        account=detail,
+        figure=charts.burn_down_figure(detail),
+        audit=request.app.state.verify.status(),
+        page=page,
+        query=query,
+        after=after,
+    )
+
+
+@router.get("/releases/{charge_id}", name="release_page")
+def release_page(request: Request, charge_id: Annotated[int, Path(ge=1)]) -> Response:
+    """One charge and, when committed, its published values with their confidence intervals."""
+    release = queries.release_detail(_ledger(request), charge_id)
+    if release is None:
+        return _error_page(request, 404, "No such release", [f"There is no charge {charge_id} in the ledger."])
+    aggregates = []
+    for aggregate in release["aggregates"]:
+        shown = dict(aggregate)
+        if "values" in aggregate:
+            shown["values"] = aggregate["values"][:MAX_SHOWN_VALUES]
+            shown["value_count"] = len(aggregate["values"])
+            shown["figure"] = charts.release_figure(shown) if shown["values"] else None
+        aggregates.append(shown)
+    return _page(request, "release.html", release=release, aggregates=aggregates)
+
+
+@router.get("/runs/{dag_id}/{run_id:path}", name="run_page")
+def run_page(request: Request, dag_id: DagId, run_id: RunId) -> Response:
+    """The charges of one DAG run in every account (Airflow's DAG-run tab)."""
+    run = queries.run_charges(_ledger(request), dag_id, run_id, limit=RUN_PAGE_CHARGES)
+    return _page(request, "run.html", run=run)
+
+
+@router.get("/static/{name}", name="static_asset")
+def static_asset(request: Request, name: str) -> Response:
+    """plotly.js (the installed plotly package's copy) and the dashboard's stylesheet and script."""
+    if name not in _ASSET_SOURCES:
+        return Response(f"no static file {name!r}", status_code=404, media_type="text/plain")
+    return _serve(request, _asset(name))
+
+
+_PAGE_ENDPOINTS = frozenset({overview_page, account_page, release_page, run_page})
+
+
+async def _invalid_parameters(request: Request, error: RequestValidationError) -> Response:
+    """A 422 page for a page's invalid query or path values; the JSON routes keep FastAPI's JSON answer."""
+    if request.scope.get("endpoint") not in _PAGE_ENDPOINTS:
+        return await request_validation_exception_handler(request, error)
+    problems = [f"{'.'.join(str(part) for part in problem['loc'][1:]) or 'request'}: {problem['msg']}"
+                for problem in error.errors()]
+    return _error_page(request, 422, "Invalid parameters", problems)
+
+
+def add_pages(app: FastAPI) -> None:
+    """Add the HTML pages and their static assets to the dashboard app.
+
+    The routes inherit the app's dependencies (the Airflow login); they read ``app.state.ledger()`` (the
+    :class:`~dp_operators.ledger.Ledger`) and ``app.state.verify.status()`` (the audit-chain check's latest
+    result). Responses are gzipped for clients that accept it.
+    """
+    app.include_router(router)
+    app.add_exception_handler(RequestValidationError, _invalid_parameters)
+    app.add_middleware(GZipMiddleware, minimum_size=1000)
