@@ -1,9 +1,11 @@
 """The dashboard's charts, built with plotly's Python API from the JSON of :mod:`dp_operators.dashboard.queries`.
 
 Each function returns a figure as ``fig.to_plotly_json()`` gives it (``{"data": [...], "layout": {...}}``, plain
-JSON types). A page embeds it in a ``<script type="application/json">`` element (Jinja's ``tojson``, which escapes
-``<``, ``>``, ``&`` and ``'`` as ``\\u003c`` etc.) and ``static/dashboard.js`` draws it with ``Plotly.newPlot``
-and the plotly.js that ships inside the plotly package (served by the app, no CDN).
+JSON types) without a template: ``static/dashboard.js`` sets the look (the parts of plotly's ``plotly_white``
+template these charts use) once for every chart, rather than each figure carrying the whole template (7 KB). A page
+embeds a figure in a ``<script type="application/json">`` element (Jinja's ``tojson``, which escapes ``<``, ``>``,
+``&`` and ``'`` as ``\\u003c`` etc.) and ``static/dashboard.js`` draws it with ``Plotly.newPlot`` and the plotly.js
+that ships inside the plotly package (served by the app, no CDN).
 
 Names from the ledger (accounts, group-by values) are shown through plotly's text renderer, which reads a few
 HTML-like tags (``<b>``, ``<br>``, ``<a href>``) and entities in labels; :func:`_label` escapes them so a name is
@@ -14,24 +16,31 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import sys
 from fractions import Fraction
 from typing import Any
 
 import plotly.graph_objects as go
 
-_TEMPLATE = "plotly_white"
 _FONT = {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 13}
 _SPENT, _RESERVED, _CAP, _FORECAST = "#3b6ea8", "#e0a030", "#b03a2e", "#6c757d"
 
 
 def _layout(**layout: Any) -> dict[str, Any]:
     return {
-        "template": _TEMPLATE,
+        "template": "none",  # plotly's empty template; dashboard.js sets the look
         "font": _FONT,
         "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
         "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom", "traceorder": "normal"},
         **layout,
     }
+
+
+def _plain(figure: go.Figure) -> dict[str, Any]:
+    """The figure's JSON without its (empty) template: dashboard.js gives every chart the same one."""
+    plain = figure.to_plotly_json()
+    plain["layout"].pop("template", None)
+    return plain
 
 
 def _label(text: Any) -> str:
@@ -73,7 +82,7 @@ def overview_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ),
     )
     fig.add_vline(x=1, line_color=_CAP, line_dash="dot")
-    return fig.to_plotly_json()
+    return _plain(fig)
 
 
 def burn_down_figure(detail: dict[str, Any]) -> dict[str, Any]:
@@ -130,7 +139,7 @@ def burn_down_figure(detail: dict[str, Any]) -> dict[str, Any]:
         go.Scatter(x=[start, end], y=[cap, cap], mode="lines", line={"dash": "dot", "color": _CAP},
                    name=f"cap {cap:.6g} {unit}", hoverinfo="name")
     )
-    return fig.to_plotly_json()
+    return _plain(fig)
 
 
 #: A release chart with more values than this is drawn horizontally: one row per value, labels read level.
@@ -150,6 +159,40 @@ def _bound(value: float | None, open_side: str) -> str:
     return open_side if value is None else f"{value:.6g}"
 
 
+#: The largest magnitude plotly.js plots: it takes larger numbers for missing ones (``FP_SAFE``, a ten-thousandth
+#: of the largest double, in plotly.js's ``constants/numerical.js``).
+PLOTTABLE = sys.float_info.max * 1e-4
+
+
+def _double(value: Any) -> float | None:
+    """``value`` as a double plotly.js can plot, or ``None`` (not a number, or beyond :data:`PLOTTABLE`)."""
+    if type(value) not in (int, float):  # bool is an int subclass, not a published number
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond the doubles
+        return None
+    return value if abs(value) <= PLOTTABLE else None
+
+
+def _drawable(row: dict[str, Any]) -> tuple[float, float | None, float | None] | None:
+    """A published value as the chart draws it: ``(value, bar below, bar above)``, a bar ``None`` on an open side;
+    ``None`` when the value or a closed bound cannot be plotted (:func:`_double`)."""
+    value = _double(row["value"])
+    if value is None:
+        return None
+    bars = []
+    for bound, sign in ((row["lower"], 1.0), (row["upper"], -1.0)):
+        if bound is None:
+            bars.append(None)
+            continue
+        bound = _double(bound)
+        if bound is None:
+            return None
+        bars.append(sign * (value - bound))  # finite: both within PLOTTABLE
+    return value, bars[0], bars[1]
+
+
 def release_figure(aggregate: dict[str, Any]) -> dict[str, Any]:
     """The published values of one aggregate as points with their confidence intervals as error bars.
 
@@ -164,33 +207,37 @@ def release_figure(aggregate: dict[str, Any]) -> dict[str, Any]:
         A value's category label is its group-by key's values joined with `` · `` (the aggregate's name without
         a group-by); the column names are the category axis's title. Up to :data:`MAX_COLUMNS` values the
         categories are on x (values on y, ``error_y``); with more, on y from the top down in the values' order
-        (values on x, ``error_x``) and the chart is :data:`ROW_HEIGHT` pixels taller per value.
+        (values on x, ``error_x``) and the chart is :data:`ROW_HEIGHT` pixels taller per value. A value that
+        is no number or beyond :data:`PLOTTABLE`, or whose closed bound is, is left out (the page's table shows
+        it as stored) and a note above the plot says how many were.
     """
-    rows = aggregate["values"]
     columns = aggregate.get("group_by") or []
+    rows = [(row, drawn) for row in aggregate["values"] if (drawn := _drawable(row)) is not None]
+    skipped = len(aggregate["values"]) - len(rows)
     horizontal = len(rows) > MAX_COLUMNS
     markers = _OPEN_MARKERS["horizontal" if horizontal else "vertical"]
     labels, values, above, below, symbols, hover = [], [], [], [], [], []
-    for row in rows:
+    for row, (value, bar_below, bar_above) in rows:
         key = row["key"]
         label = " · ".join(str(key[column]) for column in key) or aggregate["name"]
-        value, lower, upper = row["value"], row["lower"], row["upper"]
+        lower, upper = row["lower"], row["upper"]
         labels.append(_label(label))
         values.append(value)
-        above.append(None if upper is None else upper - value)
-        below.append(None if lower is None else value - lower)
+        above.append(bar_above)
+        below.append(bar_below)
         symbols.append(markers.get((lower is None, upper is None), "diamond"))
         named = "<br>".join(f"{_label(column)} = {_label(key[column])}" for column in key) or _label(label)
         hover.append(f"{named}<br>value {_bound(value, '')}<br>"
-                     f"interval [{_bound(lower, '-∞')}, {_bound(upper, '+∞')}]")
+                     f"interval [{_bound(_double(lower), '-∞')}, {_bound(_double(upper), '+∞')}]")
     confidence = aggregate.get("confidence")
-    value_title = {"text": "published value" + (f" ({confidence * 100:.6g}% interval)" if confidence else "")}
+    shown_confidence = f" ({confidence * 100:.6g}% interval)" if _double(confidence) else ""
+    value_title = {"text": "published value" + shown_confidence}
     error = {"type": "data", "symmetric": False, "array": above, "arrayminus": below,
              "color": _SPENT, "thickness": 1.5, "width": 4}
     category_axis = {"type": "category", "automargin": True,
                      "title": {"text": " · ".join(_label(column) for column in columns)}}
     value_axis = {"title": value_title, "automargin": True}
-    margin = {"l": 60, "r": 20, "t": 20, "b": 50}  # no legend above the plot
+    margin = {"l": 60, "r": 20, "t": 40 if skipped else 20, "b": 50}  # no legend above the plot
     point = {"mode": "markers", "marker": {"symbol": symbols, "size": 9, "color": _SPENT}, "hovertext": hover,
              "hoverinfo": "text", "name": _label(aggregate["name"])}
     if horizontal:
@@ -200,4 +247,9 @@ def release_figure(aggregate: dict[str, Any]) -> dict[str, Any]:
     else:
         trace = go.Scatter(x=labels, y=values, error_y=error, **point)
         layout = _layout(height=340, showlegend=False, margin=margin, xaxis=category_axis, yaxis=value_axis)
-    return go.Figure(trace, layout=layout).to_plotly_json()
+    fig = go.Figure(trace, layout=layout)
+    if skipped:
+        fig.add_annotation(text=f"{skipped} of {len(aggregate['values'])} values not drawn: no number, or beyond "
+                                f"±{PLOTTABLE:.2g}, which a chart cannot plot (the table shows them)",
+                           showarrow=False, xref="paper", yref="paper", x=0, y=1, xanchor="left", yanchor="bottom")
+    return _plain(fig)

@@ -2,16 +2,27 @@
 
 Routes (all ``GET``, all behind the app's :func:`~dp_operators.dashboard.app.require_dashboard_user`):
 
-* ``/``: every account (cap, spent, reserved, remaining, unit, epsilon at the account's delta) with a bar chart.
+* ``/``: every account (cap, spent, reserved, remaining, unit, epsilon at the account's delta) with a bar chart,
+  and the audit-chain status in one line (the details are on each account's page).
 * ``/accounts/{name}``: one account: summary, burn-down chart, forecast, charge counts, the audit-chain status and
   a filtered, keyset-paged charges table (``dag_id``, ``state``, ``since``, ``until``, ``after``, ``limit``,
   validated as the JSON route validates them; an empty form field means no filter). 404 page if unknown.
   Invalid values get a 422 page (the JSON routes keep FastAPI's JSON answer).
-* ``/releases/{charge_id}``: one charge and what it published, with the confidence intervals as charts.
+* ``/releases/{charge_id}``: one charge and what it published, with the confidence intervals as charts: the first
+  :data:`MAX_SHOWN_AGGREGATES` aggregates drawn, each with its first :data:`MAX_SHOWN_VALUES` values in a chart and
+  a table; the others named, each linking to ``?aggregate=NAME``, which shows that aggregate alone (404 page for a
+  name the release does not have).
 * ``/runs/{dag_id}/{run_id}``: the charges of one DAG run (Airflow's DAG-run tab; ``run_id`` percent-encoded, may
   hold ``/``; a DAG id cannot, Airflow refuses one).
 * ``/static/{plotly.min.js,dashboard.css,dashboard.js}``: plotly.js from the installed plotly package (no CDN)
   and the page assets, gzipped once, with an ``ETag`` and a version in their URLs so browsers cache them.
+
+A request without a valid Airflow login (none, expired, tampered) gets, on a page, a 401 page linking to Airflow's
+login with ``next`` set to the page (:func:`_login_url`); the JSON routes keep their JSON 401 and its
+``WWW-Authenticate: Bearer``.
+
+When the ledger cannot be opened or read, every page is a 503 page with the app's fixed message
+(:func:`~dp_operators.dashboard.app.unavailable_message`); the JSON routes answer it as JSON.
 
 Links are built from the app's own routes and ``root_path``, so they hold when Airflow mounts the app under a
 prefix (``/dp-budget``); path parameters are percent-encoded (any character may be in a name).
@@ -37,25 +48,42 @@ from urllib.parse import quote, urlencode
 
 import jinja2
 import markupsafe
-from fastapi import APIRouter, FastAPI, Path, Request
-from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.templating import Jinja2Templates
 from pydantic import BeforeValidator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.gzip import GZipMiddleware
 
 from dp_operators.dashboard import charts, queries
 from dp_operators.dashboard.app import (
-    DEFAULT_LIMIT, AccountName, AfterCursor, DagId, DagIdFilter, PageLimit, RunId, SinceFilter, StateFilter,
-    UntilFilter, time_window,
+    DEFAULT_LIMIT, DEFAULT_RELEASE_VALUES, LEDGER_ERRORS, AccountName, AfterCursor, ChargeId, DagId, DagIdFilter,
+    PageLimit, RunId, SinceFilter, StateFilter, UntilFilter, forget_ledger, ledger_unavailable, time_window,
+    unavailable_message,
 )
 from dp_operators.dashboard.queries import MAX_PAGE
 
-#: Most published values of one aggregate drawn and listed on a release page.
-MAX_SHOWN_VALUES = 200
+#: Most published values of one aggregate drawn and listed on a release page (what the JSON gives by default).
+MAX_SHOWN_VALUES = DEFAULT_RELEASE_VALUES
+#: Most aggregates drawn on a release page; the others are listed by name, each with a link to its own view. A DAG
+#: author decides how many aggregates a release has, and a browser stalls on hundreds of plotly charts.
+MAX_SHOWN_AGGREGATES = 20
 #: Charges listed on a run page (the query's largest page).
 RUN_PAGE_CHARGES = MAX_PAGE
+
+#: What each filter of the account page takes, said on the 422 page next to the value that was refused.
+FILTER_FORMATS = {
+    "dag_id": "give a DAG id of 1 to 250 characters, or leave it empty for every DAG",
+    "state": f"give one of {', '.join(queries.CHARGE_STATES)}, or leave it empty for every state",
+    "since": "give an ISO 8601 time such as 2025-01-31T00:00Z or a date 2025-01-31",
+    "until": "give an ISO 8601 time such as 2025-02-28T00:00Z or a date 2025-02-28",
+    "after": "give the previous page's next_after id (the id of its last charge, which its Next page link carries), "
+             "or leave it out for the first page",
+    "limit": f"give a whole number from 1 to {MAX_PAGE}, or leave it empty for {DEFAULT_LIMIT}",
+}
+_FORM_FIELDS = ("dag_id", "state", "since", "until", "limit")
 
 _HERE = FilePath(__file__).parent
 # plotly.js draws with inline styles; everything else comes from this app
@@ -124,12 +152,24 @@ def _href(request: Request, route: str, query: dict[str, Any] | None = None, /, 
 
 
 def _number(value: Any) -> str:
-    """6 significant digits; an exact fraction string as its nearest float; ``-`` for None."""
+    """6 significant digits; an int as it is; an exact fraction string as its nearest float; ``-`` for None.
+    Anything else (a published value that is no number, a fraction beyond the doubles) as its text."""
     if value is None:
         return "-"
+    if isinstance(value, int):
+        return str(value)
     if isinstance(value, str):
-        value = float(Fraction(value))
-    return str(value) if isinstance(value, int) else f"{value:.6g}"
+        try:
+            value = float(Fraction(value))
+        except (ValueError, ZeroDivisionError, OverflowError):
+            return value
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and ``noun`` in agreement: ``1 account``, ``2 accounts``, ``0 accounts`` (``plural`` when adding
+    an s is wrong)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
 def _exact(value: Any) -> str:
@@ -162,7 +202,7 @@ def _templates() -> Jinja2Templates:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
     )
-    env.filters.update(number=_number, exact=_exact, when=_when, breakable=_breakable)
+    env.filters.update(number=_number, exact=_exact, when=_when, breakable=_breakable, counted=_counted)
     env.globals.update(href=_template_href, static_url=_static_url, charge_states=queries.CHARGE_STATES,
                        max_page=MAX_PAGE)
     return Jinja2Templates(env=env)
@@ -204,7 +244,8 @@ router = APIRouter()
 def overview_page(request: Request) -> Response:
     """Every budget account with its bar."""
     rows = queries.accounts_overview(_ledger(request))
-    return _page(request, "overview.html", accounts=rows, figure=charts.overview_figure(rows))
+    return _page(request, "overview.html", accounts=rows, figure=charts.overview_figure(rows),
+                 audit=request.app.state.verify.status())
 
 
 @router.get("/accounts/{name:path}", name="account_page")
@@ -222,7 +263,7 @@ def account_page(
     try:
         since, until = time_window(since, until)
     except ValueError as error:
-        return _error_page(request, 422, "Invalid parameters", [str(error)])
+        return _invalid_filters_page(request, [str(error)])
     ledger = _ledger(request)
     detail = queries.account_detail(ledger, name)
     if detail is None:
@@ -245,20 +286,38 @@ def account_page(
 
 
 @router.get("/releases/{charge_id}", name="release_page")
-def release_page(request: Request, charge_id: Annotated[int, Path(ge=1)]) -> Response:
-    """One charge and, when committed, its published values with their confidence intervals."""
-    release = queries.release_detail(_ledger(request), charge_id)
+def release_page(
+    request: Request,
+    charge_id: ChargeId,
+    aggregate: Annotated[str | None, Query(min_length=1), _Blank] = None,
+) -> Response:
+    """One charge and, when committed, its published values with their confidence intervals: the first
+    :data:`MAX_SHOWN_AGGREGATES` aggregates, or only ``aggregate``."""
+    release = queries.release_detail(_ledger(request), charge_id, limit=MAX_SHOWN_VALUES)
     if release is None:
         return _error_page(request, 404, "No such release", [f"There is no charge {charge_id} in the ledger."])
-    aggregates = []
-    for aggregate in release["aggregates"]:
-        shown = dict(aggregate)
-        if "values" in aggregate:
-            shown["values"] = aggregate["values"][:MAX_SHOWN_VALUES]
-            shown["value_count"] = len(aggregate["values"])
-            shown["figure"] = charts.release_figure(shown) if shown["values"] else None
-        aggregates.append(shown)
-    return _page(request, "release.html", release=release, aggregates=aggregates)
+    published = release["aggregates"]
+    if aggregate is None:
+        shown, others = published[:MAX_SHOWN_AGGREGATES], published[MAX_SHOWN_AGGREGATES:]
+    else:
+        shown, others = [entry for entry in published if entry["name"] == aggregate], []
+        if not shown:
+            return _error_page(request, 404, "No such aggregate",
+                               [f"Release {release['release_name']!r} (charge {charge_id}) has no aggregate "
+                                f"{aggregate!r}."])
+    return _page(request, "release.html", release=release, aggregates=[_shown(entry) for entry in shown],
+                 others=[entry["name"] for entry in others], published=len(published), chosen=aggregate)
+
+
+def _shown(aggregate: dict[str, Any]) -> dict[str, Any]:
+    """An aggregate of :func:`~dp_operators.dashboard.queries.release_detail` as the release page shows it: with
+    its chart, and its ``rows_file`` as a dict whatever was stored (the ledger holds any JSON a spender commits)."""
+    shown = dict(aggregate)
+    if "rows_file" in aggregate:
+        shown["rows_file"] = aggregate["rows_file"] if isinstance(aggregate["rows_file"], dict) else {}
+    else:
+        shown["figure"] = charts.release_figure(aggregate) if aggregate["values"] else None
+    return shown
 
 
 @router.get("/runs/{dag_id}/{run_id:path}", name="run_page")
@@ -283,9 +342,72 @@ async def _invalid_parameters(request: Request, error: RequestValidationError) -
     """A 422 page for a page's invalid query or path values; the JSON routes keep FastAPI's JSON answer."""
     if request.scope.get("endpoint") not in _PAGE_ENDPOINTS:
         return await request_validation_exception_handler(request, error)
+    if request.scope["endpoint"] is account_page:
+        return _invalid_filters_page(request, [_filter_problem(problem) for problem in error.errors()])
     problems = [f"{'.'.join(str(part) for part in problem['loc'][1:]) or 'request'}: {problem['msg']}"
                 for problem in error.errors()]
     return _error_page(request, 422, "Invalid parameters", problems)
+
+
+def _filter_problem(problem: dict[str, Any]) -> str:
+    """One refused value of the account page in words: the parameter, the value given, what was wrong and the
+    format it takes (:data:`FILTER_FORMATS`)."""
+    field = ".".join(str(part) for part in problem["loc"][1:]) or "request"
+    given = problem.get("input")
+    value = f" {given!r}" if isinstance(given, str) else ""
+    expected = FILTER_FORMATS.get(field)
+    return f"{field}:{value} is not valid ({problem['msg']})" + (f"; {expected}" if expected else "")
+
+
+def _invalid_filters_page(request: Request, problems: list[str]) -> Response:
+    """The account page's 422 page: the problems, and the filter form again with the values as given and a link
+    back to the account's page (none when the account name itself was refused: there is no page to go back to)."""
+    name = request.path_params.get("name")
+    name_refused = any(problem.startswith("name:") for problem in problems)
+    filters = {field: request.query_params.get(field) or None for field in _FORM_FIELDS}
+    return _page(request, "error.html", 422, title="Invalid filters", problems=problems,
+                 account_name=None if name_refused or not name else name, filters=filters)
+
+
+#: Where to log in when the auth manager cannot say (the simple and FAB auth managers' login, under Airflow's /auth).
+FALLBACK_LOGIN_URL = "/auth/login"
+# A path the browser could read as another origin: "//host" and "/\host" are protocol-relative
+_LEADING_SLASHES = re.compile(r"^[/\\]+")
+
+
+def _login_url(request: Request) -> str:
+    """Airflow's login page (``get_auth_manager().get_url_login(next_url=...)``, else :data:`FALLBACK_LOGIN_URL`)
+    with ``next`` the requested page: a path on this server, as the browser sent it, never an absolute URL."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    raw = request.scope.get("raw_path") or quote(request.scope["path"]).encode()
+    query = request.scope.get("query_string", b"")
+    next_url = _LEADING_SLASHES.sub("/", raw.decode("latin-1") + (f"?{query.decode('latin-1')}" if query else ""))
+    try:
+        login = get_auth_manager().get_url_login(next_url=next_url)
+    except RuntimeError:  # no auth manager initialised
+        login = None
+    # BaseAuthManager.get_url_login's default body returns None
+    return login or f"{FALLBACK_LOGIN_URL}?{urlencode({'next': next_url})}"
+
+
+async def _login_required(request: Request, error: StarletteHTTPException) -> Response:
+    """A page's 401 (no, an expired or a bad Airflow token): a small page linking to Airflow's login that returns
+    here, still 401 with the ``WWW-Authenticate`` challenge; every other HTTP error, and the JSON routes' 401,
+    as FastAPI answers them. Pages are told apart by route, not by the ``Accept`` header."""
+    if error.status_code != 401 or request.scope.get("endpoint") not in _PAGE_ENDPOINTS:
+        return await http_exception_handler(request, error)
+    response = _page(request, "login.html", 401, login_url=_login_url(request))
+    response.headers.update(error.headers or {})
+    return response
+
+
+async def _ledger_unavailable(request: Request, error: Exception) -> Response:
+    """A 503 page when the ledger cannot be opened or read; the JSON routes keep the app's JSON answer."""
+    if request.scope.get("endpoint") not in _PAGE_ENDPOINTS:
+        return await ledger_unavailable(request, error)
+    forget_ledger(request)
+    return _error_page(request, 503, "The ledger cannot be read", [unavailable_message(error)])
 
 
 def add_pages(app: FastAPI) -> None:
@@ -293,8 +415,12 @@ def add_pages(app: FastAPI) -> None:
 
     The routes inherit the app's dependencies (the Airflow login); they read ``app.state.ledger()`` (the
     :class:`~dp_operators.ledger.Ledger`) and ``app.state.verify.status()`` (the audit-chain check's latest
-    result). Responses are gzipped for clients that accept it.
+    result). Responses are gzipped for clients that accept it. The pages' invalid parameters and unreadable
+    ledger get HTML error pages (422, 503); the JSON routes keep their JSON answers.
     """
     app.include_router(router)
     app.add_exception_handler(RequestValidationError, _invalid_parameters)
+    app.add_exception_handler(StarletteHTTPException, _login_required)
+    for error_type in LEDGER_ERRORS:
+        app.add_exception_handler(error_type, _ledger_unavailable)
     app.add_middleware(GZipMiddleware, minimum_size=1000)

@@ -16,6 +16,10 @@ cannot add fractions exactly: there each stored amount is converted to a double 
 
 Spend over time counts *settled* charges: ``committed`` and ``abandoned`` (both spent for good). ``reserved``
 charges are in flight (their total is the account's ``reserved``) and ``released`` ones were returned.
+
+Errors. A ledger without its schema raises :class:`~dp_operators.ledger.LedgerNotInitialisedError` and a database
+failure a SQLAlchemy error; their messages can hold the ledger's URL, host, login or database name, so what a viewer
+is told is :func:`ledger_error_hint`'s fixed text, never the message.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import contextlib
 import datetime as dt
 import json
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -34,6 +38,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from dp_operators.ledger import schema
+from dp_operators.ledger.errors import LedgerNotInitialisedError
 from dp_operators.ledger.store import LedgerBase, account_status, reserved_totals
 
 #: The states of a charge (DESIGN.md 3).
@@ -44,8 +49,14 @@ SETTLED_STATES = ("committed", "abandoned")
 MAX_BURN_DOWN_POINTS = 500
 #: The forecast's window: spend over this many days before ``now``.
 FORECAST_WINDOW_DAYS = 30
+#: Least history (days from the start of the forecast's window, or the first settled charge if later, to ``now``)
+#: the forecast needs before it gives a rate: two charges minutes apart would otherwise extrapolate minutes of
+#: spend to a daily rate and forecast exhaustion within the hour.
+MIN_FORECAST_HISTORY_DAYS = 1.0
 #: Largest page of :func:`account_charges`.
 MAX_PAGE = 500
+#: Most published values per aggregate :func:`release_detail` lists when asked for a limit.
+MAX_RELEASE_VALUES = 10_000
 
 _c = schema.charges.c
 _a = schema.accounts.c
@@ -125,6 +136,47 @@ _RELEASE = sa.select(
     _c.id, _c.account, _c.dag_id, _c.run_id, _c.task_id, _c.map_index, _c.release_name, _c.attempt, _c.state,
     _c.amount, _c.output, _c.output_digest, _c.created_at, _c.updated_at,
 ).where(_c.id == sa.bindparam("charge_id"))
+
+
+# -- errors a viewer may be told about ----------------------------------------------------------------------
+class LedgerUnavailableError(Exception):
+    """The dashboard's ledger cannot be opened: no such Airflow connection, a governor's connection, no ledger URL
+    in it, no SQLite file (raised by :func:`dp_operators.dashboard.app.dashboard_ledger`).
+
+    Args:
+        message: the details, for the server's log only (it may name the file's path or the URL).
+        hint: fixed text any viewer may be shown: what is wrong and how to fix it, naming the connection, never
+            the URL, host, login, database or path.
+    """
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+# checked in order: DBAPIError (every driver error: connection refused, login or rights refused, a missing table)
+# is a SQLAlchemyError
+_HINTS: tuple[tuple[type[BaseException], str], ...] = (
+    (LedgerNotInitialisedError, "the database has no ledger schema, or one of another version: a privacy officer "
+                                "runs 'dpctl ledger init'"),
+    (sa.exc.DBAPIError, "the database refused or failed the read (down, unreachable, or refusing the connection's "
+                        "login or its role's rights): check the connection's host and login, and that its role may "
+                        "read the ledger ('dpctl ledger roles --reader-role')"),
+    (sa.exc.SQLAlchemyError, "SQLAlchemy could not use the ledger's database: check the connection's URL and the "
+                             "database driver"),
+)
+
+
+def ledger_error_hint(error: BaseException) -> str:
+    """Why the ledger could not be opened or read, in fixed words any viewer may be shown: the hint of a
+    :class:`LedgerUnavailableError`, a fixed text per known type (no schema, a database error, another SQLAlchemy
+    error), else ``"an unexpected error"``. Never the error's message (see the module's docstring)."""
+    if isinstance(error, LedgerUnavailableError):
+        return error.hint
+    for kind, hint in _HINTS:
+        if isinstance(error, kind):
+            return hint
+    return "an unexpected error"
 
 
 # -- access ---------------------------------------------------------------------------------------------------
@@ -234,8 +286,11 @@ def _forecast(
     spend, count = conn.execute(_WINDOW_SPEND, {"account": name, "start": start, "end": now}).one()
     forecast: dict[str, Any] = {
         "method": f"settled spend (committed + abandoned) over the last {days:g} days before now, or since the "
-        "first settled charge if later; remaining / that rate, from now",
+        "first settled charge if later; remaining / that rate, from now; no rate before that window spans "
+        f"{_days(MIN_FORECAST_HISTORY_DAYS)}",
         "window_days": days,
+        "min_history_days": MIN_FORECAST_HISTORY_DAYS,
+        "window_from_first_charge": False,
         "window_start": None,
         "window_end": now.isoformat(),
         "window_spend": float(spend or 0.0),
@@ -245,13 +300,17 @@ def _forecast(
         "exhausted": remaining <= 0,
         "exhausts_at": None,
         "days_left": None,
+        "reason": None,
     }
     if first is None or not count or not spend:
+        forecast["reason"] = f"no settled spend in the last {_days(days)}"
         return forecast
     effective = max(start, first)
     forecast["window_start"] = effective.isoformat()
+    forecast["window_from_first_charge"] = first > start
     elapsed_days = (now - effective).total_seconds() / _DAY
-    if elapsed_days <= 0:
+    if elapsed_days < MIN_FORECAST_HISTORY_DAYS:
+        forecast["reason"] = f"not enough history: settled spend spans less than {_days(MIN_FORECAST_HISTORY_DAYS)}"
         return forecast
     rate = spend / elapsed_days
     forecast["rate_per_day"] = rate
@@ -264,6 +323,10 @@ def _forecast(
     with contextlib.suppress(OverflowError):  # beyond year 9999: no date
         forecast["exhausts_at"] = (now + dt.timedelta(days=days_left)).isoformat()
     return forecast
+
+
+def _days(days: float) -> str:
+    return f"{days:g} day" if days == 1 else f"{days:g} days"
 
 
 def account_detail(
@@ -283,11 +346,15 @@ def account_detail(
       last settled charge is cut into equal time buckets, summed in SQL (``GROUP BY``); ``charges`` is the
       cumulative count. Without settled charges ``points`` is empty.
     * ``forecast``: the exhaustion date at the recent rate: settled spend created in ``[now - window_days, now]``
-      divided by the days from the later of that start and the first settled charge to ``now``. Keys: ``method``
-      (this in words), ``window_days``, ``window_start``, ``window_end``, ``window_spend``, ``window_charges``,
-      ``rate_per_day`` (unit per day, ``None`` without spend in the window), ``remaining`` (float of the exact
-      remaining budget), ``exhausted`` (bool), ``days_left`` and ``exhausts_at`` (ISO 8601 UTC; ``None`` when
-      there is no rate).
+      divided by the days from the later of that start and the first settled charge to ``now``; no rate when those
+      days are fewer than :data:`MIN_FORECAST_HISTORY_DAYS`. Keys: ``method`` (this in words), ``window_days``,
+      ``min_history_days``, ``window_start`` (the later of the two), ``window_from_first_charge`` (true when the
+      first settled charge is the later, so the window is shorter than ``window_days``), ``window_end``,
+      ``window_spend``, ``window_charges``, ``rate_per_day`` (unit per day), ``remaining`` (float of the exact
+      remaining budget), ``exhausted`` (bool), ``days_left`` and ``exhausts_at`` (ISO 8601 UTC), and ``reason``:
+      ``None`` when there is a rate, else why not in words (``"no settled spend in the last 30 days"``, ``"not
+      enough history: settled spend spans less than 1 day"``), and then ``rate_per_day``, ``days_left`` and
+      ``exhausts_at`` are ``None``.
     * ``charge_counts``: ``{state: count}`` for every state of :data:`CHARGE_STATES`, and ``total``.
 
     Args:
@@ -372,7 +439,8 @@ def account_charges(
 
     Args:
         dag_id, state: filters (``state`` one of :data:`CHARGE_STATES`).
-        since, until: creation time, ``since`` inclusive, ``until`` exclusive (naive values are UTC).
+        since, until: creation time, ``since`` inclusive, ``until`` exclusive (naive values are UTC; the app
+            passes aware UTC times, :func:`dp_operators.dashboard.app.time_window`).
         after: keyset cursor: only charges with an id above it.
         limit: page size, 1 to :data:`MAX_PAGE`.
 
@@ -440,63 +508,124 @@ def run_charges(ledger: LedgerBase | Engine | str, dag_id: str, run_id: str, *, 
 
 
 # -- releases -------------------------------------------------------------------------------------------------
-def _published_values(aggregate: dict[str, Any]) -> list[dict[str, Any]]:
-    """The aggregate's released values with their intervals: ``key`` (group-by values), ``value``,
-    ``half_width``, ``lower``, ``upper`` (``None`` on an unbounded side), ``saturated``."""
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float)  # bool is an int subclass, not a published number
+
+
+def _interval(row: dict[str, Any], published_interval: Callable[[dict[str, Any]], tuple]) -> tuple[Any, Any]:
+    """:func:`~dp_operators.release.publish.published_interval` of a published row, with ``None`` (an open side)
+    where it cannot give a bound: the bound is beyond the doubles (a value of ``10**400``, or ``1.7e308`` with a
+    half-width of ``1e308``), or the row is not what the release engine publishes (a value or half-width that is no
+    number, an interval that is not a pair). The engine writes none of these, but whoever holds the spender
+    connection can commit any plain finite JSON; the published value itself is always kept as stored."""
+    if "interval" in row:
+        interval = row["interval"]
+        if not (isinstance(interval, list) and len(interval) == 2):
+            return None, None
+        return tuple(bound if _is_number(bound) else None for bound in interval)
+    value, width = row.get("value"), row.get("half_width")
+    if not (_is_number(value) and _is_number(width)):
+        return None, None
+    try:
+        return published_interval(row)
+    except OverflowError:
+        # a side beyond the doubles: each side alone, as published_interval rounds the exact value -+ half-width
+        # (a half-width of 0 makes it round that exact number outwards)
+        sides = []
+        for exact, side in ((Fraction(value) - Fraction(width), 0), (Fraction(value) + Fraction(width), 1)):
+            try:
+                sides.append(published_interval({"value": exact, "half_width": 0})[side])
+            except OverflowError:
+                sides.append(None)
+        return sides[0], sides[1]
+
+
+def _published_values(aggregate: dict[str, Any], limit: int | None) -> tuple[list[dict[str, Any]], int]:
+    """The aggregate's first ``limit`` released values (all for ``None``) with their intervals, and how many it
+    has: each ``key`` (group-by values), ``value`` (as stored), ``half_width``, ``lower``, ``upper`` (``None`` on an
+    open side, see :func:`_interval`), ``saturated``."""
     from dp_operators.release.publish import published_interval  # the one definition of a published interval
 
-    group_by = list(aggregate.get("group_by") or [])
+    group_by = _columns(aggregate)
     rows = aggregate.get("rows")
     if rows is None:
         rows = [aggregate] if "value" in aggregate else []
+    if not isinstance(rows, list):
+        rows = []
     values = []
-    for row in rows:
-        lower, upper = published_interval(row)
+    for row in rows[:limit]:
+        row = row if isinstance(row, dict) else {}
+        lower, upper = _interval(row, published_interval)
         values.append(
             {
                 "key": {column: row.get(column) for column in group_by},
-                "value": row["value"],
+                "value": row.get("value"),
                 "half_width": row.get("half_width"),
                 "lower": lower,
                 "upper": upper,
                 "saturated": bool(row.get("saturated", False)),
             }
         )
-    return values
+    return values, len(rows)
 
 
-def release_detail(ledger: LedgerBase | Engine | str, charge_id: int) -> dict[str, Any] | None:
+def _columns(aggregate: dict[str, Any]) -> list[str]:
+    group_by = aggregate.get("group_by")
+    return [column for column in group_by if isinstance(column, str)] if isinstance(group_by, list) else []
+
+
+def release_detail(
+    ledger: LedgerBase | Engine | str, charge_id: int, *, limit: int | None = None
+) -> dict[str, Any] | None:
     """The release of charge ``charge_id``; ``None`` if there is no such charge.
 
     Returns the charge (``id``, ``account``, release key fields, ``attempt``, ``state``, ``amount``,
-    ``output_digest``, ``created_at``, ``updated_at``), ``output`` (the committed output JSON as stored, or
-    ``None`` when the charge is not committed) and ``aggregates``: per aggregate, ``{"name", "kind",
-    "mechanism", "group_by", "confidence", "values": [...]}`` with the values of :func:`_published_values`
-    (value, half-width, interval), or, for an aggregate whose rows are stored as a file, ``"rows_file"`` (its
-    ``uri``, ``sha256``, ``rows``, ``format``) and no ``values``: the dashboard does not read rows files.
+    ``output_digest``, ``created_at``, ``updated_at``), ``output`` (the committed output JSON, or ``None`` when
+    the charge is not committed), ``output_complete`` and ``aggregates``: per aggregate, ``{"name", "kind",
+    "mechanism", "group_by", "confidence", "values": [...], "values_total"}`` with the first ``limit`` values of
+    :func:`_published_values` (value, half-width, interval; first in the stored order) and how many there are,
+    or, for an aggregate whose rows are stored as a file, ``"rows_file"`` (its ``uri``, ``sha256``, ``rows``,
+    ``format``) and no ``values``: the dashboard does not read rows files. ``output`` has each aggregate's inline
+    ``rows`` cut to the same first ``limit``; ``output_complete`` is false when that cut anything, so ``output`` is
+    the committed output as stored (and hashes to ``output_digest``) exactly when it is true.
+
+    Published values are shown as stored, whatever they are (a spender can commit any plain finite JSON): a
+    bound that cannot be computed as a double is ``None``, as an open side is.
+
+    Args:
+        limit: values per aggregate, 1 to :data:`MAX_RELEASE_VALUES`; ``None``: all of them.
 
     Raises:
+        ValueError: a limit out of range.
         LedgerNotInitialisedError: the ledger has no schema (or another version).
     """
+    if limit is not None and not 1 <= limit <= MAX_RELEASE_VALUES:
+        raise ValueError(f"limit must be between 1 and {MAX_RELEASE_VALUES}, got {limit}")
     with _reading(ledger) as conn:
         row = conn.execute(_RELEASE, {"charge_id": charge_id}).first()
     if row is None:
         return None
     output = json.loads(row.output) if row.state == "committed" and row.output is not None else None
-    aggregates = []
-    for aggregate_name, aggregate in ((output or {}).get("aggregates") or {}).items():
+    stored = output.get("aggregates") if isinstance(output, dict) else None
+    aggregates, cut = [], {}
+    for aggregate_name, aggregate in (stored.items() if isinstance(stored, dict) else ()):
+        aggregate = aggregate if isinstance(aggregate, dict) else {}
         entry: dict[str, Any] = {
             "name": aggregate_name,
             "kind": aggregate.get("kind"),
             "mechanism": aggregate.get("mechanism"),
-            "group_by": list(aggregate.get("group_by") or []),
+            "group_by": _columns(aggregate),
             "confidence": output.get("confidence"),
         }
         if "rows_file" in aggregate:
             entry["rows_file"] = aggregate["rows_file"]
         else:
-            entry["values"] = _published_values(aggregate)
+            entry["values"], entry["values_total"] = _published_values(aggregate, limit)
+            if len(entry["values"]) < entry["values_total"]:
+                cut[aggregate_name] = {**aggregate, "rows": aggregate["rows"][:limit]}
         aggregates.append(entry)
+    if cut:
+        output = {**output, "aggregates": {name: cut.get(name, aggregate) for name, aggregate in stored.items()}}
     return {
         "id": row.id,
         "account": row.account,
@@ -512,5 +641,6 @@ def release_detail(ledger: LedgerBase | Engine | str, charge_id: int) -> dict[st
         "created_at": _iso(row.created_at),
         "updated_at": _iso(row.updated_at),
         "output": output,
+        "output_complete": not cut,
         "aggregates": aggregates,
     }

@@ -3,6 +3,8 @@ tampered ledger shown as such."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import threading
 from fractions import Fraction
 
@@ -10,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from dp_operators.dashboard.audit_status import SHOWN_PROBLEMS, AuditChainStatus
-from dp_operators.ledger import ReleaseKey, schema
+from dp_operators.ledger import Ledger, ReleaseKey, schema
 from ledger_backends import account_config, ledger_with
 
 
@@ -77,12 +79,49 @@ def test_a_tampered_charge_is_shown_as_problems(ledger_url):
     assert "dp_charges id=1" in shown and "does not hash to the digest" in shown and "dp_charges_guard" in shown
 
 
-def test_an_unreadable_ledger_is_an_error_not_a_crash(tmp_path):
+def test_an_unreadable_ledger_is_an_error_not_a_crash(tmp_path, caplog):
     def broken():
         raise RuntimeError("database is down\nsecond line with details")
 
-    result = AuditChainStatus(broken).wait(timeout=60)
-    assert result["state"] == "error" and result["error"] == "RuntimeError: database is down"
+    with caplog.at_level("ERROR"):
+        result = AuditChainStatus(broken).wait(timeout=60)
+    # an error of no known kind: its type and a fixed text; the message only in the log
+    assert result["state"] == "error" and result["error"] == "RuntimeError: an unexpected error"
+    assert "database is down" in caplog.text
+
+
+SECRET = "Pw-" + "5a0b" * 6
+
+
+@pytest.mark.parametrize(
+    "url, error, logged",
+    [
+        pytest.param(f"postgresql+psycopg://secret_user_y:{SECRET}@secret-host-y.invalid/secret_db_y",
+                     "OperationalError: the database refused or failed the read", "secret-host-y.invalid",
+                     id="unknown host"),
+        pytest.param(f"postgresql+psycopg://secret_user_y@127.0.0.1:1/secret_db_y?password={SECRET}",
+                     "OperationalError: the database refused or failed the read", "Connection refused",
+                     id="connection refused"),
+        pytest.param("sqlite:///{tmp}/secret_dir_y/empty.db",
+                     "LedgerNotInitialisedError: the database has no ledger schema", "has no schema", id="no schema"),
+    ],
+)
+def test_a_failed_check_shows_the_error_type_and_a_fixed_hint_never_the_message(tmp_path, caplog, url, error,
+                                                                                logged):
+    """Database errors name the host, login and database, and the schema check the URL (with a password given as a
+    query parameter): the status shows none of it; the child's traceback goes to the log."""
+    url = url.format(tmp=tmp_path)
+    if url.startswith("sqlite"):
+        (tmp_path / "secret_dir_y").mkdir()
+        sqlite3.connect(tmp_path / "secret_dir_y" / "empty.db").close()
+    ledger = Ledger(url)
+    with caplog.at_level("ERROR"):
+        result = AuditChainStatus(lambda: ledger).wait(timeout=60)
+    assert result["state"] == "error" and result["error"].startswith(error), result["error"]
+    shown = json.dumps(result)
+    assert not [s for s in (SECRET, "secret_user_y", "secret-host-y", "secret_db_y", "secret_dir_y") if s in shown]
+    assert "details" not in result  # the traceback is for the log only
+    assert logged in caplog.text
 
 
 def test_one_check_at_a_time(ledger_url):
@@ -131,3 +170,36 @@ def _die(connection):
     import os
 
     os._exit(3)
+
+
+def test_a_failed_check_is_retried_after_the_error_interval_not_the_full_one():
+    calls, clock = [], Clock()
+
+    def broken():
+        calls.append(clock.now)
+        raise RuntimeError("database is down")
+
+    status = AuditChainStatus(broken, interval=300, clock=clock, error_retry=30)
+    assert status.wait(timeout=60)["state"] == "error" and calls == [0.0]
+    clock.now = 29
+    assert status.status()["running"] is False and calls == [0.0]
+    clock.now = 31
+    status.wait(timeout=60)
+    assert calls == [0.0, 31]
+
+
+def test_recheck_makes_a_failed_check_stale_at_once_but_not_a_passed_one(ledger_url):
+    ledger, clock, calls = spent_ledger(ledger_url), Clock(), []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("database is down")
+        return ledger
+
+    status = AuditChainStatus(flaky, interval=300, clock=clock, error_retry=30)
+    assert status.wait(timeout=60)["state"] == "error"
+    status.recheck()
+    assert status.wait(timeout=60)["state"] == "ok" and len(calls) == 2  # no clock advance needed
+    status.recheck()
+    assert status.status()["running"] is False and len(calls) == 2

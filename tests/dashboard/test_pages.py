@@ -248,6 +248,65 @@ def test_anonymous_requests_get_401_and_never_open_the_ledger(ledger, auth_manag
     assert opened == []
 
 
+@pytest.mark.parametrize(
+    "path, next_url",
+    [
+        pytest.param("/", "/", id="overview"),
+        pytest.param("/accounts/a%2Fb?state=committed&limit=5", "/accounts/a%2Fb?state=committed&limit=5",
+                     id="account page with filters, as sent"),
+        pytest.param("/releases/1", "/releases/1", id="release"),
+        pytest.param("/runs/d/r%201", "/runs/d/r%201", id="run"),
+        pytest.param("/accounts//evil.example/x", "/accounts//evil.example/x", id="inner slashes stay"),
+    ],
+)
+def test_an_anonymous_page_request_gets_a_401_page_linking_to_the_login(ledger, auth_manager, path, next_url):
+    with TestClient(dashboard(ledger)) as anonymous:
+        response = anonymous.get(path)
+    assert response.status_code == 401 and response.headers["content-type"].startswith("text/html")
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+    document = parse(response.text)
+    assert document.one("h1").text() == "Log in to Airflow to see the privacy budget"
+    login = document.one("a", id="login-link").attrs["href"]
+    assert login == auth_manager.get_url_login(next_url=next_url)
+    assert urlsplit(login).path == "/auth/login" and parse_qs(urlsplit(login).query)["next"] == [next_url]
+
+
+def test_an_expired_session_on_a_page_gets_the_401_page_and_json_keeps_json(ledger, auth_manager):
+    expired = mint(auth_manager, expiration_time_in_seconds=-60)
+    with TestClient(dashboard(ledger), cookies={"_token": expired}) as client:
+        page = client.get("/accounts/census")
+        api = client.get("/api/accounts/census", headers={"Accept": "text/html"})
+    assert page.status_code == 401 and "Log in to Airflow" in page.text
+    assert api.status_code == 401 and api.headers["content-type"] == "application/json"
+    assert api.headers["WWW-Authenticate"] == "Bearer" and "detail" in api.json()
+
+
+def test_the_401_page_links_back_under_the_mount_and_only_to_this_server(ledger, auth_manager, monkeypatch):
+    from airflow.api_fastapi import app as airflow_app
+
+    def uninitialised():
+        raise RuntimeError("Auth Manager has not been initialized yet")
+
+    parent = FastAPI()
+    parent.mount(PREFIX, dashboard(ledger))
+    with TestClient(parent) as anonymous:
+        mounted = parse(anonymous.get(f"{PREFIX}/accounts/census?limit=5").text)
+        # the auth manager cannot say: Airflow's /auth/login, still with next
+        monkeypatch.setattr(airflow_app, "get_auth_manager", uninitialised)
+        fallback = parse(anonymous.get(f"{PREFIX}/accounts/census").text)
+    assert parse_qs(urlsplit(mounted.one("a", id="login-link").attrs["href"]).query)["next"] == [
+        f"{PREFIX}/accounts/census?limit=5"]
+    assert fallback.one("a", id="login-link").attrs["href"] == "/auth/login?next=%2Fdp-budget%2Faccounts%2Fcensus"
+
+
+def test_a_protocol_relative_next_is_made_a_path(ledger, auth_manager):
+    """Only a path on this server: "//host" or "/\\host" in next would send the browser to another origin."""
+    scope = {"type": "http", "path": "//evil.example/", "raw_path": b"/\\/evil.example/", "query_string": b"",
+             "headers": [], "root_path": ""}
+    next_url = parse_qs(urlsplit(pages._login_url(pages.Request(scope))).query)["next"][0]
+    assert next_url == "/evil.example/"
+
+
 def test_every_page_and_asset_route_carries_the_auth_dependency(ledger):
     from fastapi.routing import APIRoute
 
@@ -342,6 +401,32 @@ def test_account_page_summary_burn_down_forecast_and_counts(client, filled, froz
     assert (cap["x"], cap["y"]) == ([points[0]["time"], expected["exhausts_at"]], [0.5, 0.5])
 
 
+def test_a_short_history_gives_no_forecast_and_says_why(client, filled, monkeypatch):
+    """Two charges minutes apart made the page forecast exhaustion "in 10 minutes": under a day of settled
+    history the page says so in words, and the window is labelled as starting at the first settled charge."""
+    first = min(utc(c["created_at"]) for c in filled.charges(account="census") if c["state"] != "reserved")
+    now = first + dt.timedelta(minutes=6)
+    monkeypatch.setattr(queries, "account_detail", functools.partial(queries.account_detail, now=now))
+    document = get_page(client, "/accounts/census")
+    forecast = document.one("section", id="forecast")
+    text = " ".join(forecast.text().split())
+    assert "No forecast: not enough history: settled spend spans less than 1 day" in text
+    assert "a forecast needs at least 1 day of history" in text
+    assert [forecast.one(data_field=f).attrs["data-exact"] for f in ("rate_per_day", "days_left", "exhausts_at")] \
+        == ["", "", ""]
+    assert "since the first settled charge: " in text and "the last 30 days: " not in text
+    assert len(figure_of(document, "burn-down")["data"]) == 2  # spend and cap, no forecast line
+    assert client.get("/api/accounts/census").json()["forecast"]["reason"].startswith("not enough history")
+
+
+def test_a_full_window_is_labelled_the_last_days(client, filled, monkeypatch):
+    first = min(utc(c["created_at"]) for c in filled.charges(account="census") if c["state"] != "reserved")
+    monkeypatch.setattr(queries, "account_detail",
+                        functools.partial(queries.account_detail, now=first + dt.timedelta(days=3), window_days=2))
+    text = " ".join(get_page(client, "/accounts/census").one("section", id="forecast").text().split())
+    assert "the last 2 days: " in text and "since the first settled charge: " not in text
+
+
 def test_an_account_without_settled_spend_has_no_forecast(ledger_url, token):
     ledger = ledger_with(ledger_url, a=account_config("pure_dp", epsilon="1"))
     ledger.release(reserve(ledger, "a", "r1", "1/2"))
@@ -370,6 +455,10 @@ def test_an_account_without_settled_spend_has_no_forecast(ledger_url, token):
                      id="problems"),
         pytest.param(AuditStandIn(state="error", error="connection refused"), ["connection refused"], [],
                      id="error"),
+        pytest.param(AuditStandIn(events=1, charges=1, accounts=1, state="problems", problem_count=1,
+                                  problems=["x"]),
+                     ["found 1 problem:", "1 audit event, 1 charge and 1 account read"],
+                     ["1 accounts", "1 charges", "1 audit events", "1 problems"], id="singulars"),
     ],
 )
 def test_account_page_shows_the_audit_chain_status(filled, token, audit, shown, hidden):
@@ -383,6 +472,31 @@ def test_account_page_shows_the_audit_chain_status(filled, token, audit, shown, 
     for words in hidden:
         assert words not in text
     assert "<b>broken</b>" not in response.text  # problem lines are text, escaped
+
+
+@pytest.mark.parametrize(
+    "audit, shown",
+    [
+        pytest.param(AuditStandIn(state="pending", checked_at=None), "Audit chain: the first check is running",
+                     id="pending"),
+        pytest.param(AuditStandIn(), "Audit chain: no problems (structural check of the whole ledger, "
+                     "2025-03-01 12:00:00 UTC); details on each account's page.", id="ok"),
+        pytest.param(AuditStandIn(state="problems", problem_count=1, problems=["x"]), "Audit chain: 1 problem (",
+                     id="one problem"),
+        pytest.param(AuditStandIn(state="error", error="connection refused"),
+                     "Audit chain: the check could not read the ledger", id="error"),
+    ],
+)
+def test_overview_shows_the_audit_chain_status_line(filled, token, audit, shown):
+    with TestClient(dashboard(filled, audit), headers=bearer(token)) as test_client:
+        document = get_page(test_client, "/")
+        line = document.one("p", id="audit-chain-status")
+        assert line.attrs["data-state"] == audit.result["state"]
+        assert shown in " ".join(line.text().split())
+        if audit.result["state"] != "pending":
+            details = line.one("a", id="audit-chain-link").attrs["href"]
+            target = parse(test_client.get(details.split("#")[0]).text)
+            assert details.endswith("#audit-chain") and target.one("section", id="audit-chain")
 
 
 def test_account_page_reads_the_apps_own_audit_status(filled, token):
@@ -494,9 +608,45 @@ def test_invalid_filters_get_a_422_page(ledger, token, params):
         document = get_page(test_client, "/accounts/census_adult", 422, **params)
         problems = document.one("ul", class_="problems").text()
         assert any(name in problems for name in params), problems
+        # the refused value, and the format the parameter takes
+        if len(params) == 1:
+            [(field, value)] = params.items()
+            assert repr(value) in problems and pages.FILTER_FORMATS[field] in problems, problems
+        # the form again with the values as given, and the way back to the account's page
+        form = document.one("form", id="charge-filters")
+        for name in ("dag_id", "since", "until", "limit"):
+            assert form.one("input", name=name).attrs["value"] == params.get(name, ""), name
+        assert document.one("a", id="account-link").attrs["href"] == "/accounts/census_adult"
         # the JSON API keeps FastAPI's JSON answer
         api = test_client.get("/api/accounts/census_adult/charges", params=params)
         assert api.status_code == 422 and api.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize(
+    "params, said",
+    [
+        pytest.param({"since": "last tuesday"}, "since: 'last tuesday' is not valid (Input should be a valid "
+                     "datetime", id="since"),
+        pytest.param({"since": "last tuesday"}, "give an ISO 8601 time such as 2025-01-31T00:00Z or a date "
+                     "2025-01-31", id="since's format"),
+        pytest.param({"after": "x"}, "after: 'x' is not valid", id="after"),
+        pytest.param({"after": "x"}, "give the previous page's next_after id", id="after's meaning"),
+        pytest.param({"limit": "501"}, "give a whole number from 1 to 500", id="limit's range"),
+        pytest.param({"since": "2025-02-01", "until": "2025-01-01"}, "since (2025-02-01T00:00:00+00:00) is after "
+                     "until (2025-01-01T00:00:00+00:00)", id="since after until"),
+    ],
+)
+def test_the_422_page_says_what_was_wrong_and_the_format(ledger, token, params, said):
+    with TestClient(dashboard(ledger), headers=bearer(token)) as test_client:
+        document = get_page(test_client, "/accounts/census_adult", 422, **params)
+    assert said in " ".join(document.one("ul", class_="problems").text().split())
+
+
+def test_a_refused_account_name_gets_no_form_or_link_back(ledger, token):
+    with TestClient(dashboard(ledger), headers=bearer(token)) as test_client:
+        document = get_page(test_client, "/accounts/" + "n" * 201, 422)
+    assert "name:" in document.one("ul", class_="problems").text()
+    assert not document.all("form") and not document.all("a", id="account-link")
 
 
 def test_unknown_account_release_and_bad_ids_get_error_pages(client):
@@ -596,6 +746,139 @@ def test_release_chart_markers_point_to_the_open_side(count, symbols):
     aggregate["values"][2]["lower"] = aggregate["values"][2]["upper"] = None
     marker = charts.release_figure(aggregate)["data"][0]["marker"]["symbol"]
     assert marker[:3] == symbols and set(marker[3:]) <= {"circle"}
+
+
+def commit_release(ledger, aggregates: dict, confidence=0.95) -> int:
+    """Commit a release of ``aggregates`` in account ``census`` of ``ledger`` (run ``big``); its charge id."""
+    ledger.commit(reserve(ledger, "census", "big", "1/1000"),
+                  {"release": "big", "confidence": confidence, "aggregates": aggregates})
+    return charge_id(ledger, "census", "big")
+
+
+def test_a_release_page_draws_its_first_aggregates_and_links_the_others(filled, token):
+    count = pages.MAX_SHOWN_AGGREGATES + 5
+    aggregates = {f"a{i:02d} <{i}>": {"kind": "count", "mechanism": "discrete_laplace", "group_by": ["k"],
+                                      "rows": [{"k": f"k{j}", "value": j, "half_width": 1.5} for j in range(3)]}
+                  for i in range(count)}
+    release = commit_release(filled, aggregates)
+    names = sorted(aggregates)  # the ledger stores canonical JSON: keys sorted
+    with TestClient(dashboard(filled), headers=bearer(token)) as client:
+        document = get_page(client, f"/releases/{release}")
+        shown = [section.one("h2").text() for section in document.all("section", class_="aggregate")]
+        assert shown == names[:pages.MAX_SHOWN_AGGREGATES]
+        assert len(document.all("script", type="application/json")) == pages.MAX_SHOWN_AGGREGATES
+        more = document.one("section", id="more-aggregates")
+        assert f"published {count} aggregates; this page draws the first {pages.MAX_SHOWN_AGGREGATES}" in (
+            " ".join(more.text().split()))
+        listed = more.all("a")
+        assert [a.text() for a in listed] == names[pages.MAX_SHOWN_AGGREGATES:]
+        # each link opens that aggregate alone, drawn, with a link back to the whole release
+        alone = get_page(client, listed[-1].attrs["href"])
+        assert [s.one("h2").text() for s in alone.all("section", class_="aggregate")] == [names[-1]]
+        assert figure_of(alone, "release-chart-1")["data"][0]["x"] == ["k0", "k1", "k2"]
+        assert alone.one(id="one-aggregate").one("a").attrs["href"] == f"/releases/{release}"
+        assert alone.all("section", id="more-aggregates") == []
+        assert "has no aggregate 'nope'" in get_page(client, f"/releases/{release}", 404, aggregate="nope").text()
+        blank = get_page(client, f"/releases/{release}", aggregate="")
+        assert len(blank.all("section", class_="aggregate")) == pages.MAX_SHOWN_AGGREGATES
+
+
+@pytest.mark.parametrize(
+    "row, value_shown",
+    [
+        pytest.param({"value": 10**400, "half_width": 1.5}, str(10**400), id="an integer beyond the doubles"),
+        pytest.param({"value": 1.7e308, "half_width": 1e308}, "1.7e+308", id="a double whose interval overflows"),
+    ],
+)
+def test_huge_published_values_are_shown_exactly_and_left_out_of_the_chart(filled, token, row, value_shown):
+    release = commit_release(filled, {"huge": {"kind": "sum", "group_by": ["k"], "rows": [
+        {"k": "big", **row}, {"k": "small", "value": 5, "half_width": 1.5}]}})
+    with TestClient(dashboard(filled), headers=bearer(token)) as client:
+        api = client.get(f"/api/releases/{release}")
+        document = get_page(client, f"/releases/{release}")
+    assert api.status_code == 200
+    big, small = api.json()["aggregates"][0]["values"]
+    assert big["value"] == row["value"] and big["upper"] is None  # exact as stored; the bound is open
+    assert json.loads(api.text)["output"]["aggregates"]["huge"]["rows"][0]["value"] == row["value"]
+    cells = document.one("tbody").all("tr")[0]
+    assert (cells.one("td", data_field="value").text(), cells.one("td", data_field="upper").text()) == (
+        value_shown, "-")
+    assert cells.one("td", data_field="value").attrs["data-exact"] == json.dumps(row["value"])
+    figure = figure_of(document, "release-chart-1")
+    # beyond what plotly.js plots: not drawn, and the chart says so
+    assert figure["data"][0]["x"] == ["small"]
+    assert [a["text"] for a in figure["layout"]["annotations"]] == [
+        "1 of 2 values not drawn: no number, or beyond ±1.8e+304, which a chart cannot plot (the table shows them)"]
+
+
+@pytest.mark.parametrize(
+    "value, lower, upper, drawn",
+    [
+        pytest.param(1e300, 1e300 - 1e298, None, True, id="large, open above: drawn, pointing up"),
+        pytest.param(-charts.PLOTTABLE, None, 0.0, True, id="at the plottable limit"),
+        pytest.param(2e304, 1e304, None, False, id="beyond plotly.js's limit"),
+        pytest.param(1.0, -1e305, 2.0, False, id="a closed bound beyond the limit"),
+        pytest.param(10**400, None, None, False, id="an integer beyond the doubles"),
+        pytest.param("12", 11.0, 13.0, False, id="a text value"),
+        pytest.param(True, 0.0, 2.0, False, id="a boolean"),
+    ],
+)
+def test_release_charts_leave_out_what_plotly_cannot_plot_and_say_so(value, lower, upper, drawn):
+    aggregate = {"name": "x", "group_by": ["k"], "confidence": 0.95, "values": [
+        {"key": {"k": "odd"}, "value": value, "lower": lower, "upper": upper},
+        {"key": {"k": "plain"}, "value": 5, "lower": 4.0, "upper": 6.0}]}
+    figure = charts.release_figure(aggregate)
+    [trace] = figure["data"]
+    json.dumps(figure, allow_nan=False)  # JSON a browser parses: no Infinity, no NaN
+    if drawn:
+        assert trace["x"] == ["odd", "plain"] and "annotations" not in figure["layout"]
+        above = None if upper is None else upper - value
+        assert trace["error_y"]["array"] == [above, 1.0]
+        assert trace["marker"]["symbol"][0] == {(False, True): "triangle-up", (True, False): "triangle-down"}[
+            (lower is None, upper is None)]
+    else:
+        assert trace["x"] == ["plain"] and trace["y"] == [5]
+        assert figure["layout"]["annotations"][0]["text"].startswith("1 of 2 values not drawn")
+
+
+def test_a_release_of_any_shape_has_a_page(filled, token):
+    """What no release engine writes but a spender can commit: the page and the JSON answer, showing what is
+    stored as text."""
+    release = commit_release(filled, {
+        "text_values": {"kind": {"not": "a kind"}, "group_by": ["k"], "rows": [
+            {"k": "a", "value": "<b>12</b>", "half_width": "wide"}, {"k": "b", "value": None}, 5,
+            {"k": "c", "value": 1, "half_width": 1, "interval": "open"}]},
+        "rows_not_a_list": {"group_by": ["k"], "rows": 5},
+        "rows_file_not_a_dict": {"group_by": [], "rows_file": "somewhere"},
+        "not_a_dict": [1, 2],
+    }, confidence="high")
+    with TestClient(dashboard(filled), headers=bearer(token)) as client:
+        assert client.get(f"/api/releases/{release}").status_code == 200
+        document = get_page(client, f"/releases/{release}")
+    assert [td.text() for td in document.all("td", data_field="value")] == ["<b>12</b>", "-", "-", "1"]
+    figure = figure_of(document, "release-chart-4")  # text_values (last, keys sorted): only the number drawn
+    assert figure["data"][0]["x"] == ["c"] and "3 of 4 values not drawn" in figure["layout"]["annotations"][0]["text"]
+    assert "% confidence" not in document.text()
+
+
+def test_figures_carry_no_template_and_the_script_sets_one(client, filled):
+    from pathlib import Path
+
+    document = get_page(client, f"/releases/{charge_id(filled, 'census', 'r1')}")
+    for script in document.all("script", type="application/json"):
+        assert "template" not in json.loads(script.text())["layout"]
+    overview = json.loads(get_page(client, "/").one("script", type="application/json").text())
+    assert "template" not in overview["layout"]
+    script = (Path(pages.__file__).parent / "static" / "dashboard.js").read_text()
+    assert "template: TEMPLATE" in script and '"#EBF0F8"' in script  # plotly_white's grid, set once
+
+
+def test_pages_and_json_say_no_store_and_the_assets_keep_their_caching(client, filled):
+    for path in ("/", "/accounts/census", f"/releases/{charge_id(filled, 'census', 'r1')}", "/runs/d/r1",
+                 "/accounts/nope", "/accounts/census?limit=0", "/api/accounts", "/static/nothing.js"):
+        assert client.get(path).headers["cache-control"] == "no-store", path
+    for name in ("plotly.min.js", "dashboard.js", "dashboard.css"):
+        assert client.get(f"/static/{name}").headers["cache-control"] == "private, max-age=86400"
 
 
 @pytest.mark.parametrize("state", ["released", "abandoned", "reserved"])

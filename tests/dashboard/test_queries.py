@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import datetime as dt
 from fractions import Fraction
@@ -139,8 +140,41 @@ def test_forecast_at_a_known_rate(small):
     assert abs((exhausts - now).total_seconds() - forecast["days_left"] * 86_400) < 1
     assert forecast["remaining"] == float(remaining) and not forecast["exhausted"]
     # a month and more later nothing was spent in the window: no rate, no date
+    assert forecast["reason"] is None
+    assert forecast["window_from_first_charge"] is True and forecast["window_start"] == first.isoformat()
     later = queries.account_detail(small, "a", now=first + dt.timedelta(days=45))["forecast"]
     assert later["rate_per_day"] is None and later["exhausts_at"] is None and later["window_charges"] == 0
+    assert later["reason"] == "no settled spend in the last 30 days"
+
+
+@pytest.mark.parametrize(
+    "history, forecast_given",
+    [
+        pytest.param(dt.timedelta(minutes=6), False, id="6 minutes: no forecast"),
+        pytest.param(dt.timedelta(days=1) - dt.timedelta(seconds=1), False, id="a second short of a day"),
+        pytest.param(dt.timedelta(days=1), True, id="a day: forecast"),
+    ],
+)
+def test_a_forecast_needs_a_day_of_settled_history(small, history, forecast_given):
+    """Minutes of spend extrapolated to a daily rate forecast exhaustion within the hour: below
+    MIN_FORECAST_HISTORY_DAYS there is no rate, and ``reason`` says why."""
+    assert queries.MIN_FORECAST_HISTORY_DAYS == 1.0
+    first = min(utc(c["created_at"]) for c in settled(small))  # the fixture's charges are seconds apart
+    forecast = queries.account_detail(small, "a", now=first + history)["forecast"]
+    assert forecast["window_charges"] == 4 and forecast["window_start"] == first.isoformat()
+    assert forecast["window_from_first_charge"] is True and forecast["min_history_days"] == 1.0
+    if forecast_given:
+        assert forecast["reason"] is None and forecast["rate_per_day"] == pytest.approx(forecast["window_spend"])
+        assert forecast["days_left"] > 0 and forecast["exhausts_at"]
+    else:
+        assert (forecast["rate_per_day"], forecast["days_left"], forecast["exhausts_at"]) == (None, None, None)
+        assert forecast["reason"] == "not enough history: settled spend spans less than 1 day"
+
+
+def test_a_window_full_of_history_is_not_from_the_first_charge(small):
+    first = min(utc(c["created_at"]) for c in settled(small))
+    forecast = queries.account_detail(small, "a", now=first + dt.timedelta(days=20), window_days=5)["forecast"]
+    assert forecast["window_from_first_charge"] is False and forecast["reason"] == "no settled spend in the last 5 days"
 
 
 def test_no_spend_no_forecast(ledger_url):
@@ -223,6 +257,92 @@ def test_release_detail_values_and_intervals(small):
     assert by_name["capped"]["values"][0]["upper"] is None and by_name["capped"]["values"][0]["saturated"]
     assert by_name["large"]["rows_file"] == OUTPUT["aggregates"]["large"]["rows_file"]
     assert "values" not in by_name["large"] and by_name["by_sex"]["confidence"] == 0.95
+
+
+def test_release_detail_lists_the_first_values_up_to_a_limit(ledger_url):
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", epsilon="10", dags=("d",)))
+    output = {"release": "r", "confidence": 0.9, "aggregates": {
+        "many": {"kind": "count", "group_by": ["k"],
+                 "rows": [{"k": f"k{i}", "value": i, "half_width": 1.0} for i in range(5)]},
+        "one": {"kind": "sum", "group_by": [], "value": 7, "half_width": 0.5},
+        "file": {"kind": "count", "group_by": ["k"], "rows_file": {"uri": "file:///r", "rows": 9}},
+    }}
+    ledger.commit(reserve(ledger, "r1", "1/3", account="a"), output)
+    charge = next(iter(ledger.charges(account="a")))["id"]
+    whole = queries.release_detail(ledger, charge)
+    assert whole["output"] == output and whole["output_complete"] is True
+    # in the stored order (the ledger stores canonical JSON: keys sorted)
+    assert [(a["name"], len(a.get("values", [])), a.get("values_total")) for a in whole["aggregates"]] == [
+        ("file", 0, None), ("many", 5, 5), ("one", 1, 1)]
+    cut = queries.release_detail(ledger, charge, limit=2)
+    many = cut["aggregates"][1]
+    assert [v["key"]["k"] for v in many["values"]] == ["k0", "k1"] and many["values_total"] == 5
+    assert cut["output_complete"] is False
+    # the output's rows cut the same way; everything else as stored
+    assert cut["output"] == {**output, "aggregates": {**output["aggregates"], "many": {
+        **output["aggregates"]["many"], "rows": output["aggregates"]["many"]["rows"][:2]}}}
+    assert queries.release_detail(ledger, charge, limit=5)["output"] == output
+    assert queries.release_detail(ledger, charge, limit=queries.MAX_RELEASE_VALUES)["output_complete"] is True
+    for bad in (0, queries.MAX_RELEASE_VALUES + 1):
+        with pytest.raises(ValueError, match="limit must be between 1 and 10000"):
+            queries.release_detail(ledger, charge, limit=bad)
+
+
+@pytest.mark.parametrize(
+    "row, lower, upper",
+    [
+        pytest.param({"value": 10**400, "half_width": 1.5}, None, None, id="an integer beyond the doubles"),
+        pytest.param({"value": 1.7e308, "half_width": 1e308}, "below", None, id="only the upper bound overflows"),
+        pytest.param({"value": -1.7e308, "half_width": 1e308}, None, "above", id="only the lower bound overflows"),
+        pytest.param({"value": 2**53 + 1, "half_width": 0.5}, 9007199254740992.0, 9007199254740994.0,
+                     id="an exact integer above 2^53: bounds rounded outwards"),
+        pytest.param({"value": "12", "half_width": 1.5}, None, None, id="a value that is no number"),
+        pytest.param({"value": True, "half_width": 1.5}, None, None, id="a boolean value"),
+        pytest.param({"value": 3}, None, None, id="no half-width"),
+        pytest.param({"value": 3, "interval": [1, 10**400]}, 1, 10**400, id="a stored interval, kept as stored"),
+        pytest.param({"value": 3, "interval": "wide"}, None, None, id="an interval that is not a pair"),
+    ],
+)
+def test_published_values_beyond_the_doubles_or_of_no_number_have_open_bounds(ledger_url, row, lower, upper):
+    """A spender can commit any plain finite JSON: the value is kept as stored, a bound that cannot be computed as
+    a double is None (open); a bound that can is the one published_interval gives."""
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", epsilon="10", dags=("d",)))
+    ledger.commit(reserve(ledger, "r1", "1/3", account="a"),
+                  {"aggregates": {"x": {"kind": "sum", "group_by": [], **row}}})
+    charge = next(iter(ledger.charges(account="a")))["id"]
+    [value] = queries.release_detail(ledger, charge)["aggregates"][0]["values"]
+    assert value["value"] == row["value"] and type(value["value"]) is type(row["value"])
+    # "below"/"above": the double next to the exact value -+ half-width, on the outer side (rounded outwards)
+    exact = {"below": Fraction(row["value"]) - Fraction(row.get("half_width", 0)),
+             "above": Fraction(row["value"]) + Fraction(row.get("half_width", 0))}
+    if lower == "below":
+        assert Fraction(value["lower"]) <= exact["below"] < Fraction(math.nextafter(value["lower"], math.inf))
+        lower = value["lower"]
+    if upper == "above":
+        assert Fraction(math.nextafter(value["upper"], -math.inf)) < exact["above"] <= Fraction(value["upper"])
+        upper = value["upper"]
+    assert (value["lower"], value["upper"]) == (lower, upper)
+
+
+def test_a_release_of_any_shape_has_a_detail(ledger_url):
+    """Outputs no release engine writes (rows that are no list or no dicts, a group-by that is no list) still give
+    a detail: what can be read is, the rest is empty."""
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", epsilon="10", dags=("d",)))
+    odd = {"confidence": "high", "aggregates": {
+        "rows_not_a_list": {"group_by": ["k"], "rows": 5},
+        "rows_not_dicts": {"group_by": ["k", 7, None], "rows": [3, {"k": "a", "value": 1, "half_width": 1}]},
+        "group_by_a_string": {"group_by": "k", "rows": [{"k": "a", "value": 1, "half_width": 1}]},
+        "not_a_dict": [1, 2],
+    }}
+    ledger.commit(reserve(ledger, "r1", "1/3", account="a"), odd)
+    charge = next(iter(ledger.charges(account="a")))["id"]
+    detail = queries.release_detail(ledger, charge)
+    assert detail["output"] == odd
+    by_name = {a["name"]: a for a in detail["aggregates"]}
+    assert by_name["rows_not_a_list"]["values"] == [] and by_name["not_a_dict"]["values"] == []
+    assert [v["value"] for v in by_name["rows_not_dicts"]["values"]] == [None, 1]
+    assert by_name["rows_not_dicts"]["group_by"] == ["k"] and by_name["group_by_a_string"]["group_by"] == []
+    assert queries.release_detail(ledger, charge, limit=1)["output"]["aggregates"]["rows_not_dicts"]["rows"] == [3]
 
 
 def test_release_detail_of_uncommitted_and_unknown_charges(small):

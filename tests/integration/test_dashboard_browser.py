@@ -125,10 +125,13 @@ def open_page(tab, path: str, server: DashboardServer, *, charts: list[str]) -> 
         assert any(url.startswith(f"{server.base}/dp-budget/static/plotly.min.js") for url in tab.requested)
 
 
-def screenshot(tab, name: str) -> None:
-    """The whole page as PNG, and its first screen as a small JPEG (the README's pictures are copies of these)."""
+def screenshot(tab, name: str, focus: str | None = None) -> None:
+    """The whole page, and one screen of it (from the element ``focus`` if given): the README's
+    pictures are copies of the ``-small`` ones."""
     tab.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
-    tab.screenshot(path=str(SCREENSHOTS / f"{name}-small.jpg"), type="jpeg", quality=70)
+    if focus is not None:
+        tab.locator(focus).first.scroll_into_view_if_needed()
+    tab.screenshot(path=str(SCREENSHOTS / f"{name}-small.png"), scale="css")
 
 
 def shown(value) -> str:
@@ -237,7 +240,7 @@ def test_account_page_shows_summary_burn_down_audit_and_charges(page, server, le
         assert row.locator("[data-field='mechanisms']").inner_text().strip() == \
             "discrete_gaussian, discrete_laplace"
     assert page.locator("#next-page").count() == 0
-    screenshot(page, "account")
+    screenshot(page, "account", focus="#burn-down")
 
 
 def test_account_page_filters_and_pages_charges(page, server, ledger):
@@ -284,7 +287,7 @@ def test_release_page_shows_the_published_values(page, server, ledger):
             assert_cells(cells, {"value": (exact(row["value"]), shown(row["value"])),
                                  "half_width": (exact(row["half_width"]), shown(row["half_width"])),
                                  "lower": (exact(lower), shown(lower)), "upper": (exact(upper), shown(upper))})
-    screenshot(page, "release")
+    screenshot(page, "release", focus="#release-chart-2")
 
 
 def test_dag_run_view_lists_the_runs_charges(page, server, ledger):
