@@ -16,34 +16,8 @@ from dp_operators.dashboard import queries
 from dp_operators.ledger import ReleaseKey, schema
 from dp_operators.ledger.errors import LedgerNotInitialisedError
 from ledger_backends import account_config, ledger_with
+from dashboard_data import MECHANISMS, OUTPUT
 from support import make_ledger
-
-MECHANISMS = [
-    {"mechanism": "discrete_laplace", "scale": 10.0},
-    {"mechanism": "discrete_gaussian", "sigma": 3.0},
-    {"mechanism": "discrete_laplace", "scale": 5.0},
-]
-
-OUTPUT = {
-    "release": "r",
-    "confidence": 0.95,
-    "aggregates": {
-        "by_sex": {
-            "kind": "count", "mechanism": "discrete_laplace", "group_by": ["sex"],
-            "rows": [{"sex": "F", "value": 10, "half_width": 3.0}, {"sex": "M", "value": 12, "half_width": 3.0}],
-        },
-        "total": {"kind": "count", "mechanism": "discrete_laplace", "group_by": [], "value": 22, "half_width": 1.5},
-        "capped": {
-            "kind": "sum", "mechanism": "discrete_laplace", "group_by": ["k"],
-            "rows": [{"k": "a", "value": 100, "half_width": None, "saturated": True, "interval": [90.0, None]}],
-        },
-        "large": {
-            "kind": "count", "mechanism": "discrete_laplace", "group_by": ["k"],
-            "rows_file": {"uri": "file:///x~rows/abc.parquet", "sha256": "ab" * 32, "rows": 10**6,
-                          "format": "parquet"},
-        },
-    },
-}
 
 
 def key(run: str, dag: str = "d") -> ReleaseKey:

@@ -31,21 +31,10 @@ from dp_operators.dashboard.audit_status import AuditChainStatus
 from dp_operators.ledger import Ledger, LedgerConfig, LedgerGovernor, ReleaseKey, schema
 from dp_operators.ledger.roles import apply_roles
 from dashboard_auth import bearer, mint
+from dashboard_data import MECHANISMS, OUTPUT
 from ledger_backends import account_config, pg_roles  # noqa: F401  (pg_roles: a fixture)
 from support import GOVERNOR_KEY, SPEND_KEY
 
-MECHANISMS = [{"mechanism": "discrete_laplace", "scale": 10.0}, {"mechanism": "discrete_gaussian", "sigma": 3.0}]
-OUTPUT = {
-    "release": "r",
-    "confidence": 0.95,
-    "aggregates": {
-        "by_sex": {
-            "kind": "count", "mechanism": "discrete_laplace", "group_by": ["sex"],
-            "rows": [{"sex": "F", "value": 10, "half_width": 3.0}, {"sex": "M", "value": 12, "half_width": 3.0}],
-        },
-        "total": {"kind": "count", "mechanism": "discrete_laplace", "group_by": [], "value": 22, "half_width": 1.5},
-    },
-}
 #: The forecast's reference time: fixed, so two calls of account_detail can be compared field by field.
 NOW = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
 ROLES = [pytest.param("reader", id="reader role"), pytest.param("spender", id="spender role")]
