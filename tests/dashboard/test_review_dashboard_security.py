@@ -8,9 +8,9 @@ tricks, SQL injection and oversized requests, answer no unhandled 500 to a clien
 and run at most one audit-chain check at a time.
 
 Each test is a defence that holds. The tests whose docstrings begin "Was a hole" failed when the review was written
-(each says what the hole was); they pin the fixes. Requests carry real Airflow JWTs from the simple auth manager (``dashboard_auth.mint``); ledgers
-are real, on SQLite and PostgreSQL (``ledger_url``). The tests at the end (``integration``) drive a real
-``airflow api-server`` with Debian's Chromium.
+(each says what the hole was); they pin the fixes. Requests carry real Airflow JWTs from the simple auth manager
+(``dashboard_auth.mint``); ledgers are real, on SQLite and PostgreSQL (``ledger_url``). The tests at the end
+(``integration``) drive a real ``airflow api-server`` with Debian's Chromium.
 """
 
 from __future__ import annotations
@@ -166,27 +166,32 @@ ANONYMOUS_PATHS = [
 ]
 
 
+ANONYMOUS_CREDENTIALS = {
+    "no credentials": {}, "garbage bearer": {"Authorization": "Bearer x.y.z"},
+    "garbage cookie": {"Cookie": "_token=x.y.z"}, "basic auth": {"Authorization": "Basic b2ZmaWNlcjpwYXNzd29yZA=="},
+}
+
+
 @pytest.mark.parametrize("path", ANONYMOUS_PATHS)
-@pytest.mark.parametrize("how", ["no credentials", "garbage bearer", "garbage cookie", "basic auth"])
-def test_anonymous_gets_401_on_every_route_and_never_reaches_the_ledger(hostile, auth_manager, path, how):
-    headers = {"no credentials": {}, "garbage bearer": {"Authorization": "Bearer x.y.z"},
-               "garbage cookie": {"Cookie": "_token=x.y.z"},
-               "basic auth": {"Authorization": "Basic b2ZmaWNlcjpwYXNzd29yZA=="}}[how]
-    opened: list = []
-    with TestClient(mounted(dashboard(hostile, audit=True, opened=opened)), raise_server_exceptions=False) as client:
-        response = client.get(PREFIX + path, headers=headers, follow_redirects=False)
-    # a path no route matches gets the router's bare 404 (nothing served, nothing read)
-    assert response.status_code == 401 or (response.status_code, response.text) == (404, '{"detail":"Not Found"}'), (
-        path, response.status_code, response.text[:300])
-    assert opened == []
-    # a page's 401 links to Airflow's login with next = the requested path (as sent): the one echo allowed
-    text = response.text
-    login = re.search(r'<a id="login-link" href="([^"]*)"', text)
-    if login is not None:
-        next_url = parse_qs(urlsplit(html.unescape(login.group(1))).query)["next"]
-        assert next_url == [PREFIX + path], (next_url, path)
-        text = text.replace(login.group(0), "")
-    assert "census" not in text and "PWN" not in text
+def test_anonymous_gets_401_on_every_route_and_never_reaches_the_ledger(hostile, auth_manager, path):
+    # one ledger per path, every kind of missing or bad credential against it (the ledger is never opened)
+    for how, headers in ANONYMOUS_CREDENTIALS.items():
+        opened: list = []
+        app = mounted(dashboard(hostile, audit=True, opened=opened))
+        with TestClient(app, raise_server_exceptions=False) as client:
+            response = client.get(PREFIX + path, headers=headers, follow_redirects=False)
+        # a path no route matches gets the router's bare 404 (nothing served, nothing read)
+        assert response.status_code == 401 or (response.status_code, response.text) == (
+            404, '{"detail":"Not Found"}'), (how, path, response.status_code, response.text[:300])
+        assert opened == [], how
+        # a page's 401 links to Airflow's login with next = the requested path (as sent): the one echo allowed
+        text = response.text
+        login = re.search(r'<a id="login-link" href="([^"]*)"', text)
+        if login is not None:
+            next_url = parse_qs(urlsplit(html.unescape(login.group(1))).query)["next"]
+            assert next_url == [PREFIX + path], (how, next_url, path)
+            text = text.replace(login.group(0), "")
+        assert "census" not in text and "PWN" not in text, how
 
 
 def test_a_user_without_ui_access_gets_403_on_pages_api_and_assets(hostile, auth_manager):
@@ -490,11 +495,12 @@ JUNK_PARAMETERS = "&".join(format(i, "x") for i in range(13_000))
 
 @pytest.mark.parametrize("path", ["/accounts/census", "/api/accounts/census/charges"])
 def test_unknown_query_parameters_cost_a_viewer_no_more_than_a_second(hostile, token, path):
-    """Was a hole (DoS by any viewer): FastAPI's ``request_params_to_args`` (fastapi/dependencies/utils.py) collects every
-    query parameter a route does not declare with ``received_params.getlist(key)``, and Starlette's ``getlist``
+    """Was a hole (DoS by any viewer): FastAPI's ``request_params_to_args`` (fastapi/dependencies/utils.py) collects
+    every query parameter a route does not declare with ``received_params.getlist(key)``, and Starlette's ``getlist``
     scans the whole list: quadratic in the number of parameters. 13,000 distinct unknown parameters in a 60 KB
     query string (the api-server's uvicorn/httptools accepts up to 64 KB) keep a worker busy for seconds (5 to 10
-    s here) holding the GIL, so the whole api-server worker stalls; a few such requests at once stall Airflow. Only routes with query parameters are hit (the charges JSON and the
+    s here) holding the GIL, so the whole api-server worker stalls; a few such requests at once stall Airflow. Only
+    routes with query parameters are hit (the charges JSON and the
     account page); anonymous requests stop at the auth dependency first. Fix: a small middleware on the dashboard
     app that answers 414 to a query string over a few KB (the longest legitimate one is ``dag_id`` of 250
     characters plus five short filters), or to more than, say, 20 parameters."""
@@ -1006,7 +1012,9 @@ def test_real_server_the_login_cookie_opens_the_dashboard_in_airflows_iframe(air
         inner = next(f for f in tab.frames if "/dp-budget/" in f.url)
         # allow-scripts with allow-same-origin: the dashboard's document can reach Airflow's own window, so the
         # iframe is no isolation; the dashboard's CSP and escaping are the only defence of the Airflow session
-        reaches_parent = inner.evaluate("() => { try { return window.parent.location.pathname } catch (e) { return null } }")
+        reaches_parent = inner.evaluate(
+            "() => { try { return window.parent.location.pathname } catch (e) { return null } }"
+        )
         print(f"iframe sandbox={sandbox!r}; the framed dashboard reads the parent's location: {reaches_parent!r}")
         assert "allow-same-origin" in sandbox and "allow-scripts" in sandbox
         assert violations == [] and errors == [], (violations, errors)
