@@ -303,12 +303,8 @@ def time_window(
 
 
 def _utc(moment: dt.datetime | None, name: str) -> dt.datetime | None:
-    if moment is None:
-        return None
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=dt.timezone.utc)
     try:
-        return moment.astimezone(dt.timezone.utc)
+        return queries.as_utc(moment)
     except OverflowError:
         raise ValueError(
             f"{name} ({moment.isoformat()}) is outside the years 1 to 9999 in UTC: give a time within them"

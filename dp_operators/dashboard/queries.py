@@ -210,15 +210,20 @@ def _reading(ledger: LedgerBase | Engine | str) -> Iterator[Connection]:
             base._reader.dispose()
 
 
-def _utc(value: dt.datetime | None) -> dt.datetime | None:
-    """Aware UTC (a naive value is taken as UTC: SQLite hands stored timestamps back naive)."""
+def as_utc(value: dt.datetime | None) -> dt.datetime | None:
+    """Aware UTC (a naive value is taken as UTC: SQLite hands stored timestamps back naive, and the API takes a
+    time without an offset as UTC); ``None`` stays ``None``.
+
+    Raises:
+        OverflowError: the conversion leaves the years 1 to 9999.
+    """
     if value is None:
         return None
     return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
 
 
 def _iso(value: dt.datetime | None) -> str | None:
-    value = _utc(value)
+    value = as_utc(value)
     return None if value is None else value.isoformat()
 
 
@@ -265,7 +270,7 @@ def _burn_down(conn: Connection, name: str, max_points: int) -> tuple[list[dict[
     first, last, count = conn.execute(_SETTLED_SPAN, {"account": name}).one()
     if not count:
         return [], None
-    first, last = _utc(first), _utc(last)
+    first, last = as_utc(first), as_utc(last)
     span = (last - first).total_seconds()
     # equal buckets from the first to the last charge; bucket i holds times near t0 + i * width, so the index
     # (truncated on SQLite, rounded on PostgreSQL) runs from 0 to max_points - 1
@@ -368,7 +373,7 @@ def account_detail(
     """
     if max_points < 2:
         raise ValueError(f"max_points must be at least 2, got {max_points}")
-    now = _utc(now) or dt.datetime.now(dt.timezone.utc)
+    now = as_utc(now) or dt.datetime.now(dt.timezone.utc)
     with _reading(ledger) as conn:
         status = _status(conn, name)
         if status is None:
@@ -458,9 +463,9 @@ def account_charges(
     if state is not None:
         filters.append(_c.state == state)
     if since is not None:
-        filters.append(_c.created_at >= _utc(since))
+        filters.append(_c.created_at >= as_utc(since))
     if until is not None:
-        filters.append(_c.created_at < _utc(until))
+        filters.append(_c.created_at < as_utc(until))
     page = sa.select(*_PAGE_COLUMNS).where(*filters).order_by(_c.id).limit(limit + 1)
     if after is not None:
         page = page.where(_c.id > after)

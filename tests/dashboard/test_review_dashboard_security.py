@@ -544,7 +544,7 @@ def test_ids_beyond_the_databases_integers_are_not_a_500(hostile, token, path):
 ])
 def test_times_at_the_edge_of_the_calendar_are_not_a_500(hostile, token, params):
     """Was a hole: ``since``/``until`` with an offset that moves them past 9999-12-31 or before 0001-01-01 in UTC pass
-    pydantic's validation and ``time_window``; ``queries._utc`` then calls ``astimezone(timezone.utc)``, which
+    pydantic's validation and ``time_window``; ``queries.as_utc`` then calls ``astimezone(timezone.utc)``, which
     raises OverflowError: an unhandled 500 (JSON API and account page). Fix: convert to UTC in ``app.time_window``
     and turn the OverflowError into the same 422 as "since after until"."""
     with TestClient(dashboard(hostile), headers=bearer(token), raise_server_exceptions=False) as client:
