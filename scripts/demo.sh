@@ -23,7 +23,10 @@ done
 # Airflow home, ledger URL, keys, the ledger connection, data and output locations
 source "$ROOT/scripts/demo_env.sh"
 
-"$BIN/python" scripts/fetch_adult.py --out "$DP_OPERATORS_ADULT_CSV"
+# fetch (and verify) Adult into .data unless demo_env.sh found the team's shared copy, which is never written to
+if [ "$DP_OPERATORS_ADULT_CSV" = "$ROOT/.data/adult.csv" ]; then
+  "$BIN/python" scripts/fetch_adult.py --out "$DP_OPERATORS_ADULT_CSV"
+fi
 if [ ! -f "$AIRFLOW_HOME/airflow.db" ]; then
   echo "initialising a throwaway Airflow home in $AIRFLOW_HOME (SQLite)"
   "$BIN/airflow" db migrate > "$DEMO/airflow-init.log" 2>&1 || { cat "$DEMO/airflow-init.log"; exit 1; }

@@ -1,7 +1,8 @@
 # The demo's environment (sourced by scripts/demo.sh; source it yourself to run Airflow or dpctl by hand against
 # the demo's Airflow home and ledger, e.g. to replay a release:
 #   source scripts/demo_env.sh && airflow tasks test adult_census_release release '<run id>'
-# ). Needs the keys scripts/demo.sh makes in .demo/keys.
+# ). The release DAGs need the keys scripts/demo.sh makes in .demo/keys; adult_anonymity_check needs none:
+#   source scripts/demo_env.sh && airflow db migrate && airflow dags test adult_anonymity_check
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$ROOT/.venv/bin"
 DEMO="$ROOT/.demo"
@@ -18,5 +19,15 @@ if [ -s "$KEYS/governor.key" ] && [ -s "$KEYS/spend.key" ]; then
   export DP_LEDGER_GOVERNOR_KEY DP_LEDGER_AUDIT_KEY
   export AIRFLOW_CONN_DP_LEDGER_DEFAULT="{\"conn_type\": \"dp_ledger\", \"extra\": {\"url\": \"$DP_LEDGER_URL\", \"audit_key\": \"$DP_LEDGER_AUDIT_KEY\"}}"
 fi
-export DP_OPERATORS_ADULT_CSV="$ROOT/.data/adult.csv"
+# The Adult table: the copy `make demo` fetched (.data/adult.csv), else the team's shared copy beside the repository
+# (../shared/data/adult.csv), as the example DAGs look for it; with neither, the path `make demo` fetches to.
+if [ -f "$ROOT/.data/adult.csv" ] || [ ! -f "$ROOT/../shared/data/adult.csv" ]; then
+  export DP_OPERATORS_ADULT_CSV="$ROOT/.data/adult.csv"
+else
+  DP_OPERATORS_ADULT_CSV="$(cd "$ROOT/../shared/data" && pwd)/adult.csv"
+  export DP_OPERATORS_ADULT_CSV
+fi
+# Releases (adult_census_release and friends); anonymised microdata and its reports (adult_anonymity_check) go to
+# their own folder, beside it: `dpctl release show/verify .demo/releases` reads every JSON file there as a release.
 export DP_OPERATORS_OUTPUT_URI="file://$DEMO/releases"
+export DP_OPERATORS_OUTPUT_DIR="$DEMO/anonymity"

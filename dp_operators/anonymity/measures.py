@@ -41,7 +41,11 @@ Distance = Literal["ordered", "equal", "hierarchical"]
 
 
 def check_columns(table: pd.DataFrame, columns: Sequence[str], role: str) -> None:
-    """Refuse an empty table, unknown columns and missing values in ``columns``.
+    """Refuse an empty table, unknown columns, missing values and unhashable cells in ``columns``.
+
+    Every entry point that groups or encodes quasi-identifiers or sensitive attributes (``check_table``,
+    ``anonymise`` with either algorithm, ``mondrian``, ``encode_quasi_identifiers``, the measures here, the criteria
+    evaluator) calls this first, so bad cells are refused here, once, for all of them.
 
     Args:
         table: the microdata, shape ``(n, any)``.
@@ -49,15 +53,35 @@ def check_columns(table: pd.DataFrame, columns: Sequence[str], role: str) -> Non
         role: what the columns are (``"quasi-identifier"``, ``"sensitive attribute"``), for the message.
 
     Raises:
-        AnonymityInputError: no rows, no columns declared, a column is absent, or a column has missing values
-            (NaN/None/NaT); the message gives the column and the number of missing values.
+        AnonymityInputError: no rows, no columns declared, a column is absent (or is named by a number where the
+            spec gives text), a column name appears more than once in the table, a column has missing values
+            (NaN/None/NaT), or a column has cells that cannot be grouped (lists, dicts, sets, arrays: what
+            ``pandas.read_parquet`` returns for nested Parquet columns); the message gives the column and the number
+            of such cells, never their values.
     """
     if not columns:
         raise AnonymityInputError(f"no {role} declared")
     unknown = [c for c in columns if c not in table.columns]
     if unknown:
+        # A column named by the integer 5 prints like the spec's "5": say which, rather than list "5" as present.
+        wanted = {str(c) for c in unknown}
+        not_text = [f"{c!r} ({type(c).__name__})" for c in table.columns if not isinstance(c, str) and str(c) in wanted]
+        hint = (
+            f"; the table's column(s) {', '.join(not_text)} are not named by text, as spec names are: rename the "
+            "table's columns to text (table.columns = table.columns.map(str))"
+            if not_text
+            else ""
+        )
         raise AnonymityInputError(
-            f"unknown {role} column(s) {unknown}; the table has columns {[str(c) for c in table.columns]}"
+            f"unknown {role} column(s) {unknown}; the table has columns {[str(c) for c in table.columns]}{hint}"
+        )
+    occurrences = table.columns.value_counts()
+    repeated = [c for c in dict.fromkeys(columns) if int(occurrences.get(c, 0)) > 1]
+    if repeated:
+        raise AnonymityInputError(
+            f"{role} column(s) {repeated} appear more than once in the table (as a SQL join selecting a.x, b.x "
+            "returns), so it is ambiguous which one is meant; rename or drop the repeated columns (for example "
+            "alias them in the query)"
         )
     if len(table) == 0:
         raise AnonymityInputError("the table is empty: there is nothing to check")
@@ -65,9 +89,43 @@ def check_columns(table: pd.DataFrame, columns: Sequence[str], role: str) -> Non
         missing = int(table[column].isna().sum())
         if missing:
             raise AnonymityInputError(
-                f"{role} column {column!r} has {missing} missing value(s) (NaN/None); fill them with an explicit "
-                "value (for example '*' for a suppressed cell) or drop those rows before the check"
+                f"{role} column {column!r} has {missing} missing value(s) (NaN/None); drop those rows before the "
+                "check, or fill them with an explicit value (for example 'unknown') and, if the column has a "
+                "generalisation hierarchy or a declared order, add that value to it"
             )
+        unhashable = _unhashable_cells(table[column])
+        if unhashable:
+            raise AnonymityInputError(
+                f"{role} column {column!r} has {unhashable} cell(s) holding a list, dict, set or array (as "
+                "pandas.read_parquet returns for nested Parquet columns), which cannot be compared or grouped; "
+                "flatten the column into plain values (one column per field) or convert each cell to text"
+            )
+
+
+def _unhashable_cells(column: pd.Series) -> int:
+    """The number of cells of ``column`` that cannot be hashed (so neither grouped nor encoded): lists, dicts, sets,
+    arrays, tuples holding them, and every cell of a nested Arrow column (struct, list, map)."""
+    dtype = column.dtype
+    if isinstance(dtype, pd.ArrowDtype):
+        import pyarrow as pa  # pandas' Arrow dtypes need pyarrow, so it is installed when one is seen
+
+        return int(column.notna().sum()) if pa.types.is_nested(dtype.pyarrow_dtype) else 0
+    if dtype != object:
+        return 0
+    cells = column.to_numpy(dtype=object)
+    try:
+        pd.unique(cells)  # one hash-table pass (C speed): fine for the usual column of hashable cells
+    except TypeError:
+        return sum(1 for cell in cells if not _hashable(cell))
+    return 0
+
+
+def _hashable(cell: object) -> bool:
+    try:
+        hash(cell)
+    except TypeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

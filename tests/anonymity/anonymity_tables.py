@@ -10,6 +10,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 KANON_DIR = SHARED_DATA / "kanon"
 ADULT_CSV = SHARED_DATA / "adult.csv"
+#: ARX's adult example as ARX ships it: adult.csv (30,162 rows, ';'-separated) and adult_hierarchy_<column>.csv.
+ARX_DIR = SHARED_DATA / "arx_adult"
+ARX_QIS = ["sex", "age", "race", "marital-status", "education", "native-country", "workclass", "occupation"]
 ADULT_QIS = ["age", "sex", "race", "native_country", "education"]
 STUDENT_QIS = ["Teacher", "Gender", "Ethnic", "Freeredu", "wesson"]
 HOSPITAL_QIS = ["name", "age", "gender", "city", "religion"]
@@ -30,6 +33,18 @@ def li_patients_table() -> pd.DataFrame:
         ("4760*", "<=40", 10, "stomach cancer"),
     ]
     return pd.DataFrame(rows, columns=["zip", "age", "salary", "disease"])
+
+
+def outlier_table() -> pd.DataFrame:
+    """Nine people, shape ``(9, 3)``: ages 21..29 in two 5-year bands, four per band and two per sex in each, and one
+    85-year-old man, who is alone in every age band below ``*`` (the known answers of the anonymiser tests)."""
+    return pd.DataFrame(
+        {
+            "age": [21, 22, 23, 24, 26, 27, 28, 29, 85],
+            "sex": ["M", "M", "F", "F", "M", "M", "F", "F", "M"],
+            "income": ["low", "high", "low", "high", "low", "high", "low", "high", "low"],
+        }
+    )
 
 
 # Figure 1 of Li et al. 2007: the disease hierarchy (height 3).

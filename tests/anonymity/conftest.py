@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from .anonymity_tables import ADULT_CSV, KANON_DIR, li_patients_table
+from .anonymity_tables import ADULT_CSV, ARX_DIR, KANON_DIR, li_patients_table
 
 
 def read_kanon(name: str) -> pd.DataFrame:
@@ -19,6 +19,15 @@ def adult() -> pd.DataFrame:
     if not ADULT_CSV.exists():
         pytest.skip(f"{ADULT_CSV} is missing: the shared test data must sit beside the project")
     return pd.read_csv(ADULT_CSV)
+
+
+@pytest.fixture(scope="module")
+def arx_adult() -> pd.DataFrame:
+    """ARX's adult example as ARX ships it (30,162 rows, ``;``-separated)."""
+    path = ARX_DIR / "adult.csv"
+    if not path.exists():
+        pytest.skip(f"{path} is missing: the shared test data must sit beside the project")
+    return pd.read_csv(path, sep=";")
 
 
 @pytest.fixture()

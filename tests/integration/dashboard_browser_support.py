@@ -236,7 +236,7 @@ class DashboardServer:
                 raise TimeoutError(f"{error}\n{server.tail()}") from error
             yield server
         finally:
-            services.stop_all()
+            services.stop_all(grace=3)  # an api-server has nothing to save; uvicorn waits out open connections
 
     def mounted(self) -> bool:
         """False while Airflow is starting; True once it answers and the dashboard refuses an anonymous request.

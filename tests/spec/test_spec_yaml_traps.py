@@ -224,8 +224,8 @@ targets: {{k: 2}}
 
 
 def test_anonymity_spec_column_names_are_text():
-    spec = parse_anonymity_spec(ANONYMITY.format(quasi="age, on, yes"))
-    assert spec.quasi_identifiers == ["age", "on", "yes"]
+    spec = parse_anonymity_spec(ANONYMITY.format(quasi="age, on, yes, {name: no, type: categorical}"))
+    assert spec.qi_names == ["age", "on", "yes", "no"]
 
 
 def test_anonymity_spec_refuses_an_ambiguous_scalar_in_its_error_shape():
