@@ -130,6 +130,8 @@ def spec_plan(
     summary: dict = {
         "release": loaded.release, "budget_account": loaded.budget_account, "accountant": chosen, "steps": rows,
     }
+    if loaded.postprocess.consistent:
+        summary["consistent_families"] = _family_widths(plan, alpha)
     if chosen is not None:
         summary.update(
             unit=unit_of(chosen),
@@ -170,6 +172,10 @@ def spec_plan(
         cells += [f"{row['half_width']:.4g}", str(row["partitions"] if row["partitions"] is not None else "selected")]
         table.add_row(*cells)
     console.print(table)
+    for family in summary.get("consistent_families", []):
+        widths = ", ".join(f"{name} ± {width:.4g}" for name, width in family["half_widths"].items())
+        console.print(f"consistent family (post-processing, no budget): {widths} (least squares; before: "
+                      f"{', '.join(f'{w:.4g}' for w in family['half_widths_before'].values())})", highlight=False)
     if chosen is None:
         console.print(
             "no accountant given (a ledger, --ledger-config or --accountant): charges not shown, and mechanism auto "
@@ -194,6 +200,25 @@ def spec_plan(
         if summary["runs_limited_by"] == "delta":
             line += " (limited by delta)"
     console.print(line, highlight=False)
+
+
+def _family_widths(plan, alpha: float) -> list[dict]:
+    """Per consistent family, every member's largest half-width after the least-squares step and its own before
+    (public parameters only: the exact variances of docs/consistency.md)."""
+    from dp_operators.consistency import half_widths
+    from dp_operators.release.consistent import plan_families
+
+    families = []
+    for planned in plan_families(plan):
+        widths = half_widths(planned.family, planned.accuracies, alpha)
+        families.append({
+            "family": list(planned.family.names),
+            "half_widths": {m.name: float(w.max()) for m, w in zip(planned.family.members, widths)},
+            "half_widths_before": {m.name: plan.step(m.name, plan.spec.aggregates[
+                [a.name for a in plan.spec.aggregates].index(m.name)].kind).half_width(alpha)
+                for m in planned.family.members},
+        })
+    return families
 
 
 def _runs_remaining(account, charge: Fraction, delta_charge: Fraction | None) -> tuple[int | None, str | None]:

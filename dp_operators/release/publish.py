@@ -228,6 +228,8 @@ def publish_aggregate(
     noised: dict[tuple[str, str], np.ndarray],
     keys: Sequence[tuple],
     rows_file: Callable[[Aggregate, PublishedCells, Sequence[tuple]], dict[str, Any]] | None = None,
+    consistent: Any | None = None,
+    consistency: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The published form of one aggregate: values with half-widths (post-processing of noised values only).
 
@@ -239,6 +241,10 @@ def publish_aggregate(
     Counts and sums are computed array-at-a-time (:class:`PublishedCells`). With ``rows_file`` (a count or sum
     whose rows are stored as a file, :mod:`dp_operators.release.rows_file`), the aggregate gets ``rows_file``,
     what that function returns (location, SHA-256, number of rows), instead of ``rows``.
+
+    A member of a consistent family (``consistency``: its description, published as ``consistency``) is never
+    clamped at 0 independently (that would break its sums); ``consistent`` holds its post-processed cells
+    (:class:`~dp_operators.release.consistent.ConsistentCells`), None when the family was left as released.
     """
     alpha = 1 - spec.confidence
     clamp = spec.postprocess.clamp_nonnegative
@@ -272,8 +278,11 @@ def publish_aggregate(
             values.append(row)
     else:
         step = steps[aggregate.kind]
-        cells = count_or_sum_cells(step, vectors[0], alpha, clamp and (
-            aggregate.kind == "count" or aggregate.bounds[0] >= 0))  # type: ignore[index]
+        if consistent is not None:
+            cells = consistent
+        else:
+            cells = count_or_sum_cells(step, vectors[0], alpha, clamp and consistency is None and (
+                aggregate.kind == "count" or aggregate.bounds[0] >= 0))  # type: ignore[index]
         if rows_file is not None:
             published_rows: Any = rows_file(aggregate, cells, keys)
         else:
@@ -305,6 +314,8 @@ def publish_aggregate(
             "epsilon": float(selection.budget.epsilon),
             "delta": float(selection.budget.delta),
         }
+    if consistency is not None:
+        published["consistency"] = consistency
     if rows_file is not None and aggregate.kind in ("count", "sum"):
         published["rows_file"] = published_rows
     elif aggregate.group_by:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -129,10 +128,10 @@ def cells_table(aggregate: Aggregate, cells: PublishedCells, keys: Any, confiden
     saturated = cells.side != 0
     values = cells.value_floats()
     lower, upper = cells.bounds(values)
-    half_width = np.full(n, cells.half_width)
+    half_width = np.broadcast_to(np.asarray(cells.half_width, dtype=np.float64), (n,))  # one, or one per cell
     # the JSON check of check_plain_json, on the arrays' dtypes and values at once: finite doubles only (NaN marks
     # an unbounded interval end, published as null)
-    if not (np.isfinite(values).all() and math.isfinite(cells.half_width)
+    if not (np.isfinite(values).all() and np.isfinite(half_width).all()
             and not np.isinf(lower).any() and not np.isinf(upper).any()):
         raise TypeError(f"aggregate {aggregate.name!r}: a non-finite float cannot be published")
     columns = {

@@ -253,6 +253,12 @@ def run_release(
     if diagnostics is not None:
         diagnostics(report)
 
+    families = None
+    if spec.postprocess.consistent:  # public structure and accuracy, before anything is reserved (scipy is
+        from dp_operators.release.consistent import plan_families  # imported only by specs that ask for it)
+
+        families = plan_families(plan)
+
     mechanisms = [step.describe() for step in plan.steps]
     reservation = ledger.reserve(
         key,
@@ -280,7 +286,7 @@ def run_release(
     try:
         with ledger.lease(reservation):
             output = _noised_output(plan, prepared, drawn, key, account, charge, delta_spent, mechanisms, spec_hash,
-                                    _rows_writer(rows_store, set(filed), spec.confidence))
+                                    _rows_writer(rows_store, set(filed), spec.confidence), families)
     except Exception as error:
         returned = _give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=returned) from error
@@ -346,10 +352,18 @@ def _noised_output(
     mechanisms: list[dict[str, Any]],
     spec_hash: str,
     rows_writers: Mapping[str, Callable] | None = None,
+    families: list[Any] | None = None,
 ) -> dict[str, Any]:
-    """Draw the noise and build the published release, checked to be plain JSON (steps 5 and 6)."""
+    """Draw the noise and build the published release, checked to be plain JSON (steps 5 and 6). ``families``:
+    the spec's consistent families, planned (:func:`~dp_operators.release.consistent.plan_families`)."""
     spec = plan.spec
     noised, selected = draw_noise(plan, prepared, drawn)
+    consistent: dict[str, Any] = {}
+    consistency: dict[str, Any] = {}
+    if families is not None:
+        from dp_operators.release.consistent import consistent_cells
+
+        consistent, consistency = consistent_cells(plan, noised, 1 - spec.confidence, families)
     keys = dict(prepared.keys)
     for name, positions in selected.items():
         keys[name] = [keys[name][i] for i in positions.tolist()]
@@ -369,7 +383,8 @@ def _noised_output(
         "confidence": spec.confidence,
         "aggregates": {
             aggregate.name: publish_aggregate(
-                spec, aggregate, plan, noised, keys[aggregate.name], (rows_writers or {}).get(aggregate.name)
+                spec, aggregate, plan, noised, keys[aggregate.name], (rows_writers or {}).get(aggregate.name),
+                consistent.get(aggregate.name), consistency.get(aggregate.name),
             )
             for aggregate in spec.aggregates
         },

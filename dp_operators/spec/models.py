@@ -452,10 +452,85 @@ def _linf_message(aggregate: Aggregate, component: str, linf: int, per_partition
     )
 
 
+class KeyHierarchy(_Strict):
+    """A public key hierarchy: every key of the finer column ``child`` belongs to one key of the coarser column
+    ``parent`` (age > age band, county > state). ``groups`` maps each parent key to its child keys; both are text
+    or integers exactly as in the aggregates' ``keys``. A consistent family may then hold an aggregate grouped by
+    ``parent`` beside one grouped by ``child``: the parent's cells are sums of the child's."""
+
+    parent: GroupByColumn
+    child: GroupByColumn
+    groups: dict[KeyValue, list[KeyValue]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _partition(self) -> KeyHierarchy:
+        if self.parent == self.child:
+            raise ValueError(f"a hierarchy maps a column to another column, got parent and child {self.parent!r}")
+        seen: dict[str, object] = {}
+        for parent, children in self.groups.items():
+            if not children:
+                raise ValueError(f"groups.{parent} lists no {self.child} keys")
+            for child in children:
+                if str(child) in seen:
+                    raise ValueError(
+                        f"{self.child} key {child!r} is listed under {seen[str(child)]!r} and {parent!r}: every "
+                        "child key belongs to one parent"
+                    )
+                seen[str(child)] = parent
+        return self
+
+    def child_to_parent(self) -> dict[str, object]:
+        """``{str(child key): parent key}``."""
+        return {str(child): parent for parent, children in self.groups.items() for child in children}
+
+
 class Postprocess(_Strict):
-    """Post-processing of noised values (free under DP: it never touches raw data)."""
+    """Post-processing of noised values (free under DP: it never touches raw data or spends budget).
+
+    * ``clamp_nonnegative`` (default true): a negative count (or sum with bounds >= 0) is published as 0. Not
+      applied to the members of a consistent family (it would break their sums): use ``nonnegative``.
+    * ``consistent``: ``true`` makes all counts over public keys one family: one of them (the *base*) groups by
+      every column the others use (or by a finer column a ``hierarchies`` entry maps to theirs), and every
+      published margin then equals the sum of its cells exactly (weighted least squares, the best linear unbiased
+      estimate; docs/consistency.md). A list of lists of aggregate names declares the families explicitly (needed
+      for sums: the engine cannot tell which sums add up the same measure).
+    * ``nonnegative``: no published member value is negative (a non-negative least-squares fit; biased).
+    * ``integer``: every published member value is an integer, margins still the sums of their cells (controlled
+      rounding; needs grid 1).
+    * ``hierarchies``: public key hierarchies (:class:`KeyHierarchy`).
+    """
 
     clamp_nonnegative: bool = True
+    consistent: bool | list[list[str]] = False
+    nonnegative: bool = False
+    integer: bool = False
+    hierarchies: list[KeyHierarchy] = Field(default_factory=list)
+
+    @field_validator("consistent", mode="before")
+    @classmethod
+    def _strict_flag(cls, value: object) -> object:
+        if isinstance(value, (bool, list)):
+            return value
+        raise ValueError(
+            f"must be true, false or a list of families (lists of aggregate names), got {value!r}"
+        )
+
+    @model_validator(mode="after")
+    def _needs_consistent(self) -> Postprocess:
+        asked = [name for name in ("nonnegative", "integer") if getattr(self, name)]
+        if asked and not self.consistent:
+            raise ValueError(
+                f"{' and '.join(asked)} act on a consistent family: add 'consistent: true' (or list the families); "
+                "for independent counts, clamp_nonnegative already publishes negatives as 0"
+            )
+        if self.hierarchies and not self.consistent:
+            raise ValueError("hierarchies are used by consistent families: add 'consistent: true'")
+        # a column may be the child of several hierarchies (age > age band, age > decade), not the parent of two
+        parents = [h.parent for h in self.hierarchies]
+        repeated = sorted({c for c in parents if parents.count(c) > 1})
+        if repeated:
+            raise ValueError(f"column(s) {repeated} are the parent of two hierarchies; declare one per column")
+        return self
 
 
 class ReleaseSpec(_Strict):
@@ -521,6 +596,21 @@ class ReleaseSpec(_Strict):
                 ))
         if problems:
             raise ValidationError.from_exception_data(type(self).__name__, problems)
+        return self
+
+    @model_validator(mode="after")
+    def _families(self) -> ReleaseSpec:
+        """``postprocess.consistent`` names families that can be made consistent (:mod:`.families`)."""
+        from dp_operators.spec.families import consistent_families
+
+        try:
+            consistent_families(self)
+        except ValueError as error:
+            raise ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                type=PydanticCustomError("value_error", "{message}", {"message": str(error)}),
+                loc=("postprocess", "consistent"),
+                input=self.postprocess.consistent,
+            )]) from None
         return self
 
     def contribution_for(self, aggregate: Aggregate) -> ContributionBounds:

@@ -1,0 +1,182 @@
+"""Consistent families of a spec (``postprocess.consistent``): which aggregates are margins of which.
+
+Public parameters only. :func:`consistent_families` resolves and checks them when a spec is loaded, so a family that
+cannot be made consistent is refused with the aggregate and the reason before anything is planned or charged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dp_operators.spec.models import Aggregate, ReleaseSpec
+
+#: Key hierarchies make the closed-form variances inapplicable; the exact variances are then computed with dense
+#: linear algebra over the base cells, at most this many (docs/consistency.md). A larger family with a hierarchy is
+#: still made consistent, with the noise's own variance as a (valid, unshrunk) bound for its intervals; a sum family
+#: needs the exact computation for its rounding allowance and is refused above it.
+DENSE_BASE_CELLS = 4096
+
+
+@dataclass(frozen=True)
+class FamilyLayout:
+    """One consistent family.
+
+    Attributes:
+        members: aggregate names, the base (finest) first, then the others in spec order.
+        parents: for every coarser column a member uses, ``(finer column, {str(finer key): coarser key})``.
+    """
+
+    members: tuple[str, ...]
+    parents: Mapping[str, tuple[str, Mapping[str, object]]]
+
+    @property
+    def base(self) -> str:
+        return self.members[0]
+
+
+def chain_to_base(column: str, base_columns: Sequence[str],
+                  parents: Mapping[str, tuple[str, Mapping]]) -> list[str] | None:
+    """``column`` followed by the finer columns the hierarchies map to it, down to the first of
+    ``base_columns``; None when no chain reaches one."""
+    chain = [column]
+    while chain[-1] not in base_columns:
+        if chain[-1] not in parents or len(chain) > len(parents):
+            return None
+        chain.append(parents[chain[-1]][0])
+    return chain
+
+
+def _covers(base: Aggregate, member: Aggregate, parents: Mapping[str, tuple[str, Mapping]]) -> bool:
+    return all(chain_to_base(c, base.group_by, parents) is not None for c in member.group_by)
+
+
+def _check_member(base: Aggregate, member: Aggregate, parents: Mapping[str, tuple[str, Mapping]]) -> None:
+    base_keys = {c: {str(v) for v in base.keys[c]} for c in base.group_by}  # type: ignore[index]
+    for column in member.group_by:
+        chain = chain_to_base(column, base.group_by, parents)
+        if chain is None:
+            raise ValueError(
+                f"aggregate {member.name!r} groups by {column!r}, which the family's base {base.name!r} does not "
+                f"group by (nor a finer column a hierarchy maps to it): add {column!r} to the base's group_by, or "
+                "declare a hierarchy"
+            )
+        keys = {str(v) for v in member.keys[column]}  # type: ignore[index]
+        if len(chain) == 1:
+            if keys != base_keys[column]:
+                missing = sorted(base_keys[column] - keys)[:3]
+                extra = sorted(keys - base_keys[column])[:3]
+                raise ValueError(
+                    f"aggregate {member.name!r} lists other {column!r} keys than the base {base.name!r} "
+                    f"(missing {missing}, not in the base {extra}): a margin's cells are sums of the base's, so "
+                    "both list the same keys"
+                )
+            continue
+        # each base key mapped up the chain must land on a listed key, and every listed key be reached
+        reached = set()
+        for key in base_keys[chain[-1]]:
+            value: object = key
+            for coarser in reversed(chain[:-1]):
+                child_to_parent = parents[coarser][1]
+                if str(value) not in child_to_parent:
+                    raise ValueError(
+                        f"the hierarchy {coarser!r} > {parents[coarser][0]!r} does not place the "
+                        f"{parents[coarser][0]!r} key {value!r}: every key of the base {base.name!r} needs a parent"
+                    )
+                value = child_to_parent[str(value)]
+            reached.add(str(value))
+        if reached != keys:
+            raise ValueError(
+                f"aggregate {member.name!r} lists {column!r} keys {sorted(keys - reached)[:3]} no base key maps to, "
+                f"or misses {sorted(reached - keys)[:3]}: its keys must be exactly the parents of the base's keys"
+            )
+
+
+def _same_measure(base: Aggregate, member: Aggregate, spec: ReleaseSpec) -> None:
+    if member.kind != base.kind:
+        raise ValueError(f"aggregates {base.name!r} ({base.kind}) and {member.name!r} ({member.kind}) are of "
+                         "different kinds: a family adds up one count or one sum")
+    if member.kind == "sum" and (tuple(member.bounds) != tuple(base.bounds) or member.grid != base.grid  # type: ignore[arg-type]
+                                 or member.upstream != base.upstream):
+        raise ValueError(f"sums {base.name!r} and {member.name!r} differ in bounds, grid or upstream arithmetic: "
+                         "the members of a family sum the same clipped measure")
+
+
+def consistent_families(spec: ReleaseSpec) -> list[FamilyLayout]:
+    """The families of ``spec.postprocess.consistent`` (empty when off).
+
+    ``true``: every count over public keys, one family. A list: each entry's names, one family each.
+
+    Raises:
+        ValueError: naming the aggregate and the fix: an unknown or repeated name; a mean, variance or partition
+            selection; members of different kinds or measures; no member grouping by every column (the base); keys
+            that differ from the base's; a hierarchy that misses a key; ``integer`` with a grid other than 1; a sum
+            family with a hierarchy beyond :data:`DENSE_BASE_CELLS` base cells.
+    """
+    post = spec.postprocess
+    if not post.consistent:
+        return []
+    by_name = {a.name: a for a in spec.aggregates}
+    if post.consistent is True:
+        groups = [[a.name for a in spec.aggregates if a.kind == "count" and a.public_keys]]
+        if len(groups[0]) < 2:
+            raise ValueError(
+                "consistent: true makes the counts over public keys add up, but the spec has "
+                f"{len(groups[0])}; list families explicitly for sums"
+            )
+    else:
+        groups = post.consistent
+    parents = {h.parent: (h.child, h.child_to_parent()) for h in post.hierarchies}
+    seen: set[str] = set()
+    layouts = []
+    for names in groups:
+        if len(names) < 2:
+            raise ValueError(f"a family needs at least two aggregates (a table and a margin), got {names}")
+        for name in names:
+            if name not in by_name:
+                raise ValueError(f"unknown aggregate {name!r} in postprocess.consistent; known: {sorted(by_name)}")
+            if name in seen:
+                raise ValueError(f"aggregate {name!r} is in two families (or twice in one)")
+            seen.add(name)
+            aggregate = by_name[name]
+            if aggregate.kind not in ("count", "sum"):
+                raise ValueError(f"aggregate {name!r} is a {aggregate.kind}: only counts and sums add up "
+                                 "(release its sum and count as members instead)")
+            if not aggregate.public_keys:
+                raise ValueError(f"aggregate {name!r} uses partition_selection: its keys depend on the data, so "
+                                 "its cells cannot be matched to margins; give public keys")
+        members = [by_name[n] for n in names]
+        bases = [m for m in members if all(_covers(m, other, parents) for other in members)]
+        if not bases:
+            raise ValueError(
+                f"no aggregate of the family {names} groups by every column the others use (or a finer column a "
+                "hierarchy maps to theirs): add that table (e.g. counts by all the columns) as an aggregate; it is "
+                "the base the margins sum"
+            )
+        base = max(bases, key=lambda m: m.partition_count)
+        for member in members:
+            _same_measure(base, member, spec)
+            if member is not base:
+                _check_member(base, member, parents)
+        if post.integer and base.grid != 1:
+            raise ValueError(f"integer: true rounds to whole numbers, but {base.name!r} has grid {base.grid}; use "
+                             "grid 1 or drop integer")
+        if base.kind == "sum" and any(chain_to_base(c, base.group_by, parents) != [c]
+                                       for m in members for c in m.group_by) \
+                and base.partition_count > DENSE_BASE_CELLS:
+            raise ValueError(f"a sum family with a key hierarchy is limited to {DENSE_BASE_CELLS} base cells (its "
+                             f"rounding allowance is computed exactly), {base.name!r} has {base.partition_count}")
+        used: dict[str, tuple[str, Mapping[str, object]]] = {}
+        for member in members:
+            for column in member.group_by:
+                for coarser in (chain_to_base(column, base.group_by, parents) or [])[:-1]:
+                    used[coarser] = parents[coarser]
+        layouts.append(FamilyLayout(members=(base.name, *[m.name for m in members if m is not base]), parents=used))
+    return layouts
+
+
+def family_of(layouts: Sequence[FamilyLayout], name: str) -> FamilyLayout | None:
+    """The family holding aggregate ``name``, or None."""
+    return next((layout for layout in layouts if name in layout.members), None)
