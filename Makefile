@@ -29,6 +29,7 @@ test-fast: $(VENV)/.installed
 benchmarks: $(VENV)/.installed
 	$(BIN)/python benchmarks/noise_efficiency.py
 	$(BIN)/python benchmarks/anonymity_adult.py
+	$(BIN)/python benchmarks/consistency.py
 	$(BIN)/python benchmarks/ledger_throughput.py
 	$(BIN)/python benchmarks/ledger_cli.py
 	$(BIN)/python benchmarks/samplers.py

@@ -28,7 +28,7 @@ import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse.linalg import LinearOperator, cg, lsmr
 
-from dp_operators.consistency.structure import Family
+from dp_operators.consistency.structure import Family, Member, one_blas_thread
 
 # A value within this distance of an integer is that integer (both are its floor or its ceiling, up to the error
 # of binary64 arithmetic): it gets no 0-1 variable, and a member cell whose real remainder is that close to an
@@ -38,6 +38,9 @@ INTEGER_TOLERANCE = 1e-9
 # machine (two-way tables are solved at the root: their constraint matrix is totally unimodular). Without a solution
 # within it the constraints count as infeasible.
 MILP_NODE_LIMIT = 2000
+# Up to this many fractional base cells the 0-1 program first constrains every member (small programs solve in well
+# under a second even when not totally unimodular); above it, only the members two_chains() holds.
+FULL_PROGRAM_CELLS = 1000
 # A safety time limit (seconds) for one program; only if it binds first can the outcome depend on machine speed.
 MILP_TIME_LIMIT = 120.0
 # nonnegative_fit stops when the projected-gradient step (value units) is below this, relative to max(1, max cell).
@@ -73,6 +76,7 @@ def _design(family: Family, observations: Sequence[np.ndarray]) -> tuple[sp.csr_
     return sp.vstack(blocks, format="csr"), np.concatenate(rhs)
 
 
+@one_blas_thread
 def nonnegative_fit(
     family: Family, observations: Sequence[np.ndarray], start: np.ndarray | None = None
 ) -> np.ndarray:
@@ -188,9 +192,12 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
     its total (or a one-column hierarchy) the member cells form two laminar families of sets (rows nested in the
     total; columns), whose incidence matrix is totally unimodular, and the real fractions are a feasible point of
     the relaxation: an integer solution always exists (Cox 1987) and HiGHS finds it at the root. For three or more
-    dimensions one may not exist; the constraints of the member with the most cells (other than the base; ties:
-    the later in spec order) are then dropped and the program solved again, down to the one-cell members (the
-    total), which largest-remainder rounding always satisfies: the rounding closest to the base whose grand total
+    dimensions one may not exist, and searching for one can take minutes at 10^5 cells: above
+    ``FULL_PROGRAM_CELLS`` fractional cells the program constrains only the members :func:`two_chains` holds
+    (totally unimodular, so solved at the root, in seconds), and the others are checked after the rounding
+    (``kept``). Should a program still fail, the constraints of the member
+    with the most cells (ties: the later in spec order) are dropped and it is solved again, down to the one-cell
+    members (the total), which largest-remainder rounding always satisfies: the rounding closest to the base whose grand total
     is the floor or the ceiling of the real total (it is also used when the family has no total). A program
     without a solution within ``MILP_NODE_LIMIT`` branch-and-bound nodes counts as infeasible (the same outcome on
     any machine), as does one without a solution within the safety limit ``MILP_TIME_LIMIT`` seconds (only then
@@ -229,8 +236,11 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
     bounds = [_sum_bounds(member.to_base, member.cells, remainder) for member in family.members]
     up = np.zeros(fractional.size, dtype=bool)
     if fractional.size:
-        # drop order when infeasible: most cells first, the later in spec order first on ties
-        constrained = sorted(range(1, len(family.members)), key=lambda i: (-family.members[i].cells, -i))
+        # the members two chains of nested margins can hold: their constraints are totally unimodular, so a
+        # controlled rounding exists and HiGHS finds it at the root; drop order if not: most cells first, the
+        # later in spec order first on ties
+        candidates = range(1, len(family.members)) if fractional.size <= FULL_PROGRAM_CELLS else two_chains(family)
+        constrained = sorted(candidates, key=lambda i: (-family.members[i].cells, -i))
         while True:
             if all(family.members[i].cells == 1 for i in constrained):
                 lower, upper = _sum_bounds(np.zeros(n, dtype=np.int64), 1, remainder)
@@ -253,6 +263,30 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
         if np.all((ups >= lower) & (ups <= upper)):
             kept.append(member.name)
     return rounded, tuple(kept)
+
+
+def nested(coarser: Member, finer: Member) -> bool:
+    """True when every cell of ``coarser`` is a union of cells of ``finer`` (the base cells of one ``finer`` cell
+    all lie in one ``coarser`` cell)."""
+    pairs = np.unique(finer.to_base * coarser.cells + coarser.to_base)
+    return pairs.size == np.unique(finer.to_base).size
+
+
+def two_chains(family: Family) -> list[int]:
+    """Indexes of the members (not the base) that two chains of nested margins hold, chosen greedily from the
+    coarsest (the total, then the smallest margins; spec order on ties). The cells of the members of one chain form
+    a laminar family of sets, and the incidence matrix of two laminar families is totally unimodular (a network
+    matrix; Schrijver, *Theory of Linear and Integer Programming*, 1986, section 19.3): with the real fractions
+    feasible, the 0-1 program of a controlled rounding then has an integral optimum at the root of its relaxation.
+    A two-way table with both margins and the total fits (total, one margin; the other margin); a three-way table
+    with its two-way margins does not, and the members left out are only checked after the rounding."""
+    chains: list[list[int]] = [[], []]
+    for index in sorted(range(1, len(family.members)), key=lambda i: (family.members[i].cells, i)):
+        for chain in chains:
+            if not chain or nested(family.members[chain[-1]], family.members[index]):
+                chain.append(index)
+                break
+    return sorted(chains[0] + chains[1])
 
 
 def _sum_bounds(to_base: np.ndarray, cells: int, remainder: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, cg
 
-from dp_operators.consistency.structure import Family
+from dp_operators.consistency.structure import Family, one_blas_thread
 
 __all__ = ["consistent_values", "exact_sums", "fit", "inverse_variances"]
 
@@ -71,6 +71,7 @@ def _is_identity(member_to_base: np.ndarray) -> bool:
     return bool(np.array_equal(member_to_base, np.arange(len(member_to_base))))
 
 
+@one_blas_thread
 def fit(family: Family, observations: Sequence[np.ndarray]) -> np.ndarray:
     """The weighted least-squares (best linear unbiased) estimate of the base table from the members' noised values.
 
