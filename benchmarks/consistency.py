@@ -242,7 +242,7 @@ def traced_peak(function: Callable[[], Any]) -> float:
 
 
 def scale_report(shape: tuple[int, ...], repeat: int, mean: float, trace_limit: float) -> None:
-    from dp_operators.consistency.rounding import MILP_TIME_LIMIT, controlled_rounding, nonnegative_fit
+    from dp_operators.consistency.rounding import FULL_PROGRAM_CELLS, controlled_rounding, nonnegative_fit
 
     spec = table_spec(shape)
     plan = plan_release(spec)
@@ -288,8 +288,8 @@ def scale_report(shape: tuple[int, ...], repeat: int, mean: float, trace_limit: 
             controlled = result[1]
     negative = int(np.sum(estimate < 0))
     print(f"least-squares base cells below 0: {negative:,} of {family.base_cells:,}; members whose rounding is "
-          f"controlled: {len(controlled)} of {len(family.members)} (HiGHS time limit {MILP_TIME_LIMIT:g} s per 0-1 "
-          f"program); peak RSS so far {peak_rss_mb():.0f} MB")
+          f"controlled: {len(controlled)} of {len(family.members)} (two chains of nested margins are guaranteed "
+          f"above {FULL_PROGRAM_CELLS} fractional cells); peak RSS so far {peak_rss_mb():.0f} MB")
     print("traced MB: tracemalloc peak above the start (Python and numpy; not HiGHS's heap; - : step slower than "
           f"{trace_limit:g} s, not traced); RSS +MB: sampled peak resident set above the start (a lower bound: "
           "memory freed earlier is reused)\n")

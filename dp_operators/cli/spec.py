@@ -34,7 +34,11 @@ def spec_validate(spec: Annotated[Path, typer.Argument(help="A release spec YAML
 
     try:
         loaded = load_spec(spec)
-        plan_release(loaded)
+        plan = plan_release(loaded)
+        if loaded.postprocess.consistent:  # the consistent families' refusals (noise variances), as at the release
+            from dp_operators.release.consistent import plan_families
+
+            plan_families(plan)
     except SpecError as error:
         _fail(str(error))
     except ReleaseConfigError as error:
@@ -131,7 +135,10 @@ def spec_plan(
         "release": loaded.release, "budget_account": loaded.budget_account, "accountant": chosen, "steps": rows,
     }
     if loaded.postprocess.consistent:
-        summary["consistent_families"] = _family_widths(plan, alpha)
+        try:
+            summary["consistent_families"] = _family_widths(plan, alpha)
+        except ReleaseConfigError as error:
+            _fail(f"{spec}: {error}")
     if chosen is not None:
         summary.update(
             unit=unit_of(chosen),
@@ -174,8 +181,10 @@ def spec_plan(
     console.print(table)
     for family in summary.get("consistent_families", []):
         widths = ", ".join(f"{name} ± {width:.4g}" for name, width in family["half_widths"].items())
-        console.print(f"consistent family (post-processing, no budget): {widths} (least squares; before: "
-                      f"{', '.join(f'{w:.4g}' for w in family['half_widths_before'].values())})", highlight=False)
+        rounding = "; integer rounding adds up to 1 more" if loaded.postprocess.integer else ""
+        console.print(f"consistent family (post-processing, no budget): {widths} (least squares{rounding}; "
+                      f"before: {', '.join(f'{w:.4g}' for w in family['half_widths_before'].values())})",
+                      highlight=False)
     if chosen is None:
         console.print(
             "no accountant given (a ledger, --ledger-config or --accountant): charges not shown, and mechanism auto "

@@ -194,8 +194,8 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
     the relaxation: an integer solution always exists (Cox 1987) and HiGHS finds it at the root. For three or more
     dimensions one may not exist, and searching for one can take minutes at 10^5 cells: above
     ``FULL_PROGRAM_CELLS`` fractional cells the program constrains only the members :func:`two_chains` holds
-    (totally unimodular, so solved at the root, in seconds), and the others are checked after the rounding
-    (``kept``). Should a program still fail, the constraints of the member
+    (totally unimodular, so solved at the root, without a time limit: seconds at 10^5 cells, about a minute and a
+    half at 10^6), and the others are checked after the rounding (``kept``). Should a program still fail, the constraints of the member
     with the most cells (ties: the later in spec order) are dropped and it is solved again, down to the one-cell
     members (the total), which largest-remainder rounding always satisfies: the rounding closest to the base whose grand total
     is the floor or the ceiling of the real total (it is also used when the family has no total). A program
@@ -209,7 +209,8 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
     Args:
         family: the family's structure; ``members[0]`` is the base.
         base: float array of shape ``(base cells,)``, value units (counts; for sums, the caller divides by the grid
-            first), finite and at most 2^53 in absolute value.
+            first), finite and at most 2^62 in absolute value (the engine's value range; a double beyond 2^52 is an
+            integer already).
 
     Returns:
         ``(rounded, kept)``: the rounded base, int64 array of shape ``(base cells,)`` (non-negative where the base is);
@@ -218,14 +219,14 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
         happens to satisfy.
 
     Raises:
-        ValueError: a base of the wrong shape, not finite, or beyond 2^53 in absolute value.
+        ValueError: a base of the wrong shape, not finite, or beyond 2^62 in absolute value.
     """
     values = np.asarray(base, dtype=np.float64)
     n = family.base_cells
     if values.shape != (n,):
         raise ValueError(f"base must have shape ({n},), got {values.shape}")
-    if not np.all(np.isfinite(values)) or np.any(np.abs(values) > 2.0**53):
-        raise ValueError("base cells must be finite and at most 2^53 in absolute value to round them")
+    if not np.all(np.isfinite(values)) or np.any(np.abs(values) > 2.0**62):
+        raise ValueError("base cells must be finite and at most 2^62 in absolute value to round them")
     nearest = np.rint(values)
     integral = np.abs(values - nearest) <= INTEGER_TOLERANCE
     low = np.where(integral, nearest, np.floor(values))
@@ -239,7 +240,8 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
         # the members two chains of nested margins can hold: their constraints are totally unimodular, so a
         # controlled rounding exists and HiGHS finds it at the root; drop order if not: most cells first, the
         # later in spec order first on ties
-        candidates = range(1, len(family.members)) if fractional.size <= FULL_PROGRAM_CELLS else two_chains(family)
+        unimodular = fractional.size > FULL_PROGRAM_CELLS
+        candidates = two_chains(family) if unimodular else range(1, len(family.members))
         constrained = sorted(candidates, key=lambda i: (-family.members[i].cells, -i))
         while True:
             if all(family.members[i].cells == 1 for i in constrained):
@@ -250,6 +252,9 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
                 [(family.members[i].to_base, family.members[i].cells, *bounds[i]) for i in constrained],
                 fractional,
                 remainder[fractional],
+                # a totally unimodular program is solved at the root, however long that takes: no time limit, so
+                # the outcome never depends on the machine's speed
+                None if unimodular else MILP_TIME_LIMIT,
             )
             if solution is not None:
                 up = solution
@@ -321,6 +326,7 @@ def _solve_rounding(
     constraints: Sequence[tuple[np.ndarray, int, np.ndarray, np.ndarray]],
     fractional: np.ndarray,
     fractions: np.ndarray,
+    time_limit: float | None = MILP_TIME_LIMIT,
 ) -> np.ndarray | None:
     """The 0-1 program of a controlled rounding: which fractional cells to round up.
 
@@ -356,7 +362,7 @@ def _solve_rounding(
         constraints=LinearConstraint(
             sp.vstack(rows, format="csr"), np.concatenate(lower_bounds), np.concatenate(upper_bounds)
         ),
-        options={"node_limit": MILP_NODE_LIMIT, "time_limit": MILP_TIME_LIMIT},
+        options={"node_limit": MILP_NODE_LIMIT} | ({} if time_limit is None else {"time_limit": time_limit}),
     )
     if result.x is None:
         return None

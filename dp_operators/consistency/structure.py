@@ -142,7 +142,7 @@ def member_to_base(
     index = np.zeros(math.prod(shape), dtype=np.int64)
     kept: list[int] | None = []
     for column in member_columns:
-        position = {str(v): i for i, v in enumerate(member_keys[column])}
+        position = {v: i for i, v in enumerate(member_keys[column])}
         chain = [column]
         while chain[-1] not in base_columns:
             if chain[-1] not in parents:
@@ -157,8 +157,8 @@ def member_to_base(
         for key in base_keys[base_column]:
             value = key
             for coarser in reversed(chain[:-1]):
-                value = parents[coarser][1][str(value)]
-            mapped.append(position[str(value)])
+                value = parents[coarser][1][value]
+            mapped.append(position[value])
         lookup = np.asarray(mapped, dtype=np.int64)
         index = index * len(member_keys[column]) + lookup[codes[axis]]
         if kept is not None:

@@ -69,11 +69,16 @@ class MemberAccuracy:
         bias: float64 array of shape (member.cells,), value units: a bound on each published value's deterministic
             error carried from the observations' ``Member.bias`` (zeros for counts).
         exact: False when the standard deviation is the raw noise's bound, not the least-squares value's.
+        lattice: float64 array of shape (member.cells,): the largest absolute weight of one noised value in each
+            published value (1 for a raw value; small when the value mixes many noised values). The noise is
+            integer-valued in grid units, so the error lives near a lattice of this spacing (grid units), which
+            :func:`half_widths` corrects for.
     """
 
     standard_deviation: np.ndarray
     bias: np.ndarray
     exact: bool
+    lattice: np.ndarray | None = None
 
 
 def _biases(family: Family) -> np.ndarray:
@@ -147,9 +152,8 @@ def closed_form_accuracy(family: Family) -> list[MemberAccuracy]:
         factor = _kron(np.array([1 / sizes[c], 1 - 1 / sizes[c]]) for c in kept).ravel()
         variance = dropped(kept) * float(factor @ inverse[_subset_masks(kept)])
         bias = 0.0
+        lattice = 0.0
         for observed, w, b in zip(family.members, weights, biases):
-            if b == 0:
-                continue
             shared = tuple(sorted(set(kept) & set(observed.kept_axes)))
             n = [sizes[c] for c in shared]
             # rows: match set M (delta_c = 1 on a match), columns: T; both as Kronecker products over the shared axes
@@ -157,8 +161,11 @@ def closed_form_accuracy(family: Family) -> list[MemberAccuracy]:
             coefficient = w * dropped(set(kept) | set(observed.kept_axes)) * (terms @ inverse[_subset_masks(shared)])
             count = _kron(np.array([m - 1, 1.0]) for m in n).ravel() * math.prod(
                 sizes[c] for c in observed.kept_axes if c not in shared)
-            bias += b * float(count @ np.abs(coefficient))
-        results.append(MemberAccuracy(np.full(fitted.cells, math.sqrt(variance)), np.full(fitted.cells, bias), True))
+            lattice = max(lattice, float(np.abs(coefficient[count > 0]).max()))
+            if b:
+                bias += b * float(count @ np.abs(coefficient))
+        results.append(MemberAccuracy(np.full(fitted.cells, math.sqrt(variance)), np.full(fitted.cells, bias), True,
+                                      np.full(fitted.cells, lattice)))
     return results
 
 
@@ -200,10 +207,13 @@ def dense_accuracy(family: Family) -> list[MemberAccuracy]:
         rows = a_fitted @ inverse  # (fitted cells, n): A_m' N^-1
         variance = np.bincount(fitted.to_base, weights=rows[fitted.to_base, cells], minlength=fitted.cells)
         bias = np.zeros(fitted.cells)
+        lattice = np.zeros(fitted.cells)
         for a_observed, w, b in zip(sums, weights, biases):
-            if b > 0:  # P's block for this observation, transposed: (observed cells, fitted cells)
-                bias += b * w * np.abs(a_observed @ rows.T).sum(axis=0)
-        results.append(MemberAccuracy(np.sqrt(np.maximum(variance, 0.0)), bias, True))
+            block = w * np.abs(a_observed @ rows.T)  # P's block for this observation, transposed: (observed, fitted)
+            lattice = np.maximum(lattice, block.max(axis=0))
+            if b > 0:
+                bias += b * block.sum(axis=0)
+        results.append(MemberAccuracy(np.sqrt(np.maximum(variance, 0.0)), bias, True, lattice))
     return results
 
 
@@ -234,7 +244,7 @@ def accuracy(family: Family) -> list[MemberAccuracy]:
             f"{DENSE_BASE_CELLS}) and a member with a rounding bias: its post-processed bias cannot be bounded "
             "without the exact computation"
         )
-    return [MemberAccuracy(np.full(m.cells, math.sqrt(float(m.variance))), np.zeros(m.cells), False)
+    return [MemberAccuracy(np.full(m.cells, math.sqrt(float(m.variance))), np.zeros(m.cells), False, np.ones(m.cells))
             for m in family.members]
 
 
@@ -269,10 +279,16 @@ def quantile_factor(mechanisms: Iterable[str], alpha: float) -> float:
 
 
 def half_widths(family: Family, accuracies: Sequence[MemberAccuracy], alpha: float) -> list[np.ndarray]:
-    """Half-widths of (1 - alpha) intervals around every member's published values: q * sd + bias, rounded up.
+    """Half-widths of (1 - alpha) intervals around every member's published values: q * sd + grid * L / 2 + bias,
+    rounded up (L: :attr:`MemberAccuracy.lattice`).
 
     q is :func:`quantile_factor` of the family's mechanisms (one for the whole family, since every value mixes all
-    observations). Each half-width is moved to the next float towards +inf, so the float rounding of q * sd + bias
+    observations). The noise is integer-valued in grid units, so the error of a value dominated by one noised value
+    lives near a lattice of spacing L grid steps (L its weight in the value), where ``q * sd`` can fall just short
+    of the lattice point the exact quantile includes (a discrete Gaussian of sigma^2 = 1 has q * sd = 1.94 < 2,
+    covering 88 %): half a lattice step is added, the continuity correction of a normal approximation to a lattice
+    law (Feller, *An Introduction to Probability Theory*, vol. 1, VII.2). A value mixing many noised values (small
+    L) gets almost none. tests/consistency/test_review_expert.py checks coverage at small scales. Each half-width is moved to the next float towards +inf, so the float rounding of q * sd + bias
     never shrinks it.
 
     Args:
@@ -289,4 +305,6 @@ def half_widths(family: Family, accuracies: Sequence[MemberAccuracy], alpha: flo
     if len(accuracies) != len(family.members):
         raise ValueError(f"{len(accuracies)} accuracies for {len(family.members)} members")
     q = quantile_factor((m.mechanism for m in family.members), alpha)
-    return [np.nextafter(q * acc.standard_deviation + acc.bias, np.inf) for acc in accuracies]
+    half_step = float(family.grid) / 2
+    return [np.nextafter(q * acc.standard_deviation + half_step * (1.0 if acc.lattice is None else acc.lattice)
+                         + acc.bias, np.inf) for acc in accuracies]

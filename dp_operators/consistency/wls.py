@@ -100,8 +100,13 @@ def fit(family: Family, observations: Sequence[np.ndarray]) -> np.ndarray:
     1952 (conjugate gradients).
     """
     weights = inverse_variances(family)
+    weights = weights / weights.max()  # the estimate does not depend on the weights' scale; this keeps N in range
     values = _observations(family, observations)
     n = family.base_cells
+    # least squares is linear: fit(y) = y_base + fit(y - A y_base); the residuals are noise-sized, so the solver's
+    # relative tolerance bounds the error of the correction, not of values that may be far larger than the noise
+    offset = values[0]
+    values = [y - family.margin(m, offset) for m, y in zip(family.members, values)]
     maps = [None if _is_identity(m.to_base) else m.to_base for m in family.members]
     sizes = [None if index is None else np.bincount(index, minlength=m.cells)
              for index, m in zip(maps, family.members)]
@@ -121,7 +126,7 @@ def fit(family: Family, observations: Sequence[np.ndarray]) -> np.ndarray:
 
     normal = LinearOperator((n, n), matvec=normal_matvec, dtype=np.float64)
     jacobi = LinearOperator((n, n), matvec=lambda r: np.ravel(r) / diagonal, dtype=np.float64)
-    start = values[0].copy()
+    start = np.zeros(n)
     estimate, info = cg(normal, rhs, x0=start, rtol=RTOL, atol=0.0, maxiter=MAX_ITERATIONS, M=jacobi)
     scale = float(np.linalg.norm(rhs))
     residual = float(np.linalg.norm(rhs - normal_matvec(estimate)))
@@ -132,7 +137,7 @@ def fit(family: Family, observations: Sequence[np.ndarray]) -> np.ndarray:
             f"least squares over the family {list(family.names)} did not converge (cg info {info}, relative "
             f"residual {residual / scale if scale else residual:.3g}): please report this family's structure"
         )
-    return estimate
+    return offset + estimate
 
 
 def exact_sums(family: Family, base: np.ndarray) -> tuple[np.ndarray, float]:

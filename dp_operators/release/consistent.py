@@ -9,6 +9,7 @@ live in :mod:`dp_operators.consistency`; the user-facing description in ``docs/c
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,9 +30,12 @@ from dp_operators.consistency import (
 )
 from dp_operators.consistency.wls import exact_sums
 from dp_operators.mechanisms.accuracy import discrete_gaussian_variance, discrete_laplace_variance
+from dp_operators.release.errors import ReleaseConfigError
 from dp_operators.release.plan import NoiseStep, ReleasePlan
 from dp_operators.release.publish import _towards, count_or_sum_cells, grid_floats, published_interval
 from dp_operators.spec.families import FamilyLayout, consistent_families
+
+log = logging.getLogger(__name__)
 
 
 def _noise_variance(step: NoiseStep) -> float:
@@ -154,6 +158,30 @@ def _rounding_allowance(family: Family, member: Member, per_base_cell: float) ->
     return largest * per_base_cell
 
 
+def integer_sums(member: Member, base: np.ndarray) -> np.ndarray:
+    """The member's cells as exact sums of an integer base (int64 array; Python ints in an object array when a sum
+    could pass 2^62). A float ``bincount`` would round sums beyond 2^53."""
+    largest = int(np.abs(base).max()) if len(base) else 0
+    per_cell = int(np.bincount(member.to_base, minlength=member.cells).max()) if member.cells else 0
+    if largest * max(per_cell, 1) < 2**62:
+        sums = np.zeros(member.cells, dtype=np.int64)
+        np.add.at(sums, member.to_base, base.astype(np.int64))
+        return sums
+    sums = np.zeros(member.cells, dtype=object)
+    sums[:] = 0
+    np.add.at(sums, member.to_base, base.astype(object))
+    return sums
+
+
+#: The smallest noise variance (grid units squared) of a family member: below it the discrete noise is almost
+#: surely 0 (a discrete Gaussian of variance 1e-12 has sigma^2 of about 0.018, rho 28 for a count) and the weights
+#: leave binary64's range as rho grows (at rho 720 the exact variance, 4e-313, is subnormal).
+MIN_VARIANCE_GRID_UNITS = 1e-12
+#: The largest ratio of two members' noise variances a family may have: beyond it the weighted normal equations
+#: are too ill-conditioned for the solver in binary64 (a member with almost no noise: drop it from the family).
+MAX_VARIANCE_RATIO = 10.0**12
+
+
 @dataclass(frozen=True)
 class PlannedFamily:
     """A family with everything that depends on public parameters only, computed before any budget is reserved:
@@ -172,6 +200,22 @@ def plan_families(plan: ReleasePlan) -> list[PlannedFamily]:
     planned = []
     for layout in consistent_families(plan.spec):
         family = build_family(plan, layout)
+        variances = {m.name: m.variance for m in family.members}
+        smallest, largest = min(variances, key=variances.get), max(variances, key=variances.get)
+        if not variances[smallest] / family.grid**2 >= MIN_VARIANCE_GRID_UNITS:
+            raise ReleaseConfigError(
+                f"aggregate {smallest!r} of the consistent family {list(family.names)} has a noise variance of "
+                f"{variances[smallest] / family.grid**2:.3g} grid units squared (its budget is so large that its "
+                f"noise is almost surely 0): nothing to make consistent; give it a smaller budget (below about "
+                f"rho 28 or epsilon 27 per unit of sensitivity) or leave it out of the family"
+            )
+        if variances[largest] / variances[smallest] > MAX_VARIANCE_RATIO:
+            raise ReleaseConfigError(
+                f"the consistent family {list(family.names)} mixes noise variances {variances[smallest]:.3g} "
+                f"({smallest!r}) and {variances[largest]:.3g} ({largest!r}), a ratio above {MAX_VARIANCE_RATIO:.0e}: "
+                f"{smallest!r} is almost noiseless (its budget is very large), so its values would dictate the "
+                "others'; give it a smaller budget or leave it out of the family"
+            )
         planned.append(PlannedFamily(layout, family, accuracy(family)))
     return planned
 
@@ -195,16 +239,29 @@ def make_consistent(plan: ReleasePlan, planned: PlannedFamily, noised: Mapping[t
     if _may_saturate(plan, family, noised, alpha):
         return None
     kinds = {a.name: a.kind for a in plan.spec.aggregates}
-    observations = [grid_floats(noised[(m.name, kinds[m.name])], Fraction(family.grid)) for m in family.members]
-    estimate = fit(family, observations)
+    grid = Fraction(family.grid)
+    units = [np.asarray(noised[(m.name, kinds[m.name])]) for m in family.members]
+    observations = [grid_floats(u, grid) for u in units]
+    # least squares is linear: fit(y) = y_base + fit(y - A y_base), and y - A y_base (every member's noised value
+    # minus the sum of the base's noised cells, in exact integers) is noise-sized, so the solver's relative
+    # tolerance applies to the correction, not to the values (which may reach 2^62 grid units)
+    residuals = [np.zeros(family.base_cells)] + [
+        np.asarray(u - integer_sums(m, units[0]), dtype=np.float64) * float(grid)
+        for m, u in zip(family.members[1:], units[1:])
+    ]
+    correction = fit(family, residuals)
+    estimate = observations[0] + correction
     widths = half_widths(family, planned.accuracies, alpha)
     controlled: tuple[str, ...] = ()
     if post.nonnegative:
         estimate = nonnegative_fit(family, observations, start=estimate)
     if post.integer:
-        base, controlled = controlled_rounding(family, estimate)
-        values = [np.bincount(m.to_base, weights=base, minlength=m.cells).round().astype(np.int64)
-                  for m in family.members]
+        if post.nonnegative:
+            base, controlled = controlled_rounding(family, estimate)
+        else:  # round the correction only: the base's noised integers stay exact, whatever their size
+            rounded, controlled = controlled_rounding(family, correction)
+            base = units[0] + (rounded.astype(object) if units[0].dtype == object else rounded)  # within +-2^62 + 1
+        values = [integer_sums(m, base) for m in family.members]
         extra = [1.0 if m.name in controlled else _rounding_allowance(family, m, 1.0) for m in family.members]
     else:
         base, step = exact_sums(family, estimate)
@@ -237,11 +294,17 @@ def consistent_cells(plan: ReleasePlan, noised: Mapping[tuple[str, str], np.ndar
     cells: dict[str, ConsistentCells] = {}
     described: dict[str, dict[str, Any]] = {}
     for one in plan_families(plan) if planned is None else planned:
-        result = make_consistent(plan, one, noised, alpha)
+        try:
+            result = make_consistent(plan, one, noised, alpha)
+            reason = "a member may be saturated: published as released"
+        except Exception as error:  # noqa: BLE001 - the noise is drawn and charged: publish the DP values as they are
+            # post-processing of noised values only, so no data leaks through this branch; only the type is logged
+            log.warning("release %s: the consistent family %s could not be post-processed (%s); its members are "
+                        "published as released", plan.spec.release, list(one.layout.members), type(error).__name__)
+            result, reason = None, f"post-processing failed ({type(error).__name__}): published as released"
         if result is None:
             for name in one.layout.members:
-                described[name] = {"family": list(one.layout.members), "applied": False,
-                                   "reason": "a member may be saturated: published as released"}
+                described[name] = {"family": list(one.layout.members), "applied": False, "reason": reason}
             continue
         cells.update(result.cells)
         for name in one.layout.members:

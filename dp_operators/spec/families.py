@@ -26,7 +26,7 @@ class FamilyLayout:
 
     Attributes:
         members: aggregate names, the base (finest) first, then the others in spec order.
-        parents: for every coarser column a member uses, ``(finer column, {str(finer key): coarser key})``.
+        parents: for every coarser column a member uses, ``(finer column, {finer key: coarser key})`` (keys as written: ``1`` and ``'1'`` differ).
     """
 
     members: tuple[str, ...]
@@ -54,7 +54,7 @@ def _covers(base: Aggregate, member: Aggregate, parents: Mapping[str, tuple[str,
 
 
 def _check_member(base: Aggregate, member: Aggregate, parents: Mapping[str, tuple[str, Mapping]]) -> None:
-    base_keys = {c: {str(v) for v in base.keys[c]} for c in base.group_by}  # type: ignore[index]
+    base_keys = {c: set(base.keys[c]) for c in base.group_by}  # type: ignore[index]
     for column in member.group_by:
         chain = chain_to_base(column, base.group_by, parents)
         if chain is None:
@@ -63,34 +63,47 @@ def _check_member(base: Aggregate, member: Aggregate, parents: Mapping[str, tupl
                 f"group by (nor a finer column a hierarchy maps to it): add {column!r} to the base's group_by, or "
                 "declare a hierarchy"
             )
-        keys = {str(v) for v in member.keys[column]}  # type: ignore[index]
+        keys = set(member.keys[column])  # type: ignore[index]
         if len(chain) == 1:
             if keys != base_keys[column]:
-                missing = sorted(base_keys[column] - keys)[:3]
-                extra = sorted(keys - base_keys[column])[:3]
+                missing = sorted(map(repr, base_keys[column] - keys))[:3]
+                extra = sorted(map(repr, keys - base_keys[column]))[:3]
                 raise ValueError(
                     f"aggregate {member.name!r} lists other {column!r} keys than the base {base.name!r} "
-                    f"(missing {missing}, not in the base {extra}): a margin's cells are sums of the base's, so "
-                    "both list the same keys"
+                    f"(missing {', '.join(missing) or 'none'}; not in the base: {', '.join(extra) or 'none'}): a "
+                    "margin's cells are sums of the base's, so both list the same keys (1 and '1' differ)"
                 )
             continue
-        # each base key mapped up the chain must land on a listed key, and every listed key be reached
-        reached = set()
-        for key in base_keys[chain[-1]]:
-            value: object = key
-            for coarser in reversed(chain[:-1]):
-                child_to_parent = parents[coarser][1]
-                if str(value) not in child_to_parent:
-                    raise ValueError(
-                        f"the hierarchy {coarser!r} > {parents[coarser][0]!r} does not place the "
-                        f"{parents[coarser][0]!r} key {value!r}: every key of the base {base.name!r} needs a parent"
-                    )
-                value = child_to_parent[str(value)]
-            reached.add(str(value))
-        if reached != keys:
+        # level by level up the chain: the keys reached at the finer level are exactly the children the hierarchy
+        # gives the coarser keys reached (a child the base lacks would leave its parent's true total outside the
+        # sum of the base's cells), and the member lists exactly the keys reached at its own level
+        level = base_keys[chain[-1]]
+        for coarser in reversed(chain[:-1]):
+            finer, child_to_parent = parents[coarser]
+            unplaced = sorted(map(repr, (k for k in level if k not in child_to_parent)))
+            if unplaced:
+                raise ValueError(
+                    f"the hierarchy {coarser!r} > {finer!r} places no parent for the {finer!r} key(s) "
+                    f"{', '.join(unplaced[:3])} that the family's base {base.name!r} lists: every base key needs a "
+                    "parent"
+                )
+            reached = {child_to_parent[k] for k in level}
+            children = {k for k, parent in child_to_parent.items() if parent in reached}
+            absent = sorted(map(repr, children - level))
+            if absent:
+                raise ValueError(
+                    f"the hierarchy {coarser!r} > {finer!r} puts {finer!r} key(s) {', '.join(absent[:3])} under "
+                    f"parents the family releases, but the base {base.name!r} does not list them: those parents' "
+                    f"totals would include people the base's cells leave out; add the key(s) to the base's keys or "
+                    "remove them from the hierarchy"
+                )
+            level = reached
+        if level != keys:
             raise ValueError(
-                f"aggregate {member.name!r} lists {column!r} keys {sorted(keys - reached)[:3]} no base key maps to, "
-                f"or misses {sorted(reached - keys)[:3]}: its keys must be exactly the parents of the base's keys"
+                f"aggregate {member.name!r} lists {column!r} keys "
+                f"{', '.join(sorted(map(repr, keys - level))[:3]) or 'none'} no base key maps to, and misses "
+                f"{', '.join(sorted(map(repr, level - keys))[:3]) or 'none'}: its keys must be exactly the parents of "
+                "the base's keys"
             )
 
 
@@ -129,6 +142,17 @@ def consistent_families(spec: ReleaseSpec) -> list[FamilyLayout]:
     else:
         groups = post.consistent
     parents = {h.parent: (h.child, h.child_to_parent()) for h in post.hierarchies}
+    grouped = {c for a in spec.aggregates for c in a.group_by}
+    # a column between two hierarchies of a chain (state in county > state > region) need not be grouped by
+    linking = {h.parent for h in post.hierarchies} & {h.child for h in post.hierarchies}
+    for index, hierarchy in enumerate(post.hierarchies):
+        for role in ("parent", "child"):
+            column = getattr(hierarchy, role)
+            if column not in grouped and column not in linking:
+                raise ValueError(
+                    f"hierarchies[{index}] ({hierarchy.parent!r} > {hierarchy.child!r}): no aggregate groups by its "
+                    f"{role} column {column!r}; the columns grouped by are {sorted(grouped)}"
+                )
     seen: set[str] = set()
     layouts = []
     for names in groups:
@@ -153,7 +177,8 @@ def consistent_families(spec: ReleaseSpec) -> list[FamilyLayout]:
             raise ValueError(
                 f"no aggregate of the family {names} groups by every column the others use (or a finer column a "
                 "hierarchy maps to theirs): add that table (e.g. counts by all the columns) as an aggregate; it is "
-                "the base the margins sum"
+                "the base the margins sum. If some of these counts are not margins of one table, list the families "
+                "instead: consistent: [[table, margin, ...], [other table, ...]]"
             )
         base = max(bases, key=lambda m: m.partition_count)
         for member in members:

@@ -452,6 +452,10 @@ def _linf_message(aggregate: Aggregate, component: str, linf: int, per_partition
     )
 
 
+#: Texts pydantic reads as booleans, as every boolean field of a spec does (``clamp_nonnegative: no`` is False).
+_BOOLEAN_TEXTS = {"yes", "no", "on", "off", "true", "false", "y", "n", "t", "f", "1", "0"}
+
+
 class KeyHierarchy(_Strict):
     """A public key hierarchy: every key of the finer column ``child`` belongs to one key of the coarser column
     ``parent`` (age > age band, county > state). ``groups`` maps each parent key to its child keys; both are text
@@ -466,22 +470,22 @@ class KeyHierarchy(_Strict):
     def _partition(self) -> KeyHierarchy:
         if self.parent == self.child:
             raise ValueError(f"a hierarchy maps a column to another column, got parent and child {self.parent!r}")
-        seen: dict[str, object] = {}
+        seen: dict[object, object] = {}
         for parent, children in self.groups.items():
             if not children:
-                raise ValueError(f"groups.{parent} lists no {self.child} keys")
+                raise ValueError(f"groups.{parent} lists no {self.child!r} keys")
             for child in children:
-                if str(child) in seen:
+                if child in seen:
                     raise ValueError(
-                        f"{self.child} key {child!r} is listed under {seen[str(child)]!r} and {parent!r}: every "
-                        "child key belongs to one parent"
+                        f"{self.child!r} key {child!r} is listed under {seen[child]!r} and {parent!r}: every child "
+                        "key belongs to one parent"
                     )
-                seen[str(child)] = parent
+                seen[child] = parent
         return self
 
-    def child_to_parent(self) -> dict[str, object]:
-        """``{str(child key): parent key}``."""
-        return {str(child): parent for parent, children in self.groups.items() for child in children}
+    def child_to_parent(self) -> dict[object, object]:
+        """``{child key: parent key}``, keys as written (``1`` and ``'1'`` differ, as in ``keys``)."""
+        return {child: parent for parent, children in self.groups.items() for child in children}
 
 
 class Postprocess(_Strict):
@@ -509,8 +513,13 @@ class Postprocess(_Strict):
     @field_validator("consistent", mode="before")
     @classmethod
     def _strict_flag(cls, value: object) -> object:
-        if isinstance(value, (bool, list)):
-            return value
+        if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+            raise ValueError(
+                f"a list of families is a list of lists of aggregate names: write [{value!r}] (consistent: "
+                f"[[{', '.join(value)}]]) for one family"
+            )
+        if isinstance(value, (bool, list)) or (isinstance(value, str) and value.lower() in _BOOLEAN_TEXTS):
+            return value  # yes / no as the project's other boolean fields read them (tests/spec/test_spec_yaml_traps)
         raise ValueError(
             f"must be true, false or a list of families (lists of aggregate names), got {value!r}"
         )

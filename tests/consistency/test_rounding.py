@@ -41,7 +41,7 @@ def all_margins(axes: int) -> list[tuple[int, ...]]:
 
 def hierarchy_family(variances=None) -> Family:
     """Ages 0..5 x sex, with age band x sex, age band, sex, the total and age alone (age band > age)."""
-    band = {"0": "0-1", "1": "0-1", "2": "2-3", "3": "2-3", "4": "4-5", "5": "4-5"}
+    band = {0: "0-1", 1: "0-1", 2: "2-3", 3: "2-3", 4: "4-5", 5: "4-5"}
     keys = {"age": list(range(6)), "sex": ["F", "M"], "band": ["0-1", "2-3", "4-5"]}
     groupings = [["age", "sex"], ["band", "sex"], ["band"], ["sex"], [], ["age"]]
     variances = variances or [1.0] * len(groupings)

@@ -19,6 +19,9 @@ from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array, s
 RELEASES = 4000
 ALPHA = 0.05
 COVERAGE_TOLERANCE = 0.015
+#: The highest coverage accepted at 95 %: the continuity correction (half a lattice step) is conservative, and
+#: over-coverage up to 97.5 % is accepted; beyond it the intervals would be needlessly wide.
+MAX_COVERAGE = 0.975
 
 PRODUCT_FAMILIES = {name: build for name, build in FAMILIES.items() if build().product}
 
@@ -55,6 +58,7 @@ def test_closed_form_equals_dense_computation_on_product_families(build):
         assert c.standard_deviation.shape == c.bias.shape == (member.cells,)
         np.testing.assert_allclose(c.standard_deviation, d.standard_deviation, rtol=1e-12)
         np.testing.assert_allclose(c.bias, d.bias, rtol=1e-12)
+        np.testing.assert_allclose(c.lattice, d.lattice, rtol=1e-12)
     assert any(np.all(c.bias > 0) for c in closed)
     # accuracy() takes the closed form for a product family
     for a, c in zip(variance.accuracy(family), closed):
@@ -63,7 +67,7 @@ def test_closed_form_equals_dense_computation_on_product_families(build):
 
 @pytest.mark.parametrize("build", [pytest.param(b, id=name) for name, b in FAMILIES.items()])
 def test_variances_and_bias_bounds_match_the_fitted_linear_map(build):
-    # var = sum_i variance_i P_ji^2 and bias = sum_i bias_i |P_ji|, with P read off the fit itself
+    # var = sum_i variance_i P_ji^2, bias = sum_i bias_i |P_ji| and lattice = max_i |P_ji|, with P read off the fit
     family = build()
     family = with_biases(family, [0.1 + 0.2 * m for m in range(len(family.members))])
     p = linear_map(family)
@@ -74,6 +78,7 @@ def test_variances_and_bias_bounds_match_the_fitted_linear_map(build):
                                rtol=1e-9)
     bound = stacked(a.bias for a in accuracies)
     np.testing.assert_allclose(bound, np.abs(p) @ biases, rtol=1e-9)
+    np.testing.assert_allclose(stacked(a.lattice for a in accuracies), np.abs(p).max(axis=1), rtol=1e-9)
     # the bound is attained: deterministic errors of the worst signs move each value by exactly the bound
     for row in range(len(bound)):
         worst = np.sign(p[row]) * biases
@@ -171,11 +176,14 @@ def test_intervals_cover_the_truth_at_their_level(mechanism, parameters):
     covered = np.mean(np.abs(errors) <= widths, axis=0)
     halved = np.mean(np.abs(errors) <= widths / 2, axis=0)
     if mechanism == "discrete_gaussian":
-        assert np.all(np.abs(covered - (1 - ALPHA)) <= COVERAGE_TOLERANCE), covered
+        # the continuity correction over-covers a little (95.2 .. 96.7 % here): at least nominal minus the
+        # binomial tolerance, at most MAX_COVERAGE, every cell
+        assert np.all(covered >= 1 - ALPHA - COVERAGE_TOLERANCE), covered
+        assert np.all(covered <= MAX_COVERAGE), covered
     else:
-        # the Laplace quantile is the heaviest-tailed case, so least-squares mixtures over-cover a little (about
-        # 95.9 % here): the family-wide rate is checked two-sided, every cell on the side that matters
-        assert abs(np.mean(covered) - (1 - ALPHA)) <= COVERAGE_TOLERANCE, covered
+        # the Laplace quantile is the heaviest-tailed case, so least-squares mixtures over-cover a little: the
+        # family-wide rate is checked two-sided, every cell on the side that matters
+        assert 1 - ALPHA - COVERAGE_TOLERANCE <= np.mean(covered) <= MAX_COVERAGE, covered
         assert np.all(covered >= 1 - ALPHA - COVERAGE_TOLERANCE), covered
     # negative control: intervals of half the width fall well short
     assert np.all(halved < 1 - ALPHA - COVERAGE_TOLERANCE), halved
@@ -203,11 +211,14 @@ def test_quantile_factor_refuses_bad_arguments(mechanisms, alpha):
 
 
 def test_half_widths_are_rounded_up():
+    """q * sd + lattice * grid / 2 + bias (the continuity correction: MemberAccuracy.lattice), moved up one float."""
     family = with_biases(FAMILIES["age > age band hierarchy x sex"](), [0.25] * 6)
+    family = Family(family.members, family.base_shape, grid=0.5)
     accuracies = variance.accuracy(family)
     q = variance.quantile_factor(["discrete_gaussian"], ALPHA)
     for accuracy, widths in zip(accuracies, variance.half_widths(family, accuracies, ALPHA)):
-        exact = q * accuracy.standard_deviation + accuracy.bias
+        assert np.all((accuracy.lattice > 0) & (accuracy.lattice <= 1))
+        exact = q * accuracy.standard_deviation + accuracy.lattice * 0.5 / 2 + accuracy.bias
         assert np.all(widths > exact)
         np.testing.assert_array_equal(widths, np.nextafter(exact, np.inf))
     with pytest.raises(ValueError, match="accuracies"):

@@ -33,7 +33,7 @@ def all_margins(axes: int) -> list[tuple[int, ...]]:
     return [s for k in range(axes, -1, -1) for s in itertools.combinations(range(axes), k)]
 
 
-AGE_BAND = {"0": "0-1", "1": "0-1", "2": "2-3", "3": "2-3", "4": "4-5", "5": "4-5"}
+AGE_BAND = {0: "0-1", 1: "0-1", 2: "2-3", 3: "2-3", 4: "4-5", 5: "4-5"}
 
 
 def hierarchy_family(variances, mechanism="discrete_gaussian", biases=None) -> Family:
