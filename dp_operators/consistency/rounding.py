@@ -41,6 +41,8 @@ MILP_NODE_LIMIT = 2000
 # Up to this many fractional base cells the 0-1 program first constrains every member (small programs solve in well
 # under a second even when not totally unimodular); above it, only the members two_chains() holds.
 FULL_PROGRAM_CELLS = 1000
+# ... and at most this many members (a 2 x 2 x 2 cube with its margins has 8).
+FULL_PROGRAM_MEMBERS = 8
 # A safety time limit (seconds) for one program; only if it binds first can the outcome depend on machine speed.
 MILP_TIME_LIMIT = 120.0
 # nonnegative_fit stops when the projected-gradient step (value units) is below this, relative to max(1, max cell).
@@ -240,8 +242,13 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
         # the members two chains of nested margins can hold: their constraints are totally unimodular, so a
         # controlled rounding exists and HiGHS finds it at the root; drop order if not: most cells first, the
         # later in spec order first on ties
-        unimodular = fractional.size > FULL_PROGRAM_CELLS
-        candidates = two_chains(family) if unimodular else range(1, len(family.members))
+        chains = two_chains(family)
+        # every member at once only for a family two chains hold anyway, or a small program over few members: a
+        # program that is not totally unimodular can branch for minutes even at a few hundred cells (3^6 with 63
+        # margins), and would then be decided by the clock
+        unimodular = len(chains) == len(family.members) - 1 or fractional.size > FULL_PROGRAM_CELLS \
+            or len(family.members) > FULL_PROGRAM_MEMBERS
+        candidates = chains if unimodular else range(1, len(family.members))
         constrained = sorted(candidates, key=lambda i: (-family.members[i].cells, -i))
         while True:
             if all(family.members[i].cells == 1 for i in constrained):

@@ -128,14 +128,19 @@ class DPBudgetGateOperator(ShortCircuitOperator):
 
 def load_planned_spec(spec_path: str) -> tuple[ReleaseSpec, str]:
     """The validated spec at ``spec_path`` and the SHA-256 of its text, after the public checks of its plan (float
-    grid, saturation, noise range), so that a spec that cannot be released fails the DAG import.
+    grid, saturation, noise range, consistent families' noise variances), so that a spec that cannot be released
+    fails the DAG import.
 
     Raises:
         SpecError: the spec is unreadable or invalid (file, field path, reason), or cannot be planned.
     """
     spec, digest = load_spec_with_hash(spec_path)
     try:
-        plan_release(spec)
+        plan = plan_release(spec)
+        if spec.postprocess.consistent:  # a family every run would refuse fails the import (no scipy needed here)
+            from dp_operators.release.consistent import check_families
+
+            check_families(plan)
     except ReleaseConfigError as error:
         raise SpecError(f"{spec_path}: the spec cannot be planned: {error}") from None
     return spec, digest

@@ -192,12 +192,15 @@ class PlannedFamily:
     accuracies: list[MemberAccuracy]
 
 
-def plan_families(plan: ReleasePlan) -> list[PlannedFamily]:
-    """The consistent families of ``plan``'s spec, planned: run before the reservation, so that a failure here
-    (a missing library, a family too large for memory) spends nothing. Public parameters only."""
-    importlib.import_module("dp_operators.consistency.rounding")  # scipy.optimize, before any budget is spent
+def check_families(plan: ReleasePlan) -> list[tuple[FamilyLayout, Family]]:
+    """The consistent families of ``plan``'s spec with their structure, checked: cheap enough for DAG parsing
+    (no scipy, no accuracy). Public parameters only.
 
-    planned = []
+    Raises:
+        ReleaseConfigError: a member almost noiseless (variance below :data:`MIN_VARIANCE_GRID_UNITS`), or two
+            members whose variances differ by more than :data:`MAX_VARIANCE_RATIO`.
+    """
+    checked = []
     for layout in consistent_families(plan.spec):
         family = build_family(plan, layout)
         variances = {m.name: m.variance for m in family.members}
@@ -216,8 +219,16 @@ def plan_families(plan: ReleasePlan) -> list[PlannedFamily]:
                 f"{smallest!r} is almost noiseless (its budget is very large), so its values would dictate the "
                 "others'; give it a smaller budget or leave it out of the family"
             )
-        planned.append(PlannedFamily(layout, family, accuracy(family)))
-    return planned
+        checked.append((layout, family))
+    return checked
+
+
+def plan_families(plan: ReleasePlan) -> list[PlannedFamily]:
+    """The consistent families of ``plan``'s spec, planned (:func:`check_families`, then the exact accuracy): run
+    before the reservation, so that a failure here (a refusal, a missing library) spends nothing. Public parameters
+    only."""
+    importlib.import_module("dp_operators.consistency.rounding")  # scipy.optimize, before any budget is spent
+    return [PlannedFamily(layout, family, accuracy(family)) for layout, family in check_families(plan)]
 
 
 def make_consistent(plan: ReleasePlan, planned: PlannedFamily, noised: Mapping[tuple[str, str], np.ndarray],

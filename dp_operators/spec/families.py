@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from dp_operators.spec.models import Aggregate, ReleaseSpec
 
+#: The most columns a family's base may group by: the closed-form accuracy works on 2^columns x 2^columns
+#: matrices (8 MB at 10 columns, 2.7 GB at 14), computed before any budget is reserved.
+MAX_BASE_COLUMNS = 10
 #: Key hierarchies make the closed-form variances inapplicable; the exact variances are then computed with dense
 #: linear algebra over the base cells, at most this many (docs/consistency.md). A larger family with a hierarchy is
 #: still made consistent, with the noise's own variance as a (valid, unshrunk) bound for its intervals; a sum family
@@ -181,6 +184,12 @@ def consistent_families(spec: ReleaseSpec) -> list[FamilyLayout]:
                 "instead: consistent: [[table, margin, ...], [other table, ...]]"
             )
         base = max(bases, key=lambda m: m.partition_count)
+        if len(base.group_by) > MAX_BASE_COLUMNS:
+            raise ValueError(
+                f"the family's base {base.name!r} groups by {len(base.group_by)} columns; at most {MAX_BASE_COLUMNS} "
+                "are supported (the exact variances grow as 4^columns): split the table into families over fewer "
+                "columns"
+            )
         for member in members:
             _same_measure(base, member, spec)
             if member is not base:
