@@ -273,6 +273,7 @@ def make_consistent(plan: ReleasePlan, planned: PlannedFamily, noised: Mapping[t
             rounded, controlled = controlled_rounding(family, correction)
             base = units[0] + (rounded.astype(object) if units[0].dtype == object else rounded)  # within +-2^62 + 1
         values = [integer_sums(m, base) for m in family.members]
+        # half-widths stay functions of public parameters: 1 where the rounding is controlled, else the worst case
         extra = [1.0 if m.name in controlled else _rounding_allowance(family, m, 1.0) for m in family.members]
     else:
         base, step = exact_sums(family, estimate)

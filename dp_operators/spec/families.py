@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: The most columns a family's base may group by: the closed-form accuracy works on 2^columns x 2^columns
 #: matrices (8 MB at 10 columns, 2.7 GB at 14), computed before any budget is reserved.
 MAX_BASE_COLUMNS = 10
+#: ``integer: true`` solves a 0-1 program over the base cells after the charge: seconds at 10^5 cells, over ten
+#: minutes at 10^6 (review), so it is refused at load above this size.
+MAX_INTEGER_BASE_CELLS = 200_000
 #: Key hierarchies make the closed-form variances inapplicable; the exact variances are then computed with dense
 #: linear algebra over the base cells, at most this many (docs/consistency.md). A larger family with a hierarchy is
 #: still made consistent, with the noise's own variance as a (valid, unshrunk) bound for its intervals; a sum family
@@ -194,6 +197,12 @@ def consistent_families(spec: ReleaseSpec) -> list[FamilyLayout]:
             _same_measure(base, member, spec)
             if member is not base:
                 _check_member(base, member, parents)
+        if post.integer and base.partition_count > MAX_INTEGER_BASE_CELLS:
+            raise ValueError(
+                f"integer: true rounds the base with an integer program, limited to {MAX_INTEGER_BASE_CELLS:,} base "
+                f"cells (a 10^6-cell table takes over ten minutes); {base.name!r} has {base.partition_count:,}: drop "
+                "integer (least squares alone publishes exactly adding floats) or split the table"
+            )
         if post.integer and base.grid != 1:
             raise ValueError(f"integer: true rounds to whole numbers, but {base.name!r} has grid {base.grid}; use "
                              "grid 1 or drop integer")
