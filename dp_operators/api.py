@@ -110,12 +110,24 @@ def _budget(epsilon: object, delta: object, rho: object) -> dict[str, object]:
 
 
 def _exact_value(value: object) -> object:
-    """A float argument as the exact Decimal of its binary value (NaN and infinities kept): the caller declares
+    """A float argument as the exact number of its binary value (NaN and infinities kept): the caller declares
     the sensitivity of the value it passes, so the float is the query's answer, not a float sum of clipped rows
-    whose rounding the engine would have to bound (``upstream.arithmetic``). Other types pass unchanged."""
+    whose rounding the engine would have to bound (``upstream.arithmetic``). Other types pass unchanged.
+
+    How a float is read is decided by its type only (DESIGN.md 2.4): a Python float (binary64) becomes the
+    ``Decimal`` of its value; a finite numpy float of any width (float16 to ``longdouble``) the ``Fraction`` of
+    its ``as_integer_ratio()``. Never through ``float()``: an x87 ``longdouble`` has 64 significant bits, so two
+    values one sensitivity apart could round to doubles 256 sensitivities apart, and a finite value beyond 1.8e308
+    would become infinity and be replaced by 0 instead of saturating like any other huge value."""
     numpy_float = type(value).__module__ == "numpy" and isinstance(value, Real) and not isinstance(value, Integral)
-    if isinstance(value, float) or numpy_float:
-        return Decimal(float(value))  # float32/float16 widen to float64 exactly
+    if numpy_float:
+        import numpy as np  # loaded already: the value is a numpy scalar
+
+        if bool(np.isfinite(value)):  # type: ignore[call-overload]
+            return Fraction(*value.as_integer_ratio())  # type: ignore[union-attr]
+        return Decimal(float(value))  # NaN and +-infinity: the spec's non_finite policy handles them
+    if isinstance(value, float):
+        return Decimal(value)
     return value
 
 

@@ -1,5 +1,6 @@
 """Helpers for the source tests (tests/operators/test_sources.py, test_sql_release.py): small specs over UCI Adult,
-their true aggregates computed in memory, and writers of one aggregate's rows as JSON, CSV or Parquet."""
+their true aggregates computed in memory, a spec's binary64 variant (what a CSV file of sums needs), and writers of
+one aggregate's rows as JSON, CSV or Parquet."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 from decimal import Decimal, Inexact, localcontext
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from dp_operators.release.inputs import prepare_inputs
 from dp_operators.spec import Aggregate, ReleaseSpec, parse_spec
@@ -55,6 +58,19 @@ def age_spec() -> ReleaseSpec:
 
 def hours_spec() -> ReleaseSpec:
     return parse_spec(HOURS_SPEC, source="HOURS_SPEC")
+
+
+def binary64_spec(spec: ReleaseSpec, max_rows: int = 100_000) -> ReleaseSpec:
+    """``spec`` with every sum, mean and variance declared ``upstream: {arithmetic: binary64, max_rows}``.
+
+    A CSV file is refused for such an aggregate under ``exact`` (its cells carry no type: "30" reads as an int,
+    "30.5" as a float); under binary64 it is read. Counts keep the default (binary64 applies to sums only).
+    ``max_rows`` 100,000 bounds UCI Adult's 48,842 rows per partition."""
+    document = spec.model_dump(mode="json", exclude_unset=True)
+    for aggregate in document["aggregates"]:
+        if aggregate["kind"] != "count":
+            aggregate["upstream"] = {"arithmetic": "binary64", "max_rows": max_rows}
+    return parse_spec(yaml.safe_dump(document, sort_keys=False), source=f"{spec.release}, binary64")
 
 
 def adult_table(adult_csv: Path):

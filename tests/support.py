@@ -29,13 +29,33 @@ def spender(url: str, **kwargs) -> Ledger:
     return Ledger(url, audit_key=SPEND_KEY, **kwargs)
 
 
+#: The example mean's sum: one partition moved by at most 49 grid units, noised at epsilon 0.1 (scale 490).
+EXAMPLE_SUM_LINF = 49
+
+
 def example_charge() -> Fraction:
     """The rho the example spec is charged on a zCDP account: the Gaussian's 9/200, plus the Laplace counts at
-    epsilon 0.3 and the mean's two Laplace halves at epsilon 0.1 each, converted by epsilon * tanh(epsilon / 2)
-    (docs/adr/0015). ``test_example_charge_is_the_composed_rho`` checks it against mpmath."""
-    from dp_operators.accounting import pure_epsilon_to_rho
+    epsilon 0.3 and the mean's count half at epsilon 0.1, converted by epsilon * tanh(epsilon / 2), plus the mean's
+    sum half (epsilon 0.1, 49 grid units) at the discrete Laplace's own bound (docs/adr/0015).
+    ``test_example_charge_is_the_composed_rho`` checks it against mpmath."""
+    from dp_operators.accounting import discrete_laplace_rho, pure_epsilon_to_rho
 
-    return Fraction(9, 200) + pure_epsilon_to_rho(Fraction(3, 10)) + 2 * pure_epsilon_to_rho(Fraction(1, 10))
+    sum_half = discrete_laplace_rho(Fraction(EXAMPLE_SUM_LINF * 10), ((EXAMPLE_SUM_LINF, 1),))
+    return Fraction(9, 200) + pure_epsilon_to_rho(Fraction(3, 10)) + pure_epsilon_to_rho(Fraction(1, 10)) + sum_half
+
+
+def discrete_laplace_kl_reference(epsilon, shift: int):
+    """KL(P || P shifted by ``shift``) of the discrete Laplace of scale shift / epsilon, from the definition in
+    mpmath at the current precision: the loss epsilon on x <= 0 and -epsilon on x >= shift (geometric tails), and
+    beta (shift - 2x) on each 0 < x < shift, term by term."""
+    import mpmath
+
+    epsilon = mpmath.mpf(Fraction(epsilon).numerator) / Fraction(epsilon).denominator
+    beta = epsilon / shift
+    b = mpmath.exp(-beta)
+    pmf = lambda x: (1 - b) / (1 + b) * b ** abs(x)  # noqa: E731
+    middle = mpmath.fsum(pmf(x) * beta * (shift - 2 * x) for x in range(1, shift))
+    return epsilon * (1 / (1 + b)) - epsilon * b**shift / (1 + b) + middle
 
 
 def make_ledger(path: Path, *, cap="1/2", accountant="zcdp", dags=("adult_census_release",), account="census_adult"):

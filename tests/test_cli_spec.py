@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from dp_operators.cli import app
 
-from support import EXAMPLE_SPEC, make_ledger
+from support import EXAMPLE_SPEC, EXAMPLE_SUM_LINF, discrete_laplace_kl_reference, make_ledger
 
 runner = CliRunner()
 
@@ -56,10 +56,12 @@ def test_plan_with_a_ledger_reports_charges_and_runs_left_without_spending(tmp_p
     result = runner.invoke(app, ["spec", "plan", str(EXAMPLE_SPEC), "--url", url, "--json"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)
-    # rho 0.045 (Gaussian) + Laplace epsilons 0.3, 0.1, 0.1 charged eps * tanh(eps / 2) (docs/adr/0015)
-    expected = 0.045 + sum(eps * math.tanh(eps / 2) for eps in (0.3, 0.1, 0.1))
+    # rho 0.045 (Gaussian) + Laplace counts at epsilons 0.3, 0.1 charged eps * tanh(eps / 2), + the mean's sum at
+    # epsilon 0.1 over 49 grid units charged its own KL (docs/adr/0015)
+    expected = 0.045 + sum(eps * math.tanh(eps / 2) for eps in (0.3, 0.1))
+    expected += float(discrete_laplace_kl_reference(Fraction(1, 10), EXAMPLE_SUM_LINF))
     assert float(Fraction(plan["charge_per_run"])) == pytest.approx(expected, rel=1e-9)
-    assert plan["runs_remaining"] == 5  # floor(0.5 / 0.0997)
+    assert plan["runs_remaining"] == 5  # floor(0.5 / 0.0995)
     assert plan["charge_per_run_as_epsilon"] > 0
     assert all("charge_as_epsilon" in step for step in plan["steps"])
     table = runner.invoke(app, ["spec", "plan", str(EXAMPLE_SPEC), "--url", url])

@@ -23,7 +23,15 @@ from dp_operators.release import (
 )
 from dp_operators.spec import parse_spec
 
-from support import EXAMPLE_SPEC, example_charge, governor, make_ledger, spender
+from support import (
+    EXAMPLE_SPEC,
+    EXAMPLE_SUM_LINF,
+    discrete_laplace_kl_reference,
+    example_charge,
+    governor,
+    make_ledger,
+    spender,
+)
 
 DAG = "adult_census_release"
 
@@ -62,16 +70,19 @@ def test_release_publishes_every_public_key_and_charges_the_plan(example_spec, a
 
 
 def test_example_charge_is_the_composed_rho():
-    """Reference: rho = 0.045 + 0.3 tanh(0.15) + 2 * 0.1 tanh(0.05) at 50 digits; the ledger's value is rounded up to
-    12 significant digits, so it lies above the exact value by less than 1e-12 per converted epsilon."""
+    """Reference: rho = 0.045 + 0.3 tanh(0.15) + 0.1 tanh(0.05) + KL of the 49-unit Laplace sum at 50 digits."""
     import mpmath
 
-    mpmath.mp.dps = 50
-    exact = mpmath.mpf("0.045") + mpmath.mpf("0.3") * mpmath.tanh(mpmath.mpf("0.15")) + 2 * mpmath.mpf(
-        "0.1"
-    ) * mpmath.tanh(mpmath.mpf("0.05"))
-    charged = mpmath.mpf(example_charge().numerator) / example_charge().denominator
-    assert exact <= charged < exact + mpmath.mpf("1e-11")
+    # each charge is rounded up to 12 significant digits (the sum's also carries a 1e-9 relative margin)
+    with mpmath.workdps(50):
+        exact = (
+            mpmath.mpf("0.045")
+            + mpmath.mpf("0.3") * mpmath.tanh(mpmath.mpf("0.15"))
+            + mpmath.mpf("0.1") * mpmath.tanh(mpmath.mpf("0.05"))
+            + discrete_laplace_kl_reference(Fraction(1, 10), EXAMPLE_SUM_LINF)
+        )
+        charged = mpmath.mpf(example_charge().numerator) / example_charge().denominator
+        assert exact <= charged < exact + mpmath.mpf("1e-11")
     assert example_charge() < Fraction(1, 10)  # below the old epsilon^2 / 2 conversion
 
 

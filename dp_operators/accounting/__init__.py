@@ -6,7 +6,9 @@ An account has one accountant, fixed at creation:
 * ``approx_dp`` — (epsilon, delta)-DP, basic composition (epsilons add, deltas add);
 * ``zcdp`` — rho-zero-concentrated DP, composition by adding rho (Bun & Steinke 2016, Lemma 2.3). A pure
   epsilon-DP mechanism is charged ``epsilon * tanh(epsilon / 2)`` rounded up, the tight conversion through
-  randomized response (:mod:`dp_operators.accounting.conversions`; below Bun & Steinke's ``epsilon**2 / 2``), and
+  randomized response (:mod:`dp_operators.accounting.conversions`; below Bun & Steinke's ``epsilon**2 / 2``), or a
+  discrete Laplace its own smaller Rényi bound for its integer shifts
+  (:mod:`dp_operators.accounting.discrete_laplace_renyi`), and
   spend is reported as epsilon at the account's delta with the Canonne-Kamath-Steinke 2020 conversion;
 * ``gaussian_dp`` — mu-Gaussian DP for Gaussian-only accounts, composition by adding mu^2 (Dong, Roth & Su 2019),
   reported as epsilon at the account's delta with their exact conversion.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from dp_operators.accounting.budget import (
     MAX_DENOMINATOR,
+    DiscreteLaplaceNoise,
     GaussianNoise,
     PrivacyLoss,
     exact_number,
@@ -35,18 +38,21 @@ from dp_operators.accounting.accountants import (
     unit_of,
 )
 from dp_operators.accounting.conversions import largest_epsilon_within_rho, pure_epsilon_to_rho
+from dp_operators.accounting.discrete_laplace_renyi import discrete_laplace_rho
 from dp_operators.accounting.gaussian_dp import gdp_delta, gdp_epsilon, gdp_mu_squared_for_approx_dp
 
 __all__ = [
     "ACCOUNTANTS",
     "MAX_DENOMINATOR",
     "Charge",
+    "DiscreteLaplaceNoise",
     "GaussianNoise",
     "IncompatibleAccountantError",
     "PrivacyLoss",
     "account_charge",
     "charge_in_account_unit",
     "delta_in_account",
+    "discrete_laplace_rho",
     "epsilon_at_delta",
     "gdp_delta",
     "gdp_epsilon",

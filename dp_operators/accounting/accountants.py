@@ -14,7 +14,10 @@ What each accountant accepts (anything else raises :class:`IncompatibleAccountan
   name a conversion delta, as (epsilon_CKS(rho, delta), delta) with epsilon rounded up.
 * ``zcdp``: rho losses; pure epsilon losses as epsilon * tanh(epsilon / 2), the tight conversion (sup over alpha of
   the Rényi divergence of randomized response over alpha; :mod:`dp_operators.accounting.conversions`, never above
-  Bun & Steinke's epsilon^2 / 2). Approximate (epsilon, delta > 0) losses are refused: they do not imply zCDP.
+  Bun & Steinke's epsilon^2 / 2), or, for a discrete Laplace loss that carries its scale and integer shifts
+  (:class:`~dp_operators.accounting.budget.DiscreteLaplaceNoise`), the mechanism's own sup over alpha when certified and smaller
+  (:mod:`dp_operators.accounting.discrete_laplace_renyi`; docs/adr/0015). Approximate (epsilon, delta > 0) losses
+  are refused: they do not imply zCDP.
 * ``gaussian_dp``: Gaussian mechanisms only (a loss carrying :class:`GaussianNoise`), charged mu^2 =
   Delta_2^2 / sigma^2 exactly. Laplace and other non-Gaussian mechanisms are refused: a pure epsilon-DP mechanism
   is only (epsilon-dependent) f-DP, and mixing it in would make the account's mu^2 total meaningless.
@@ -34,6 +37,7 @@ from fractions import Fraction
 
 from dp_operators.accounting.budget import PrivacyLoss, round_up
 from dp_operators.accounting.conversions import pure_epsilon_to_rho
+from dp_operators.accounting.discrete_laplace_renyi import discrete_laplace_rho
 
 #: accountant name -> the unit its caps, charges and running totals are kept in
 ACCOUNTANTS: dict[str, str] = {
@@ -114,7 +118,12 @@ def charge_in_account_unit(loss: PrivacyLoss, accountant: str) -> Fraction:
     if loss.unit == unit:
         return round_up(loss.amount)
     if loss.unit == "epsilon" and unit == "rho":
-        return pure_epsilon_to_rho(loss.amount)  # already rounded up to the ledger's resolution
+        charge = pure_epsilon_to_rho(loss.amount)  # already rounded up to the ledger's resolution
+        if loss.laplace is not None:  # the discrete Laplace's own bound for its integer shifts, where certified
+            own = discrete_laplace_rho(loss.laplace.scale, loss.laplace.shifts)
+            if own is not None and own < charge:
+                charge = own
+        return charge
     raise IncompatibleAccountantError(
         f"a mechanism with a {loss.unit} guarantee cannot be charged to a {accountant!r} account "
         f"(its unit is {unit}); use a discrete_laplace mechanism with an epsilon budget, "

@@ -112,6 +112,43 @@ class GaussianNoise:
 
 
 @dataclass(frozen=True)
+class DiscreteLaplaceNoise:
+    """The parameters of one discrete Laplace noise addition, enough for its own zCDP charge.
+
+    Attributes:
+        scale: t of Lap_Z(t) (pmf ~ exp(-|x| / t)), in grid units, exact.
+        shifts: ``((shift, count), ...)``: neighbours differ by at most ``shift`` grid units (an int) in each of at
+            most ``count`` coordinates of each class (``((linf, l0),)`` for one contribution bound). The pure epsilon
+            of the noise is then ``sum(shift * count) / scale``.
+
+    A ``zcdp`` account charges it :func:`~dp_operators.accounting.discrete_laplace_renyi.discrete_laplace_rho`
+    where that is certified and below the pure-DP conversion (docs/adr/0015).
+    """
+
+    scale: Fraction
+    shifts: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        scale = exact_number(self.scale, name="scale")
+        if scale <= 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+        object.__setattr__(self, "scale", scale)
+        shifts = tuple((shift, count) for shift, count in self.shifts)
+        for shift, count in shifts:
+            for name, value in (("shift", shift), ("count", count)):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not shifts:
+            raise ValueError("shifts must name at least one (shift, count) class")
+        object.__setattr__(self, "shifts", shifts)
+
+    @property
+    def epsilon(self) -> Fraction:
+        """The pure epsilon of this noise: L1 / t, exact."""
+        return sum(shift * count for shift, count in self.shifts) / self.scale
+
+
+@dataclass(frozen=True)
 class PrivacyLoss:
     """The privacy loss of one mechanism, in the unit its calibration guarantees.
 
@@ -123,14 +160,17 @@ class PrivacyLoss:
             guarantee is converted to (epsilon, delta) (0: the loss cannot be charged to an ``approx_dp`` account).
         gaussian: for a Gaussian mechanism, its sigma^2 and squared L2 sensitivity; required by ``gaussian_dp``
             accounts, which only compose Gaussian mechanisms.
+        laplace: for a pure discrete Laplace loss, its scale and integer shifts, with which a ``zcdp`` account
+            charges the mechanism's own Rényi bound; ``amount`` must be their epsilon (ValueError otherwise).
 
-    The two optional fields default to "absent", so ``PrivacyLoss("rho", rho)`` keeps its old meaning.
+    The optional fields default to "absent", so ``PrivacyLoss("rho", rho)`` keeps its old meaning.
     """
 
     unit: str
     amount: Fraction
     delta: Fraction = Fraction(0)
     gaussian: GaussianNoise | None = None
+    laplace: DiscreteLaplaceNoise | None = None
 
     def __post_init__(self) -> None:
         if self.unit not in ("epsilon", "rho"):
@@ -141,3 +181,8 @@ class PrivacyLoss:
         if not 0 <= delta < 1:
             raise ValueError(f"delta must be in [0, 1), got {self.delta}")
         object.__setattr__(self, "delta", delta)
+        if self.laplace is not None and (self.unit != "epsilon" or self.laplace.epsilon != self.amount):
+            raise ValueError(
+                f"discrete Laplace noise of scale {self.laplace.scale} and shifts {self.laplace.shifts} is "
+                f"{self.laplace.epsilon}-DP, not the {self.unit} {self.amount} this loss states"
+            )

@@ -181,7 +181,7 @@ def _attribute_measures(
             "type": attribute.type,
             "distance": attribute.distance,
             "distinct_l": int(evaluation.distinct.min()),
-            "entropy_l": math.exp(float(evaluation.entropy.min())),
+            "entropy_l": evaluation.distribution.entropy_l(),
             "recursive_c_bound": None,
             "t": float(evaluation.emd.max()),
         }
@@ -260,6 +260,7 @@ def _select_classes(evaluation: ClassEvaluation, keep: np.ndarray) -> ClassEvalu
             entropy=a.entropy[keep],
             emd=a.emd[keep],
             recursive_ratio=None if a.recursive_ratio is None else a.recursive_ratio[keep],
+            distribution=a.distribution.select_classes(keep),
         )
         for name, a in evaluation.attributes.items()
     }

@@ -35,7 +35,8 @@ from dp_operators.anonymity.risk import RISK_TOLERANCE, exceeds, risk_summary
 if TYPE_CHECKING:
     from dp_operators.anonymity.spec import AnonymitySpec, Targets
 
-#: Entropies and EMDs are float sums: a class exactly at the target must not fail on the last bit.
+#: EMDs are float sums: a class exactly at the target must not fail on the last bit. (Entropy l is decided exactly,
+#: by :meth:`~dp_operators.anonymity.measures.SensitiveDistribution.class_entropy_l_met`.)
 TOLERANCE = 1e-9
 
 
@@ -62,12 +63,14 @@ class SensitiveColumn:
 
 @dataclass(frozen=True)
 class AttributeEvaluation:
-    """Per-class measures of one sensitive attribute, each shape ``(n_classes,)``."""
+    """Per-class measures of one sensitive attribute, each shape ``(n_classes,)``, and the per-class value counts
+    they come from (``distribution``: the exact entropy l test and the correctly rounded entropy l use them)."""
 
     distinct: np.ndarray
     entropy: np.ndarray
     emd: np.ndarray
     recursive_ratio: np.ndarray | None  # r_1 / (r_l + ... + r_m), only when a recursive target is declared
+    distribution: SensitiveDistribution
 
 
 @dataclass(frozen=True)
@@ -319,6 +322,7 @@ class Criteria:
             entropy=dist.class_entropies(),
             emd=emd,
             recursive_ratio=ratio,
+            distribution=dist,
         )
 
     def _l_failing(self, evaluation: AttributeEvaluation) -> np.ndarray:
@@ -327,7 +331,8 @@ class Criteria:
         if target.kind == "distinct":
             return evaluation.distinct < target.l
         if target.kind == "entropy":
-            return evaluation.entropy < math.log(target.l) - TOLERANCE
+            met = evaluation.distribution.class_entropy_l_met(float(target.l), evaluation.entropy, evaluation.distinct)
+            return ~met
         assert evaluation.recursive_ratio is not None and target.c is not None
         return ~(evaluation.recursive_ratio < target.c)
 

@@ -27,8 +27,11 @@ Everything here is pure pandas/numpy. Results are plain Python ``int``/``float``
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal, localcontext
+from fractions import Fraction
 from typing import Literal
 
 import numpy as np
@@ -239,6 +242,88 @@ class SensitiveDistribution:
         p = self.pair_count / self.class_sizes[self.pair_class]
         return np.bincount(self.pair_class, weights=-p * np.log(p), minlength=self.n_classes)
 
+    def class_entropy_l_met(
+        self, l: float, entropy: np.ndarray | None = None, distinct: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Whether each class is entropy l-diverse, ``H >= log l``, decided exactly; bool, shape ``(n_classes,)``.
+
+        A class of ``n`` rows with value counts ``c_i`` has ``exp(H) = prod (n / c_i)^(c_i / n)``, so with
+        ``l = a / b`` in lowest terms and ``g = gcd(c_i)`` the test is, raising both sides to the power ``n / g``,
+        the integer comparison ``(n b)^(n / g) >= a^(n / g) prod c_i^(c_i / g)`` (Machanavajjhala et al. 2006,
+        definition 4.1). The float entropy decides every class farther from ``log l`` than its rounding error
+        (:func:`_entropy_rounding_bound`); only the others, such as three equally common values against ``l = 3``,
+        take the integer test, so a class exactly at ``l`` passes and one below it by any amount fails.
+
+        ``entropy`` and ``distinct``, when given, are :meth:`class_entropies` and :meth:`class_distinct_counts`
+        already computed (the criteria evaluator has them), which saves computing them again.
+        """
+        entropy = self.class_entropies() if entropy is None else entropy
+        distinct = self.class_distinct_counts() if distinct is None else distinct
+        log_l = math.log(l)
+        met = entropy >= log_l
+        bound = _entropy_rounding_bound(distinct, np.maximum(entropy, log_l))
+        close = np.flatnonzero(np.abs(entropy - log_l) <= bound)
+        if close.size:
+            a, b = Fraction(l).as_integer_ratio()
+            decided: dict[tuple[int, ...], bool] = {}
+            for cls, counts in zip(close, self._class_counts(close)):
+                key = tuple(sorted(counts))
+                if key not in decided:
+                    decided[key] = _perplexity_at_least(list(key), a, b)
+                met[cls] = decided[key]
+        return met
+
+    def entropy_l(self) -> float:
+        """Entropy l of the partition: ``min over classes of exp(H)``, correctly rounded to a float (so exactly
+        ``3.0`` for three equally common values); ``inf`` when there is no class.
+
+        The float entropies pick the classes within rounding error of the smallest; each of those is recomputed
+        in 40-digit decimal arithmetic (``exp(log n - sum c_i log c_i / n)``, every step correctly rounded) before
+        the minimum is converted to a float. The result is the float nearest the true value unless that value lies
+        within about 1e-35 of halfway between two floats (a whole number never does).
+        """
+        if self.n_classes == 0:
+            return math.inf
+        entropy = self.class_entropies()
+        bound = _entropy_rounding_bound(self.class_distinct_counts(), entropy)
+        smallest = float(entropy.min())
+        candidates = np.flatnonzero(entropy - bound <= smallest + float(bound.max()))
+        with localcontext() as context:
+            context.prec = 40
+            logs: dict[int, Decimal] = {}
+
+            def log_of(count: int) -> Decimal:
+                if count not in logs:
+                    logs[count] = Decimal(count).ln()
+                return logs[count]
+
+            values = []
+            for counts in {tuple(sorted(c)) for c in self._class_counts(candidates)}:  # equal counts, equal value
+                n = sum(counts)
+                weighted = sum((Decimal(c) * log_of(c) for c in counts), Decimal(0))
+                values.append((log_of(n) - weighted / n).exp())
+            return float(min(values))
+
+    def select_classes(self, keep: np.ndarray) -> SensitiveDistribution:
+        """The distribution of the kept classes only (renumbered in order); ``keep`` is a bool mask
+        ``(n_classes,)``. The table counts (``P``) stay those of the whole table."""
+        new_class = np.cumsum(keep) - 1
+        kept_pairs = keep[self.pair_class]
+        return SensitiveDistribution(
+            n_values=self.n_values,
+            table_counts=self.table_counts,
+            class_sizes=self.class_sizes[keep],
+            pair_class=new_class[self.pair_class[kept_pairs]].astype(np.intp),
+            pair_code=self.pair_code[kept_pairs],
+            pair_count=self.pair_count[kept_pairs],
+        )
+
+    def _class_counts(self, classes: np.ndarray) -> list[list[int]]:
+        """The value counts of each of ``classes`` (class indices), as lists of Python ints."""
+        starts = np.searchsorted(self.pair_class, classes, side="left")
+        ends = np.searchsorted(self.pair_class, classes, side="right")
+        return [self.pair_count[start:end].tolist() for start, end in zip(starts, ends)]
+
     def class_recursive_ratios(self, l: int) -> np.ndarray:
         """``r_1 / (r_l + ... + r_m)`` per class, shape ``(n_classes,)``; ``inf`` where the class has fewer than
         ``l`` distinct values. A class is recursive (c, l)-diverse iff its ratio is ``< c``
@@ -329,6 +414,50 @@ class SensitiveDistribution:
         return (np.minimum(pos, neg) * node_height).sum(axis=1)
 
 
+def _entropy_rounding_bound(distinct: np.ndarray, entropy: np.ndarray) -> np.ndarray:
+    """A bound, far above the actual float error, on ``|float H - H|`` for classes with ``distinct`` values and
+    entropy about ``entropy`` (both shape ``(n_classes,)``).
+
+    Each term ``-p log p`` is off by a few units in the last place of ``p (1 + |log p|)`` and the sum adds one
+    rounding per term, so the error is below ``(distinct + 2) * (H + 1) * 4 * 2**-52``; ``2**-40`` in place of
+    ``4 * 2**-52`` leaves a margin of a thousand, still small enough that only classes within about
+    ``1e-12 * distinct`` of ``log l`` take the exact test.
+    """
+    return 2.0**-40 * (distinct + 2) * (entropy + 1.0)
+
+
+#: Above this many bits the integers of the exact entropy l test cost more than a few tenths of a second (a class of
+#: 10**6 rows with coprime counts needs 2 * 10**7 bits and took 15 s), and the test is made in decimal arithmetic instead.
+_EXACT_TEST_BITS = 2**20
+
+#: Digits of that decimal arithmetic; a difference of logs below 10**-45 of their size counts as equality.
+_DECIMAL_TEST_DIGITS = 60
+
+
+def _perplexity_at_least(counts: list[int], a: int, b: int) -> bool:
+    """Whether a class with value counts ``counts`` has ``exp(H) >= a / b`` (see
+    :meth:`SensitiveDistribution.class_entropy_l_met`).
+
+    Exact integer arithmetic while the integers stay below :data:`_EXACT_TEST_BITS`; beyond (only classes of tens of
+    thousands of rows whose counts share no large factor), ``n log(n b / a) >= sum c_i log c_i`` in
+    :data:`_DECIMAL_TEST_DIGITS`-digit arithmetic, which still decides equal frequencies as equal and tells any
+    class distribution apart from ``l`` unless its ``exp(H)`` agrees with ``l`` to some 45 digits.
+    """
+    n = sum(counts)
+    g = math.gcd(*counts)
+    power = n // g
+    if power * (n * max(a, b)).bit_length() <= _EXACT_TEST_BITS:
+        rhs = a**power
+        for count in counts:
+            rhs *= count ** (count // g)
+        return (n * b) ** power >= rhs
+    with localcontext() as context:
+        context.prec = _DECIMAL_TEST_DIGITS
+        lhs = n * (Decimal(n).ln() + Decimal(b).ln() - Decimal(a).ln())
+        rhs_log = sum((c * Decimal(c).ln() for c in counts), Decimal(0))
+        return lhs - rhs_log >= -(lhs.copy_abs() + rhs_log) * Decimal(10) ** -45
+
+
 def sensitive_codes(
     column: pd.Series,
     distance: Distance,
@@ -341,9 +470,14 @@ def sensitive_codes(
     sort order of text is rarely the attribute's order). ``equal``: any consistent coding. ``hierarchical``: leaf
     indices of ``hierarchy``.
 
+    A declared ``order`` is matched by the column's type class, never by how a value happens to print: on a numeric
+    column (numeric dtype other than bool, or an object column of numbers) by equality of number, so ``1`` in the
+    order matches a cell ``1.0`` of a float column; on any other column by text, so ``1`` matches a cell ``"1"``.
+
     Raises:
         AnonymityInputError: an ordered text column without ``order``, a value missing from ``order`` or from the
-            hierarchy.
+            hierarchy, a non-numeric (or NaN) ``order`` entry for a numeric column, or two ``order`` entries that are
+            the same number (``1`` and ``1.0``).
     """
     name = str(column.name)
     if distance == "hierarchical":
@@ -351,8 +485,14 @@ def sensitive_codes(
             raise ValueError("the hierarchical distance needs a hierarchy")
         return hierarchy.leaf_codes(column.to_numpy(), name), len(hierarchy.leaves)
     if distance == "ordered" and order is not None:
-        index = {str(v): i for i, v in enumerate(order)}
-        codes = np.fromiter((index.get(str(v), -1) for v in column), dtype=np.intp, count=len(column))
+        if _is_numeric_column(column):
+            index = _numeric_order_index(order, name, column.dtype)
+            cell_codes, uniques = pd.factorize(column)
+            unique_codes = np.fromiter((index.get(v, -1) for v in uniques.tolist()), dtype=np.intp, count=len(uniques))
+            codes = unique_codes[cell_codes]
+        else:
+            text_index = {str(v): i for i, v in enumerate(order)}
+            codes = np.fromiter((text_index.get(str(v), -1) for v in column), dtype=np.intp, count=len(column))
         unknown = int(np.count_nonzero(codes < 0))
         if unknown:
             raise AnonymityInputError(
@@ -366,6 +506,46 @@ def sensitive_codes(
         )
     codes, uniques = pd.factorize(column, sort=True)
     return codes.astype(np.intp), len(uniques)
+
+
+def _is_numeric_column(column: pd.Series) -> bool:
+    """Whether ``column``'s type class is numeric: a numeric dtype other than bool (NumPy, nullable or Arrow), or an
+    object column whose cells are all numbers (ints, floats, decimals), as some database drivers return."""
+    dtype = column.dtype
+    if pd.api.types.is_bool_dtype(dtype):
+        return False
+    if pd.api.types.is_numeric_dtype(dtype):
+        return True
+    if dtype == object:
+        kind = pd.api.types.infer_dtype(column, skipna=True)
+        return kind in ("integer", "floating", "mixed-integer-float", "decimal")
+    return False
+
+
+def _numeric_order_index(order: Sequence[object], name: str, dtype: object) -> dict[object, int]:
+    """``{number: rank}`` for a declared order of a numeric column; Python numbers hash by value (``hash(1) ==
+    hash(1.0) == hash(Decimal(1))``), so a lookup matches a cell by equality of number.
+
+    Raises:
+        AnonymityInputError: an entry is not a number (text such as ``"1"``, a bool) or is NaN, or two entries are
+            the same number; the message names the column and the entries.
+    """
+    not_numbers = [v for v in order if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Number) or v != v]
+    if not_numbers:
+        raise AnonymityInputError(
+            f"sensitive attribute {name!r} is numeric ({dtype}) but its declared order has entries that are not "
+            f"numbers: {not_numbers[:5]!r}; list the order as numbers (1, not '1'), or convert the column to text "
+            "if its values are labels"
+        )
+    index: dict[object, int] = {}
+    for rank, value in enumerate(order):
+        if value in index:
+            raise AnonymityInputError(
+                f"sensitive attribute {name!r}: the declared order lists the number {value!r} more than once "
+                f"(at positions {index[value] + 1} and {rank + 1}, counting from 1); list each value once"
+            )
+        index[value] = rank
+    return index
 
 
 def sensitive_distribution(
@@ -404,10 +584,11 @@ def distinct_l_diversity(table: pd.DataFrame, quasi_identifiers: Sequence[str], 
 def entropy_l_diversity(table: pd.DataFrame, quasi_identifiers: Sequence[str], attribute: str) -> float:
     """Entropy l: ``exp(min over classes of -sum p log p)``, a real number >= 1 (Machanavajjhala et al. 2006).
 
-    The table is entropy l-diverse for every ``l`` up to this value.
+    The table is entropy l-diverse for every ``l`` up to this value. Correctly rounded, so three equally common
+    values in the least diverse class give exactly ``3.0`` (see :meth:`SensitiveDistribution.entropy_l`).
     """
     classes = equivalence_classes(table, quasi_identifiers)
-    return math.exp(float(sensitive_distribution(table, classes, attribute).class_entropies().min()))
+    return sensitive_distribution(table, classes, attribute).entropy_l()
 
 
 def recursive_cl_diversity(table: pd.DataFrame, quasi_identifiers: Sequence[str], attribute: str, l: int) -> float:

@@ -11,10 +11,14 @@ all); the attacker's identification table (the *population*) has the matching cl
 - **Marketer** (the attacker re-identifies as many records as possible): expected fraction re-identified
   ``(1 / n) * sum_j f_j / F_j``.
 
-For the prosecutor and journalist we report the *highest* record risk, the *average* record risk over released
-records (prosecutor: ``classes / n``; journalist: the marketer figure) and the fraction of *records at risk*, whose
-record risk exceeds a threshold. Without a separate population the released table is its own population (``F = f``),
-and the journalist figures equal the prosecutor's, as in ARX without a research subset.
+For the prosecutor and journalist we report the *highest* record risk, the *average* risk and the fraction of
+*records at risk*, whose record risk exceeds a threshold. The prosecutor average is ``J / n`` (``J`` the number of
+released classes). The journalist average is El Emam's (Guide, "Measuring the Probability of Re-identification"), as
+ARX computes it (``RiskModelSampleSummary.getJournalistRisk``): ``max(J / sum_j F_j, (1 / n) * sum_j f_j / F_j)``,
+the sums over the released classes. The first term is the average risk of a target drawn from the matching
+population classes, the second the marketer figure; the larger is reported so that neither attacker is understated.
+Without a separate population the released table is its own population (``F = f``): both terms are ``J / n`` and the
+journalist figures equal the prosecutor's, as in ARX without a research subset.
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ def risk_summary(sample_sizes: np.ndarray, population_sizes: np.ndarray | None, 
     Returns:
         ``{"threshold", "population": "release" | "given", "prosecutor": {highest, average, records_at_risk},
         "journalist": {highest, average, records_at_risk}, "marketer": {average}}``; plain floats in ``[0, 1]``
-        (all 0 for an empty release).
+        (all 0 for an empty release). The journalist ``average`` is ``max(J / sum F, marketer average)`` (El Emam,
+        "Guide to the De-Identification of Personal Health Information", 2013; ARX's ``RiskModelSampleSummary``).
 
     Raises:
         ValueError: shapes differ, a size is below 1, a population class is smaller than its sample class, or the
@@ -84,6 +89,7 @@ def risk_summary(sample_sizes: np.ndarray, population_sizes: np.ndarray | None, 
     prosecutor = record_risks(f)
     journalist = record_risks(big_f)
     marketer = float((f / big_f).sum() / n)
+    journalist_average = max(f.size / float(big_f.sum()), marketer)
     return {
         "threshold": float(threshold),
         "population": population,
@@ -94,7 +100,7 @@ def risk_summary(sample_sizes: np.ndarray, population_sizes: np.ndarray | None, 
         },
         "journalist": {
             "highest": float(journalist.max()),
-            "average": marketer,
+            "average": journalist_average,
             "records_at_risk": float(f[exceeds(journalist, threshold)].sum() / n),
         },
         "marketer": {"average": marketer},

@@ -295,8 +295,9 @@ class LDiversityTarget(BaseModel):
 class RiskTarget(BaseModel):
     """Re-identification risk bounds for the prosecutor or journalist model (El Emam & Dankar 2008); each optional.
 
-    ``highest``: the largest record risk (``1 / class size``) allowed, a class-level target; ``average``: the mean
-    record risk over released records; ``records_at_risk``: the largest fraction of released records whose risk
+    ``highest``: the largest record risk (``1 / class size``) allowed, a class-level target; ``average``: the
+    largest average risk (prosecutor: the mean record risk over released records; journalist: El Emam's
+    ``max(J / sum F, (1/n) sum f / F)``); ``records_at_risk``: the largest fraction of released records whose risk
     exceeds the spec's ``risk_threshold``. See :mod:`dp_operators.anonymity.risk`.
     """
 

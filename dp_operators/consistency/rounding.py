@@ -197,10 +197,16 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
     dimensions one may not exist, and searching for one can take minutes at 10^5 cells: above
     ``FULL_PROGRAM_CELLS`` fractional cells the program constrains only the members :func:`two_chains` holds
     (totally unimodular, so solved at the root, without a time limit: seconds at 10^5 cells, about a minute and a
-    half at 10^6), and the others are checked after the rounding (``kept``). Should a program still fail, the constraints of the member
-    with the most cells (ties: the later in spec order) are dropped and it is solved again, down to the one-cell
-    members (the total), which largest-remainder rounding always satisfies: the rounding closest to the base whose grand total
-    is the floor or the ceiling of the real total (it is also used when the family has no total). A program
+    half at 10^6), and the others are checked after the rounding (``kept``). Should a program still fail, the
+    constraints of the member outside the chains with the most cells (ties: the later in spec order) are dropped and
+    it is solved again, down to the chains' program, which is totally unimodular with the real fractions feasible,
+    so it has a solution: the members :func:`guaranteed_rounding` names (the base and the chains) keep their
+    floor/ceiling on every input, which the published half-widths rely on. (Were even that program to fail, which
+    only float error beyond ``_sum_bounds``'s tolerance in 10^6 rows could cause, the chains would be given up the
+    same way, down to the one-cell members; ``kept`` then says so and the caller must not publish guaranteed widths.)
+    One-cell members (the total) alone are rounded by largest remainder, which always satisfies them: the rounding
+    closest to the base whose grand total is the floor or the ceiling of the real total (it is also used when the
+    family has no total). A program
     without a solution within ``MILP_NODE_LIMIT`` branch-and-bound nodes counts as infeasible (the same outcome on
     any machine), as does one without a solution within the safety limit ``MILP_TIME_LIMIT`` seconds (only then
     can the outcome depend on the machine's speed); a solution found within the limits that is not proven optimal
@@ -248,8 +254,14 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
         # margins), and would then be decided by the clock
         unimodular = len(chains) == len(family.members) - 1 or fractional.size > FULL_PROGRAM_CELLS \
             or len(family.members) > FULL_PROGRAM_MEMBERS
-        candidates = chains if unimodular else range(1, len(family.members))
-        constrained = sorted(candidates, key=lambda i: (-family.members[i].cells, -i))
+        def largest_first(indexes) -> list[int]:
+            return sorted(indexes, key=lambda i: (-family.members[i].cells, -i))
+
+        # the members outside the chains are given up first (largest first), so that the program always ends at the
+        # chains' totally unimodular one: the members guaranteed_rounding() names keep their floor/ceiling whatever
+        # the values, and the published half-widths can rely on it
+        others = [] if unimodular else largest_first(i for i in range(1, len(family.members)) if i not in chains)
+        constrained = others + largest_first(chains)
         while True:
             if all(family.members[i].cells == 1 for i in constrained):
                 lower, upper = _sum_bounds(np.zeros(n, dtype=np.int64), 1, remainder)
@@ -261,7 +273,7 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
                 remainder[fractional],
                 # a totally unimodular program is solved at the root, however long that takes: no time limit, so
                 # the outcome never depends on the machine's speed
-                None if unimodular else MILP_TIME_LIMIT,
+                MILP_TIME_LIMIT if any(i not in chains for i in constrained) else None,
             )
             if solution is not None:
                 up = solution
@@ -275,6 +287,34 @@ def controlled_rounding(family: Family, base: np.ndarray) -> tuple[np.ndarray, t
         if np.all((ups >= lower) & (ups <= upper)):
             kept.append(member.name)
     return rounded, tuple(kept)
+
+
+def guaranteed_rounding(family: Family) -> dict[str, int]:
+    """Per member (base first), the most :func:`controlled_rounding` can move one of its cells, in units (strictly
+    less than this): a function of the family's structure only, never of the values rounded.
+
+    The base and the members :func:`two_chains` holds keep their floor/ceiling on every input (their program is
+    totally unimodular with the real fractions feasible): each of their cells moves by less than 1, so 1. Any other
+    member's cell is a union of cells of some guaranteed member (the base at least); the sum of k such cells, each
+    moved by less than 1, moves by less than k: the smallest such k over the guaranteed members it is a union of.
+    Whether the rounding of one draw happens to keep such a member too (``kept``) is not used, so the half-widths
+    built on these allowances are the same on every draw.
+    """
+    guaranteed = [0, *two_chains(family)]
+    allowances = {}
+    for index, member in enumerate(family.members):
+        if index in guaranteed:
+            allowances[member.name] = 1
+            continue
+        best = None
+        for finer in (family.members[i] for i in guaranteed):
+            if member.cells and nested(member, finer):
+                # distinct cells of `finer` per cell of `member`
+                pairs = np.unique(finer.to_base.astype(np.int64) * member.cells + member.to_base)
+                most = int(np.bincount(pairs % member.cells, minlength=member.cells).max())
+                best = most if best is None else min(best, most)
+        allowances[member.name] = 1 if best is None else best
+    return allowances
 
 
 def nested(coarser: Member, finer: Member) -> bool:

@@ -4,12 +4,22 @@ Every function returns integers ``lo <= 2^p * value <= hi`` proved by directed r
 rounded down (floor) for the lower bound and up (ceiling) for the upper bound, and the Taylor remainder is bounded
 explicitly. No float is involved; the bounds are valid at every precision, and tighten as ``p`` grows (width a
 few units of 2^-p times the number of rounded operations), which is all the sampler needs: it only acts on a
-comparison when the bounds certify it.
+comparison when the bounds certify it. A floor table's proof starts at the precision its scale needs
+(``gaussian_start_precision``, ``laplace_start_precision``) and restarts 64 bits higher while a floor is unproven.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
+from math import ceil, isqrt
+
+#: log2(e) = 1.4426950..., rounded up. It only chooses the precision at which a floor table's proof is first
+#: attempted, never a bound: an attempt that does not prove every floor is restarted 64 bits higher.
+_LOG2_E_ABOVE = Fraction(14427, 10000)
+#: bits added to the precision when an attempt does not prove every floor
+PRECISION_STEP = 64
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -19,6 +29,27 @@ def _ceil_div(a: int, b: int) -> int:
 @lru_cache(maxsize=64)
 def exp_neg_bounds(num: int, den: int, p: int) -> tuple[int, int]:
     """Integers (lo, hi) with lo <= 2^p * exp(-num/den) <= hi, for num >= 0, den > 0, p >= 1.
+
+    exp(-x) = exp(-1)^floor(x) * exp(-frac(x)) (as in CKS 2020 Algorithm 1): both factors are bounded by
+    :func:`_exp_neg_taylor_bounds` (arguments at most 1, so a short series) at w = p + 2 bitlen(floor(x)) + 64
+    bits, the power by square-and-multiply rounded down for the lower bound and up for the upper one, and the
+    product likewise. Every factor lies in [0, 1], so each rounding adds at most one unit of 2^-w to the
+    width. A Taylor series for e^x itself would need about e x terms (11,000 at x = 5000, the Gaussian ratio at
+    the spec's smallest sigma2).
+    """
+    whole, rest = divmod(num, den)
+    if not whole:
+        return _exp_neg_taylor_bounds(num, den, p)
+    w = p + 2 * whole.bit_length() + 64
+    e_lo, e_hi = _exp_neg_taylor_bounds(1, 1, w)
+    f_lo, f_hi = _exp_neg_taylor_bounds(rest, den, w)
+    lo = (_pow_floor(e_lo, whole, w) * f_lo) >> w
+    hi = _ceil_div(_pow_ceil(e_hi, whole, w) * f_hi, 1 << w)
+    return lo >> (w - p), _ceil_div(hi, 1 << (w - p))
+
+
+def _exp_neg_taylor_bounds(num: int, den: int, p: int) -> tuple[int, int]:
+    """Integers (lo, hi) with lo <= 2^p * exp(-num/den) <= hi, for num >= 0, den > 0, p >= 1, from e^x's series.
 
     e^x (x = num/den) is bounded by the Taylor sum of its first n+1 terms (all positive) below, and above by that
     sum plus the remainder bound x^(n+1)/(n+1)! * 1/(1 - x/(n+2)) (geometric majorant, valid once n+2 > x).
@@ -82,18 +113,65 @@ def laplace_cdf_bounds(t: int, s: int, k: int, p: int) -> tuple[int, int]:
     return ((1 << w) - tail_hi) >> shift, _ceil_div((1 << w) - tail_lo, 1 << shift)
 
 
+@dataclass(frozen=True)
+class ProvenFloors:
+    """A floor table with the record of its proof.
+
+    ``floors`` are F_k = floor(2^64 G(k)), k = 0..K, each proven (None when the table would exceed its size cap);
+    ``start`` is the precision p (bits below the binary point of the target 2^p G(k)) of the first attempt and
+    ``rounds`` the number of attempts: each attempt that leaves a floor unproven restarts at p + 64.
+    """
+
+    floors: list[int] | None
+    start: int
+    rounds: int
+
+
+def _start_bits(decay_bits: Fraction, exponent: int) -> int:
+    """max(64, ceil(decay_bits * j^exponent)) for the first j >= 1 at which decay_bits * j^exponent >= 66.
+
+    The last floor F_K = 2^64 - 1 is proven only by bounds that resolve 1 - G(K), about 2 v_(K+1) for the
+    magnitude's unnormalised weight v_j = 2^(-decay_bits * j^exponent) (Laplace q^j: exponent 1; Gaussian
+    exp(-j^2/(2 sigma2)): exponent 2). K + 1 is about the first j with v_j below 2^-66 (then 1 - G(j - 1) is below
+    2^-64), so the weight to resolve is 2^-(decay_bits * j^exponent): at a small scale (v_1 already below 2^-66,
+    K = 0) that is decay_bits itself, log2(e)/(2 sigma2) for the Gaussian, far above 64 bits.
+    """
+    need = Fraction(66) / decay_bits  # j^exponent >= need
+    j = max(1, ceil(need) if exponent == 1 else _ceil_sqrt(ceil(need)))
+    return max(64, ceil(decay_bits * j**exponent))
+
+
+def _ceil_sqrt(n: int) -> int:
+    r = isqrt(n)
+    return r if r * r == n else r + 1
+
+
+def laplace_start_precision(t: int, s: int) -> int:
+    """The precision (bits) at which the discrete Laplace floor table for scale t/s is first attempted:
+    64 bits, or more when q = exp(-s/t) is tiny (a scale below 1/64), about log2(1/q) = log2(e) s/t."""
+    return _start_bits(_LOG2_E_ABOVE * Fraction(s, t), 1)
+
+
 def laplace_floor_table(t: int, s: int, max_len: int) -> list[int]:
     """F_k = floor(2^64 G(k)) for k = 0..K, exactly, where K is the first k with F_k = 2^64 - 1 (then no 64-bit
-    word lies beyond the table), or K = max_len - 1.
+    word lies beyond the table), or K = max_len - 1 (:func:`laplace_floor_proof` has the proof's record)."""
+    return laplace_floor_proof(t, s, max_len).floors
 
-    The powers q^(k+1) are carried as floor/ceil bounds at w bits (one directed rounding per step, so after k
-    steps the bounds are within k+1 units plus (k+1) times q's own bound width); each F_k is accepted only when
-    floor(2^64 * lower) == floor(2^64 * upper), which proves it. Otherwise the table is recomputed with 64 more
-    bits (G(k) is transcendental, so this terminates).
+
+def laplace_floor_proof(t: int, s: int, max_len: int, *, start: int | None = None) -> ProvenFloors:
+    """The floor table of :func:`laplace_floor_table` with its proof's record, first attempted at precision
+    ``start`` (default :func:`laplace_start_precision`; the floors do not depend on it, only the work does).
+
+    The powers q^(k+1) are carried as floor/ceil bounds at w = p + bitlen(max_len) + 80 bits (one directed
+    rounding per step, so after k steps the bounds are within k+1 units plus (k+1) times q's own bound width);
+    each F_k is accepted only when floor(2^64 * lower) == floor(2^64 * upper), which proves it. Otherwise the
+    table is recomputed with 64 more bits (G(k) is transcendental, so this terminates).
     """
-    guard = 64 + max(max_len, 2).bit_length() + 16
+    precision = laplace_start_precision(t, s) if start is None else start
+    first, rounds = precision, 0
     while True:
-        w = 64 + guard
+        rounds += 1
+        w = precision + max(max_len, 2).bit_length() + 80
         one = 1 << w
         q_lo, q_hi = exp_neg_bounds(s, t, w)
         den_lo, den_hi = one + q_hi, one + q_lo  # bounds on 2^w (1+q): hi tail uses the smaller denominator
@@ -117,8 +195,8 @@ def laplace_floor_table(t: int, s: int, max_len: int) -> list[int]:
             pw_lo = (pw_lo * q_lo) >> w
             pw_hi = _ceil_div(pw_hi * q_hi, one)
         if ok:
-            return floors
-        guard += 64
+            return ProvenFloors(floors, first, rounds)
+        precision += PRECISION_STEP
 
 
 @lru_cache(maxsize=8)
@@ -168,13 +246,33 @@ def gaussian_cdf_bounds(num: int, den: int, k: int, p: int) -> tuple[int, int]:
     return (s_lo[k] << p) // z_hi, _ceil_div(s_hi[k] << p, z_lo)
 
 
+def gaussian_start_precision(num: int, den: int) -> int:
+    """The precision (bits) at which the discrete Gaussian floor table for sigma2 = num/den is first attempted:
+    about 64 bits, and about log2(e)/(2 sigma2) bits below sigma2 = 1/91.5, where the pmf ratio at 1,
+    exp(-1/(2 sigma2)), is below 2^-66 and the table is the single floor F_0 = floor(2^64/Z) = 2^64 - 1, proven
+    only once the bounds on Z = 1 + 2 exp(-1/(2 sigma2)) + ... exceed 1 (7,214 bits at the spec's smallest
+    sigma2, 1e-4)."""
+    return _start_bits(_LOG2_E_ABOVE * Fraction(den, 2 * num), 2)
+
+
 def gaussian_floor_table(num: int, den: int, max_len: int) -> list[int] | None:
     """F_k = floor(2^64 G(k)), k = 0..K, K the first k with F_k = 2^64 - 1, each proven by the bounds above
-    (floor of the lower and of the upper bound agree); None if K >= max_len (scale too large for a table)."""
-    extra = 0
+    (floor of the lower and of the upper bound agree); None if K >= max_len (scale too large for a table).
+    :func:`gaussian_floor_proof` has the proof's record."""
+    return gaussian_floor_proof(num, den, max_len).floors
+
+
+def gaussian_floor_proof(num: int, den: int, max_len: int, *, start: int | None = None) -> ProvenFloors:
+    """The floor table of :func:`gaussian_floor_table` with its proof's record, first attempted at precision
+    ``start`` (default :func:`gaussian_start_precision`; the floors do not depend on it, only the work does).
+    An attempt at precision p bounds the sums at w = p + 4 bitlen(N) + 64 bits; one that leaves a floor
+    unproven restarts at p + 64."""
+    precision = gaussian_start_precision(num, den) if start is None else start
+    first, rounds = precision, 0
     top = (1 << 64) - 1
     while True:
-        w = _gaussian_guard(num, den, 64 + extra, 0)
+        rounds += 1
+        w = _gaussian_guard(num, den, precision, 0)
         s_lo, s_hi, z_lo, z_hi = gaussian_prefix_bounds(num, den, w, 0)
         floors: list[int] = []
         for k in range(min(len(s_lo), max_len)):
@@ -183,8 +281,8 @@ def gaussian_floor_table(num: int, den: int, max_len: int) -> list[int] | None:
                 break
             floors.append(f)
             if f == top:
-                return floors
+                return ProvenFloors(floors, first, rounds)
         else:
             if len(s_lo) >= max_len:
-                return None
-        extra += 64
+                return ProvenFloors(None, first, rounds)
+        precision += PRECISION_STEP

@@ -11,6 +11,13 @@ table as a CSV or Parquet file. A report that fails its targets is written and p
 (missing, unreadable, not CSV/Parquet) fails the same way, with a report saying why. Reading, writing (whole or not
 at all) and the location guards live in :mod:`dp_operators.operators.microdata_files`; the operators call it
 through the module, so a test patches the names there.
+
+These operators decide by the data, by design: whether a table meets k-anonymity, l-diversity or a risk target is a
+function of its rows, and so are the counts in the report and the log line. That is not a differentially private
+release (DESIGN.md 2.4 governs :class:`~dp_operators.operators.release.DPReleaseOperator` only): they neither read
+nor charge a budget ledger, and no DP release's refusal passes through them. Do not put a gate that can fail
+(``on_failure: fail``) upstream of a DP release of the same data: the release would then run or not depending on
+whether the data pass the gate, a one-bit disclosure outside the ledger's accounting.
 """
 
 from __future__ import annotations

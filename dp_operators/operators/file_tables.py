@@ -9,15 +9,14 @@ it is no number (NULL, below); in the header it names no column the spec needs. 
 
 * a value cell: an integer literal (``12``, ``-3``) is an ``int``; any other number (``12.5``, ``1e3``, ``40.0``,
   ``nan``, ``inf``) is a Python ``float``, exactly as if the upstream task had returned that float through XCom,
-  so the engine's float rules apply (:mod:`dp_operators.release.upstream_types`): under ``upstream.arithmetic:
-  exact`` a sum may only hold integral floats (up to 2^53), under ``binary64`` any float. Text with a fraction is
-  never taken for an exact decimal: a float sum printed as text would otherwise pass as exact (Casacuberta,
-  Shoemate, Vadhan, Wagaman, CCS 2022); exact decimal sums go in Parquet ``decimal128`` columns or SQL ``NUMERIC``.
-  Residual (accepted, as ADR 0017 accepts it for XCom floats): CSV has no column types, so under ``exact`` whether
-  a sum column holds floats is only known from its cells, and a float sum with a fraction (``70.5``) is refused
-  where its neighbour's integral one (``30.0``) is read: whether the release runs then depends on a value. Write
-  sums as integers (``30``, never ``30.0``), or give them in Parquet (refused by the column's type, below), or
-  declare ``upstream: {arithmetic: binary64, max_rows: N}``.
+  so the engine's float rules apply (:mod:`dp_operators.release.upstream_types`) under ``binary64``. Text with a
+  fraction is never taken for an exact decimal: a float sum printed as text would otherwise pass as exact
+  (Casacuberta, Shoemate, Vadhan, Wagaman, CCS 2022). Since a cell's type would follow its text (``30`` an int,
+  ``30.5`` a float), a CSV file is refused for the sums of a ``sum``, ``mean`` or ``variance`` under
+  ``upstream.arithmetic: exact``, from the suffix and the spec before the file is read
+  (:func:`dp_operators.operators.sources.read_reference`): give exact sums in Parquet (``int64``,
+  ``decimal128``; refused by the column's type, below) or declare ``upstream: {arithmetic: binary64, max_rows: N}``.
+  Counts are read from CSV by the engine's count rules.
   An empty cell, and text that is not a number (``N/A``, ``-``), is NULL (``None``): it follows the aggregate's
   ``non_finite`` ``nan`` policy like SQL's NULL, never a refusal (that would depend on one cell's value). An
   integer literal beyond Python's int-parsing digit limit is an exact ``Decimal`` (the engine saturates it).
@@ -63,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from dp_operators.release.columns import columnar_eligible
+from dp_operators.release.columns import columnar_eligible, value_column_refusal
 from dp_operators.release.upstream_types import UNPUBLISHABLE, normalise_key
 
 if TYPE_CHECKING:
@@ -72,8 +71,6 @@ if TYPE_CHECKING:
     from dp_operators.spec import Aggregate
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")
-#: Value columns that hold sums (refused as floating Parquet columns under ``upstream.arithmetic: exact``).
-_SUM_COLUMNS = ("sum", "sum_squares")
 
 
 def column_positions(
@@ -129,6 +126,8 @@ def csv_rows(path: ObjectStoragePath, aggregate: Aggregate, values: list[str], s
 
 
 def _csv_row(cells: list[str], width: int, positions: dict[str, int], key_reader: dict, source: str) -> dict:
+    if not cells and width == 1:  # a one-column file's empty cell (a NULL) is a blank line to the csv module
+        cells = [""]
     if len(cells) != width:
         raise AirflowFailException(
             f"{source} has a row whose number of fields differs from its header's; write a valid CSV file (quote "
@@ -279,29 +278,9 @@ def _check_parquet_key_type(kind: Any, column: str, aggregate: Aggregate, source
 
 
 def _check_parquet_value_type(kind: Any, column: str, aggregate: Aggregate, source: str) -> None:
-    """Refuse a value column by its Parquet type: text, floats too narrow for counts and sums (the engine refuses
-    numpy float16/float32 for the same reason, but pyarrow would widen them to Python floats), and under
-    ``upstream.arithmetic: exact`` any floating column of sums (``sum``, ``sum_squares``): the engine reads an
-    integral float sum and refuses one with a fraction, so the refusal would depend on a value."""
-    import pyarrow as pa
-
-    kind = _unwrapped(kind)
-    if pa.types.is_float16(kind) or pa.types.is_float32(kind):
-        raise AirflowFailException(
-            f"{source}: column {column!r} is {kind}, which holds neither every count above 2^24 nor a sum to double "
-            "precision; write it as an integer, decimal or double column"
-        )
-    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
-            or pa.types.is_null(kind)):
-        raise AirflowFailException(
-            f"{source}: column {column!r} is of type {kind}, not a number; write it as an integer, decimal or "
-            "double column"
-        )
-    if pa.types.is_floating(kind) and column in _SUM_COLUMNS and aggregate.upstream.arithmetic == "exact":
-        raise AirflowFailException(
-            f"{source}: column {column!r} is {kind}, a binary float, but the spec's upstream.arithmetic is 'exact' "
-            "(the default): a float sum may be further from its neighbour's than the planned sensitivity "
-            "(Casacuberta, Shoemate, Vadhan, Wagaman, CCS 2022), so a floating sum column is refused by its type "
-            "whatever it holds. Write sums as integers or decimal128 (pandas: the nullable Int64 dtype), or declare "
-            "the float arithmetic in the spec: upstream: {arithmetic: binary64, max_rows: N}"
-        )
+    """Refuse a value column by its Parquet type, as the engine refuses an Arrow table's
+    (:func:`~dp_operators.release.columns.value_column_refusal`): text, float16/float32, and under
+    ``upstream.arithmetic: exact`` any floating column of sums (``sum``, ``sum_squares``), whatever it holds."""
+    reason = value_column_refusal(kind, column, aggregate)
+    if reason is not None:
+        raise AirflowFailException(f"{source}: {reason}")

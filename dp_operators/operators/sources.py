@@ -16,10 +16,11 @@ variance                  ``sum``, ``count``, ``sum_squares``
 ========================  =====================================================================================
 
 plus ``units`` (distinct privacy units per key) under ``partition_selection``, except for a count with one
-contribution per partition. An ungrouped aggregate has at most one row: no row (a query whose ``WHERE`` or
-``HAVING`` matched nobody, an empty file) is the aggregate of nobody, as SQL's ``COUNT`` and ``SUM`` give it: count
-0, sums NULL (``None``, which follows the aggregate's ``non_finite`` ``nan`` policy). Whether a row exists can
-depend on one person, so it never decides a refusal.
+contribution per partition. An ungrouped aggregate's rows are added up, as a grouped aggregate's rows repeating a
+key are: one row, or several (a query with a stray ``GROUP BY``, a file of partial sums), is read alike, so the
+outcome never depends on the number of rows. No row (a query whose ``WHERE`` or ``HAVING`` matched nobody, an
+empty file) is the aggregate of nobody, as SQL's ``COUNT`` and ``SUM`` give it: count 0, sums NULL (``None``, which
+follows the aggregate's ``non_finite`` ``nan`` policy).
 
 Types. Parquet and SQL values arrive typed (pyarrow, the DB-API driver): ints, ``Decimal`` (Parquet ``decimal128``,
 SQL ``NUMERIC``) and floats go to the engine as they are, which reads each exactly or refuses it by its type
@@ -27,9 +28,10 @@ SQL ``NUMERIC``) and floats go to the engine as they are, which reads each exact
 value is read (:mod:`dp_operators.operators.file_tables`): under ``upstream.arithmetic: exact`` a floating sum
 column is refused whatever it holds, and so are key columns of a type no key can have. CSV cells are text (JSON and
 CSV are decoded as UTF-8 with ``surrogateescape``: a key in another encoding is no key, its row ignored), read as
-:mod:`dp_operators.operators.file_tables` says: integer literals as ``int``, any other number as a ``float`` (the
-engine's float rules apply: non-integral sums need ``upstream.arithmetic: binary64``; the residual this leaves is
-documented there), non-numeric text as NULL, key columns as ``int`` where the spec's public keys are integers. CSV is
+:mod:`dp_operators.operators.file_tables` says: integer literals as ``int``, any other number as a ``float``,
+non-numeric text as NULL; since a cell's type would then follow its text, a CSV file is refused for the sums of a
+``sum``, ``mean`` or ``variance`` under ``upstream.arithmetic: exact`` (from the suffix and the spec, before reading:
+declare ``binary64`` or write Parquet), and counts follow the engine's rules for their type, key columns as ``int`` where the spec's public keys are integers. CSV is
 refused for an aggregate under ``partition_selection`` (its keys would be published as the file spells them): use
 Parquet or JSON.
 
@@ -55,7 +57,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from dp_operators.operators.file_tables import column_positions, csv_rows, parquet_rows, unreadable
 from dp_operators.release.columns import is_table
-from dp_operators.release.inputs import selection_units_field
+from dp_operators.release.inputs import EMPTY_UNGROUPED_ROW, UngroupedRows, selection_units_field
 
 if TYPE_CHECKING:
     from dp_operators.spec import Aggregate, ReleaseSpec
@@ -119,7 +121,7 @@ def read_reference(reference: str | Mapping[str, str], spec: ReleaseSpec) -> dic
             mapping that misses an aggregate of the spec or names another, a missing column, a CSV row with more
             or fewer fields than its header, a Parquet value column that is not numeric (or a floating sum column
             under ``upstream.arithmetic: exact``), a Parquet key column of a type no key can have (bool, binary,
-            ...) or that cannot match the spec's public keys, an ungrouped file of more than one row. Parquet
+            ...) or that cannot match the spec's public keys. Parquet
             types are checked from the schema, before any value is read. The message names the file and the
             column, never a value.
     """
@@ -171,7 +173,8 @@ def query_aggregates(
 
     Each query returns one row per key with the aggregate's ``group_by`` and value columns, by name (module
     docstring; e.g. ``SELECT education, sex, COUNT(*) AS count FROM adult GROUP BY education, sex``); an ungrouped
-    aggregate's query returns one row, or none (the empty aggregate: count 0, sums NULL). A column is matched by
+    aggregate's query returns one row, or none (the empty aggregate: count 0, sums NULL); several rows are added
+    up. A column is matched by
     its exact name, else case-insensitively when that is unambiguous (Snowflake and Oracle upper-case unquoted
     names). Values stay as the driver returns them:
     PostgreSQL's ``SUM`` over ``NUMERIC`` (or over ``BIGINT``) is a ``Decimal``, read exactly by the engine.
@@ -188,7 +191,7 @@ def query_aggregates(
 
     Raises:
         AirflowFailException: a missing or extra query (checked before any query runs), a query returning no
-            result set, a missing or duplicated column, an ungrouped query returning more than one row, or a
+            result set, a missing or duplicated column, or a
             database error a retry cannot fix (PEP 249 ``ProgrammingError``, ``DataError``, ...).
         AirflowException: another database error (a lost connection: retryable). Database error messages are
             withheld from both (they can quote data values); the error class is named.
@@ -269,7 +272,18 @@ def _located(uri: str | ObjectStoragePath, what: str) -> tuple[ObjectStoragePath
 
 
 def _check_csv_keys(path: ObjectStoragePath, kind: str, aggregate: Aggregate) -> None:
-    """Refuse a CSV file for an aggregate without a public key domain (decided by the spec and the suffix alone)."""
+    """Refuse a CSV file for an aggregate without a public key domain, and for exact sums (decided by the spec and
+    the suffix alone, before the file is read)."""
+    if kind == "CSV" and aggregate.kind != "count" and aggregate.upstream.arithmetic == "exact":
+        # a CSV cell has no type: "30" and "30.5" would read as an int and a float, so under exact arithmetic one
+        # person's cell would decide whether the release runs (a refusal that depends on a value)
+        raise AirflowFailException(
+            f"the file of aggregate {aggregate.name!r} ({path}) is CSV, but its sums are declared exact "
+            "(upstream.arithmetic: exact) and CSV cells carry no type, so whether a cell reads as an integer or a "
+            "float would depend on its value. Write it as Parquet (int64 or decimal128 columns keep the type) or "
+            "JSON of integers, or declare the float arithmetic in the spec: upstream: {arithmetic: binary64, "
+            "max_rows: N}"
+        )
     if kind == "CSV" and not aggregate.public_keys:
         raise AirflowFailException(
             f"the file of aggregate {aggregate.name!r} ({path}) is CSV, but the aggregate has no public key domain "
@@ -296,17 +310,16 @@ def _read_table(path: ObjectStoragePath, kind: str, spec: ReleaseSpec, aggregate
 
 
 def _aggregate_value(aggregate: Aggregate, spec: ReleaseSpec, rows: Iterable[dict], source: str) -> Any:
-    """A tabular source's rows as the engine's value: the list of rows when grouped, else the one row's value (a
-    number for a count or sum, ``{"sum", "count", ...}`` for a mean or variance); no row is the empty aggregate
-    (module docstring)."""
+    """A tabular source's rows as the engine's value: the list of rows when grouped (an Arrow table as it is); when
+    ungrouped, the one row's value (a number for a count or sum, ``{"sum", "count", ...}`` for a mean or variance),
+    no row the empty aggregate, and several rows :class:`~dp_operators.release.inputs.UngroupedRows`, which the
+    engine adds up exactly, per its ``non_finite`` policy, as it would read their total as one row (module
+    docstring): the number of rows never changes the outcome."""
     if aggregate.group_by:
         return rows if is_table(rows) else list(rows)  # an Arrow table goes to the engine's columnar reader
     rows = list(rows)
-    if len(rows) > 1:  # the number of rows is not echoed
-        raise AirflowFailException(
-            f"{source} must hold at most one row for the ungrouped aggregate {aggregate.name!r} (an aggregate "
-            "query without GROUP BY); it holds more: return one row, or add the grouping columns to the spec's group_by"
-        )
+    if len(rows) > 1:  # a stray GROUP BY, partial sums: added up by the engine, never refused
+        return UngroupedRows(rows)
     columns = value_columns(spec, aggregate)
     row = rows[0] if rows else _empty_row(columns)
     return row[columns[0]] if len(columns) == 1 else row
@@ -314,4 +327,4 @@ def _aggregate_value(aggregate: Aggregate, spec: ReleaseSpec, rows: Iterable[dic
 
 def _empty_row(columns: list[str]) -> dict[str, Any]:
     """The aggregate of nobody, as SQL computes it: ``COUNT`` (and a count of units) 0, ``SUM`` NULL."""
-    return {column: None if column in ("sum", "sum_squares") else 0 for column in columns}
+    return {column: EMPTY_UNGROUPED_ROW[column] for column in columns}

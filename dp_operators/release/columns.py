@@ -9,15 +9,19 @@ reader of :mod:`dp_operators.release.inputs`, with numpy integer arithmetic only
   partition's position in the product domain is the mixed-radix number of the per-column positions (the order
   of :func:`~dp_operators.release.inputs.key_domain`). A NULL or unlisted key is outside the domain;
 * values: integer columns, and decimal128 columns of at most 18 digits read as unscaled integers over 10^scale,
-  added per partition exactly (int64 when the largest possible total fits, Python
-  ints in an object array otherwise), then rounded to the grid once per partition: ``floor(v / g + 1/2)`` for a
-  sum on grid ``g = p/q`` is ``floor((2 q v + p) / (2 p))``, an integer division; counts are kept >= 0;
-  everything saturates at +-SATURATION grid units, as :func:`~dp_operators.release.inputs.prepare_inputs` does.
+  split into 32-bit limbs and added per partition in int64 (exact for any value), then rounded to the grid once
+  per partition: ``floor(v / g + 1/2)`` for a sum on grid ``g = p/q`` is ``floor((2 q v + p) / (2 p))``, an
+  integer division, done in int64 by long division of the limbs or with Python ints as :func:`grid_arithmetic`
+  decides from the spec and the column's type; counts are kept >= 0; everything saturates at +-SATURATION grid
+  units, as :func:`~dp_operators.release.inputs.prepare_inputs` does.
 
-Which path reads a table depends on its schema and the spec only, never on a value (a NULL value follows the
-aggregate's ``non_finite`` policy here as in the row reader). Both paths give identical vectors and diagnostics; ``tests/release_engine/test_columnar_inputs.py`` checks it on random tables.
-Floats go the row-by-row way (their exact binary value, and the float-sum rules of docs/adr/0017), as do wider
-decimals.
+Which path reads a table, and which representation its totals take, depends on its schema and the spec only, never
+on a value or the number of rows (a NULL value follows the aggregate's ``non_finite`` policy here as in the row
+reader). Both paths give identical vectors and diagnostics; ``tests/release_engine/test_columnar_inputs.py`` checks
+it on random tables. A table's value columns are checked by their types first (:func:`table_refusal`, for every
+table, read here or row by row): a floating ``sum``/``sum_squares`` column under ``upstream.arithmetic: exact`` is
+refused whatever it holds (an all-NULL or empty one too), as are float16/float32 and non-numeric columns. Floats
+under ``binary64`` go the row-by-row way (their exact binary value, docs/adr/0017), as do wider decimals.
 """
 
 from __future__ import annotations
@@ -86,6 +90,48 @@ def largest_magnitude(values: np.ndarray) -> int:
     return max(-int(values.min()), int(values.max()), 0)
 
 
+def value_column_refusal(column_type: pa.DataType, column: str, aggregate: Aggregate) -> str | None:
+    """Why a value column (``count``, ``sum``, ``sum_squares``, ``units``) of this Arrow type is refused for
+    ``aggregate``, or None: text, bool and other non-numeric types, float16/float32 (they hold neither every count
+    above 2^24 nor a sum to double precision; the row reader would see them widened to Python floats), and under
+    ``upstream.arithmetic: exact`` any floating column of sums. Decided by the type alone, whatever the column holds
+    (also when it is empty or all NULL). The reason names the column and the type, never a value."""
+    import pyarrow as pa
+
+    from dp_operators.release.upstream_types import FLOAT_SUM_ADVICE
+
+    kind = _plain_type(column_type)
+    if pa.types.is_float16(kind) or pa.types.is_float32(kind):
+        return (f"column {column!r} is {kind}, which holds neither every count above 2^24 nor a sum to double "
+                "precision; write it as an integer, decimal or double column")
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
+            or pa.types.is_null(kind)):
+        return (f"column {column!r} is of type {kind}, not a number; write it as an integer, decimal or double "
+                "column")
+    if pa.types.is_floating(kind) and column in ("sum", "sum_squares") and aggregate.upstream.arithmetic == "exact":
+        return (f"column {column!r} is {kind}, a binary float, but the spec's upstream.arithmetic is 'exact' (the "
+                f"default): {FLOAT_SUM_ADVICE}. In a table: write sums as an integer or decimal128 column")
+    return None
+
+
+def table_refusal(aggregate: Aggregate, schema: pa.Schema, value_fields: list[str]) -> tuple[str, str] | None:
+    """``(field, reason)`` when a table of ``schema`` is refused for ``aggregate`` by its schema alone: a needed
+    ``group_by`` or value column it lacks, or a value column of a refused type (:func:`value_column_refusal`).
+    Checked before any row is read, so an empty table is refused as a full one is."""
+    needed = list(aggregate.group_by) + value_fields
+    for column in needed:
+        found = len(schema.get_all_field_indices(column))
+        if not found:
+            return column, f"the table has no column {column!r}; give the columns {needed}"
+        if found > 1:
+            return column, f"the table has {found} columns named {column!r}; give each column once"
+    for column in value_fields:
+        reason = value_column_refusal(schema.field(column).type, column, aggregate)
+        if reason is not None:
+            return column, reason
+    return None
+
+
 def columnar_eligible(spec_units_field: str | None, aggregate: Aggregate, schema: pa.Schema) -> bool:
     """True when a table of ``schema`` can be read by :func:`read_table` for ``aggregate``: public keys, a count
     or a sum, key columns of the type (int or text) of every public value of their column, integer value
@@ -126,46 +172,128 @@ def _codes(column: pa.ChunkedArray, domain: list) -> np.ndarray:
     return pc.index_in(column, value_set=value_set).fill_null(-1).to_numpy().astype(np.int64, copy=False)
 
 
-def _exact_values(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, int]:
-    """``(unscaled, null, D)``: the column's values are exactly ``unscaled / D`` (int64 array, or Python ints in an
-    object array for a decimal holding more digits than its type declares; D = 10^scale for a decimal, 1 for
-    integers); ``null`` marks NULLs (also a NULL a dictionary holds), whose ``unscaled`` is 0. A decimal128's
-    unscaled value is its 16-byte two's complement integer: its low 64 bits read as int64 when the high word is
-    their sign's extension (always, within 18 digits), else ``high * 2^64 + low`` exactly."""
+#: Each row value is split into 32-bit limbs, added per partition in int64: a partition total of any int64 (or
+#: decimal128) values is exact for fewer than 2^31 rows, whatever the values (no limb sum can leave int64).
+_LIMB = 2**32
+_LOW_BITS = _LIMB - 1
+#: Grid arithmetic of partition totals: int64 long division (:func:`_units_int64`), or Python ints.
+INT64 = "int64"
+PYTHON_INT = "python-int"
+
+
+def _limbs(column: pa.ChunkedArray) -> tuple[list[np.ndarray], np.ndarray, int]:
+    """``(limbs, null, D)``: the column's values are exactly ``sum(limbs[k] * 2^(32 k)) / D`` (int64 arrays, every
+    limb in [0, 2^32) but the last, which is signed; D = 10^scale for a decimal, 1 for integers); ``null`` marks
+    NULLs (also a NULL a dictionary holds), whose limbs are 0. How many limbs is decided by the column's type: two
+    for integers, four for a decimal128 (its 16-byte two's complement integer, whatever digits it holds: Arrow does
+    not check a value against the declared precision)."""
     import pyarrow as pa
 
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
     null = column.is_null().to_numpy(zero_copy_only=False).astype(bool, copy=False)
     if not pa.types.is_decimal(column.type):
-        return column.fill_null(0).cast(pa.int64()).to_numpy().astype(np.int64, copy=False), null, 1
-    lows, highs = [], []
-    for chunk in column.chunks:
-        words = np.frombuffer(chunk.buffers()[1], dtype=np.int64) if len(chunk) else np.zeros(0, dtype=np.int64)
-        lows.append(words[2 * chunk.offset:2 * (chunk.offset + len(chunk)):2])
-        highs.append(words[2 * chunk.offset + 1:2 * (chunk.offset + len(chunk)):2])
-    low = np.concatenate(lows) if lows else np.zeros(0, dtype=np.int64)
-    high = np.concatenate(highs) if highs else np.zeros(0, dtype=np.int64)
-    unscaled: np.ndarray = low.astype(np.int64, copy=True)
-    wide = np.flatnonzero((high != (low >> 63)) & ~null)
-    if len(wide):  # more digits than declared (Arrow does not check): the whole 128-bit value, exactly
-        unscaled = unscaled.astype(object)
-        for index in wide.tolist():
-            unscaled[index] = int(high[index]) * 2**64 + int(low[index].view(np.uint64))
-    unscaled[null] = 0
-    return unscaled, null, 10**column.type.scale
-
-
-def _exact_totals(positions: np.ndarray, values: np.ndarray, partitions: int) -> np.ndarray:
-    """Per-partition sums of ``values``: int64 when no total can leave +-2^62, else Python ints (exact)."""
-    largest = largest_magnitude(values)
-    if values.dtype != object and largest * len(values) < 2**62:
-        totals = np.zeros(partitions, dtype=np.int64)
+        words = [column.fill_null(0).cast(pa.int64()).to_numpy().astype(np.int64, copy=False)]
+        scale = 1
     else:
-        totals = np.zeros(partitions, dtype=object)
-        values = values.astype(object)
-    np.add.at(totals, positions, values)
+        lows, highs = [], []
+        for chunk in column.chunks:
+            raw = np.frombuffer(chunk.buffers()[1], dtype=np.int64) if len(chunk) else np.zeros(0, dtype=np.int64)
+            lows.append(raw[2 * chunk.offset:2 * (chunk.offset + len(chunk)):2])
+            highs.append(raw[2 * chunk.offset + 1:2 * (chunk.offset + len(chunk)):2])
+        words = [np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64) for parts in (lows, highs)]
+        scale = 10**column.type.scale
+    limbs = []
+    for index, word in enumerate(words):
+        word = np.where(null, 0, word)  # a NULL decimal's buffer may hold anything
+        limbs.append(word & _LOW_BITS)
+        high = word >> 32  # arithmetic shift: signed
+        limbs.append(high if index == len(words) - 1 else high & _LOW_BITS)
+    return limbs, null, scale
+
+
+def _limb_totals(positions: np.ndarray, limbs: list[np.ndarray], partitions: int) -> list[np.ndarray]:
+    """Per-partition sums of each limb (int64, exact for fewer than 2^31 rows), carried so that every limb but the
+    last lies in [0, 2^32) again."""
+    totals = []
+    for limb in limbs:
+        total = np.zeros(partitions, dtype=np.int64)
+        np.add.at(total, positions, limb)
+        totals.append(total)
+    for index in range(len(totals) - 1):
+        carry = totals[index] >> 32
+        totals[index] = totals[index] & _LOW_BITS
+        totals[index + 1] = totals[index + 1] + carry
     return totals
+
+
+def grid_arithmetic(aggregate: Aggregate, component: str, column_type: pa.DataType) -> str:
+    """How a component's partition totals are put on the grid: :data:`INT64` (long division in int64) or
+    :data:`PYTHON_INT`, decided by the spec (grid, ``upstream.max_rows``) and the column's type alone, never by a
+    value or the number of rows, so neighbouring tables always take the same path.
+
+    :data:`INT64` needs an integer column (two limbs), a divisor ``d = p D < 2^31`` (grid ``p/q``, ``D`` 1) with
+    ``(2 q + 1) d < 2^63``, and a ``max_rows`` below 2^61 (compared in int64); a decimal column (four limbs) is
+    put on the grid with Python ints."""
+    import pyarrow as pa
+
+    kind = _plain_type(column_type)
+    if pa.types.is_decimal(kind):
+        return PYTHON_INT
+    p, q = (1, 1) if component == "count" else (aggregate.grid.numerator, aggregate.grid.denominator)
+    max_rows = aggregate.upstream.max_rows
+    if p >= 2**31 or (2 * q + 1) * p >= 2**63 or (max_rows is not None and max_rows >= 2**61):
+        return PYTHON_INT
+    return INT64
+
+
+def _units_int64(
+    totals: list[np.ndarray], aggregate: Aggregate, component: str, seen: AggregateDiagnostics
+) -> np.ndarray:
+    """Two-limb totals ``t = hi 2^32 + lo`` (``lo`` in [0, 2^32)) of an integer column as grid integers, in int64
+    only: ``floor(t / g + 1/2)`` for ``g = p/q`` is ``q a + floor((2 q r + p) / (2 p))`` with ``t = a p + r``,
+    ``0 <= r < p``; ``a`` is found by long division of the limbs, and clipped where the result saturates anyway
+    (the conditions of :func:`grid_arithmetic` keep every step within int64)."""
+    low, high = totals
+    p, q = (1, 1) if component == "count" else (aggregate.grid.numerator, aggregate.grid.denominator)
+    if component == "count":
+        negative = high < 0  # t < 0 exactly when its signed top limb is
+        _count(seen.clamped, component, negative)
+        low, high = np.where(negative, 0, low), np.where(negative, 0, high)
+        max_rows = aggregate.upstream.max_rows
+        if max_rows is not None:  # t > max_rows, with t = high 2^32 + low: compared limb by limb
+            top, rest = divmod(max_rows, _LIMB)
+            over = (high > top) | ((high == top) & (low > rest))
+            seen.partitions_over_max_rows += int(np.count_nonzero(over))
+    quotient_high, remainder_high = np.divmod(high, p)
+    quotient_low, remainder = np.divmod(remainder_high * _LIMB + low, p)  # < p 2^32 < 2^63
+    largest = 2**62 // q + 2  # q a beyond +-q largest: saturated whatever r is
+    quotient_high = np.clip(quotient_high, -(largest // _LIMB + 2), largest // _LIMB + 2)
+    quotient = np.clip(quotient_high * _LIMB + quotient_low, -largest, largest)
+    units = q * quotient + (2 * q * remainder + p) // (2 * p)
+    return _saturate(units, component, seen)
+
+
+def _units_python(
+    totals: list[np.ndarray], scale: int, aggregate: Aggregate, component: str, seen: AggregateDiagnostics
+) -> np.ndarray:
+    """Limb totals ``t / D`` (``t = sum(limbs[k] 2^(32 k))``) as grid integers with Python ints:
+    ``floor(t / (D g) + 1/2)`` on grid ``g = p/q`` is ``floor((2 q t + p D) / (2 p D))``."""
+    exact = np.zeros(len(totals[0]), dtype=object)
+    for index, limb in enumerate(totals):
+        exact = exact + limb.astype(object) * (1 << (32 * index))
+    p, q = (1, 1) if component == "count" else (aggregate.grid.numerator, aggregate.grid.denominator)
+    if component == "count":
+        max_rows = aggregate.upstream.max_rows
+        if max_rows is not None:
+            seen.partitions_over_max_rows += int(np.count_nonzero(np.asarray(exact > max_rows * scale, dtype=bool)))
+        if scale != 1:
+            _count(seen.non_integer_counts, component, np.asarray(exact % scale != 0, dtype=bool))
+        negative = np.asarray(exact < 0, dtype=bool)
+        _count(seen.clamped, component, negative)
+        exact = np.where(negative, 0, exact)
+    units = (2 * q * exact + p * scale) // (2 * p * scale)  # floor(total / grid + 1/2), exactly
+    return _saturate(units, component, seen)
 
 
 def _count(counter: Any, component: str, mask: np.ndarray) -> None:
@@ -179,25 +307,6 @@ def _saturate(units: np.ndarray, component: str, seen: AggregateDiagnostics) -> 
     saturated = np.asarray((units >= SATURATION) | (units <= -SATURATION), dtype=bool)
     _count(seen.saturated, component, saturated)
     return np.clip(units, -SATURATION, SATURATION).astype(np.int64)
-
-
-def _on_grid(
-    totals: np.ndarray, scale: int, aggregate: Aggregate, component: str, seen: AggregateDiagnostics
-) -> np.ndarray:
-    """Exact totals ``totals / scale`` as grid integers, as ``inputs._on_grid`` computes them for one partition:
-    ``floor(t / g + 1/2)`` on grid ``g = p/q`` is ``floor((2 q t + p D) / (2 p D))`` for ``t = totals / D``."""
-    p, q = (1, 1) if component == "count" else (aggregate.grid.numerator, aggregate.grid.denominator)
-    largest = max(largest_magnitude(totals), 1)  # 1: the bound must not depend on whether any total is non-zero
-    if totals.dtype == object or 2 * q * largest + p * scale >= 2**62:
-        totals = totals.astype(object)
-    if component == "count":
-        if scale != 1:
-            _count(seen.non_integer_counts, component, np.asarray(totals % scale != 0, dtype=bool))
-        negative = np.asarray(totals < 0, dtype=bool)
-        _count(seen.clamped, component, negative)
-        totals = np.where(negative, 0, totals)
-    units = (2 * q * totals + p * scale) // (2 * p * scale)  # floor(total / grid + 1/2), exactly
-    return _saturate(units, component, seen)
 
 
 def read_table(
@@ -226,7 +335,7 @@ def read_table(
     outside = np.flatnonzero(~inside)
     if len(outside):
         _outside_examples(aggregate, table, outside, seen)
-    read = {component: _exact_values(table.column(component)) for component in aggregate.components}
+    read = {component: _limbs(table.column(component)) for component in aggregate.components}
     kept = inside.copy()
     for component, (_, null, _) in read.items():  # a NULL value: the aggregate's non_finite policy for NaN
         null_inside = int(np.count_nonzero(null & inside))
@@ -240,12 +349,12 @@ def read_table(
     seen.partitions = int(np.count_nonzero(found))
     vectors: dict[str, np.ndarray] = {}
     for component in aggregate.components:
-        values, _, scale = read[component]
-        totals = _exact_totals(position, values[kept], partitions)
-        max_rows = aggregate.upstream.max_rows
-        if component == "count" and max_rows is not None:
-            seen.partitions_over_max_rows += int(np.count_nonzero(np.asarray(totals > max_rows * scale, dtype=bool)))
-        vectors[component] = _on_grid(totals, scale, aggregate, component, seen)
+        limbs, _, scale = read[component]
+        totals = _limb_totals(position, [limb[kept] for limb in limbs], partitions)
+        if grid_arithmetic(aggregate, component, table.schema.field(component).type) == INT64:
+            vectors[component] = _units_int64(totals, aggregate, component, seen)
+        else:
+            vectors[component] = _units_python(totals, scale, aggregate, component, seen)
     return key_domain(aggregate), vectors
 
 

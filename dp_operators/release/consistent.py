@@ -240,10 +240,13 @@ def make_consistent(plan: ReleasePlan, planned: PlannedFamily, noised: Mapping[t
     non-negative least-squares fit and controlled rounding; finally the base is rounded to a power-of-two step
     so that every margin is the sum of its cells exactly in binary64. Half-widths: the quantile factor times the
     exact standard deviation of the least-squares value, plus the carried rounding allowances, plus the rounding
-    of the last steps (1 per cell whose rounding is controlled; see docs/consistency.md for what the
-    non-negativity step does to coverage).
+    of the last steps (with ``integer``, :func:`~dp_operators.consistency.rounding.guaranteed_rounding`'s allowance,
+    a function of the family's structure only, so the same on every draw; without it, the exact-sum step's
+    allowance, a power of two chosen from the estimate's magnitude, at most 2^-41 value units per base cell for
+    family totals below 4,096; see docs/consistency.md for both, and for what the non-negativity step does to
+    coverage).
     """
-    from dp_operators.consistency.rounding import controlled_rounding, nonnegative_fit
+    from dp_operators.consistency.rounding import controlled_rounding, guaranteed_rounding, nonnegative_fit, two_chains
 
     post = plan.spec.postprocess
     family = planned.family
@@ -272,9 +275,16 @@ def make_consistent(plan: ReleasePlan, planned: PlannedFamily, noised: Mapping[t
         else:  # round the correction only: the base's noised integers stay exact, whatever their size
             rounded, controlled = controlled_rounding(family, correction)
             base = units[0] + (rounded.astype(object) if units[0].dtype == object else rounded)  # within +-2^62 + 1
+        allowances = guaranteed_rounding(family)
+        if not {family.members[i].name for i in [0, *two_chains(family)]} <= set(controlled):
+            # only float error beyond the rounding's tolerance could do this: the widths below would not hold, so
+            # the family is published as released (consistent_cells catches this)
+            raise RuntimeError("controlled rounding gave up a member whose rounding is guaranteed")
         values = [integer_sums(m, base) for m in family.members]
-        # half-widths stay functions of public parameters: 1 where the rounding is controlled, else the worst case
-        extra = [1.0 if m.name in controlled else _rounding_allowance(family, m, 1.0) for m in family.members]
+        # half-widths are functions of the family's structure only, the same on every draw: 1 for a member whose
+        # controlled rounding is guaranteed, else the fewest cells of a guaranteed member its cells are unions of;
+        # never whether this draw's rounding happened to keep it (`controlled`, published as information only)
+        extra = [float(allowances[m.name]) for m in family.members]
     else:
         base, step = exact_sums(family, estimate)
         values = [family.margin(m, base) for m in family.members]
@@ -293,7 +303,14 @@ def make_consistent(plan: ReleasePlan, planned: PlannedFamily, noised: Mapping[t
         "integer": bool(post.integer),
     }
     if post.integer:
+        # the members this draw's rounding kept (information only: the half-widths use guaranteed_rounding)
         description["controlled_rounding"] = [name for name in family.names if name in controlled]
+        description["half_widths"] = "public"
+    else:
+        # the one part of a half-width that depends on the noised values (post-processing, so no privacy cost):
+        # the exact-sum step, a power of two chosen from the estimate's magnitude, published so that it can be read
+        description["half_widths"] = "public + exact_sum_step / 2 per base cell"
+        description["exact_sum_step"] = float(step)
     return FamilyResult(cells=cells, description=description)
 
 

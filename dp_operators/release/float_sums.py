@@ -25,6 +25,13 @@ Neighbouring true values differ by at most Delta, each float value is within E o
 float values differ by at most Delta + 2E, and rounding to the grid once maps them to integers at most
 ceil((Delta + 2E) / grid) apart: that is the planned Linf. With exact arithmetic (integers, ``Decimal``,
 ``Fraction``) E = 0 and Linf = ceil(Delta / grid), as before.
+
+A partition the privacy unit does not touch has the same true value in both neighbours, but the upstream may sum
+it in another order there (a row added elsewhere shifts a database's chunks, or a file's row order): its float
+values are each within E of that one true value, so within 2E of each other, and their grid integers at most
+ceil(2E / grid) apart (:attr:`ComponentBound.untouched_allowance`). With public keys the plan adds that to every
+partition beyond L0; under partition selection the number of partitions is private, so binary64 is refused
+(:func:`check_partition_selection`; docs/adr/0017).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ __all__ = [
     "ComponentBound",
     "binary64_spacing",
     "check_component",
+    "check_partition_selection",
     "component_bound",
     "gamma",
 ]
@@ -130,6 +138,13 @@ class ComponentBound:
     def float_allowance(self) -> int:
         """Grid units the float allowance adds to Linf (0 on the exact path)."""
         return self.linf - self.declared_linf
+
+    @property
+    def untouched_allowance(self) -> int:
+        """a = ceil(2E / grid) in grid units: the most a partition the privacy unit does not touch can move
+        between neighbours (same true value, two summation orders, each float within E of it). 0 on the exact
+        path and for counts, whose values do not depend on the order."""
+        return math.ceil(2 * self.summation_error / self.grid)
 
 
 def component_bound(aggregate: Aggregate, component: str, per_partition: int) -> ComponentBound:
@@ -287,3 +302,28 @@ def check_component(aggregate: Aggregate, bound: ComponentBound, per_partition: 
             f"{_grid_for(bound, bound.largest_value / SATURATION)}"
             + (" or lower upstream.max_rows" if bound.max_rows is not None else "")
         )
+
+
+def check_partition_selection(aggregate: Aggregate) -> None:
+    """Refuse binary64 sums under partition selection, from the spec alone (docs/adr/0017).
+
+    A float sum can move by up to ceil(2E / grid) grid units in *every* partition, touched by the added privacy unit
+    or not, since the upstream may sum each one in another order. With public keys the plan charges that for the
+    P - L0 untouched partitions (P public); under partition selection the partitions are the keys found in the
+    data, so their number, and with it the L1 and L2 distance between neighbours, is not bounded by any public
+    parameter. No rounding of a float to the grid avoids it: every deterministic rounding has boundaries, and a sum
+    next to one crosses it when its order changes.
+
+    Raises:
+        ReleaseConfigError: naming the aggregate and the two ways out (exact sums, or public keys).
+    """
+    if aggregate.partition_selection is None or aggregate.upstream.arithmetic != "binary64":
+        return
+    raise ReleaseConfigError(
+        f"aggregate {aggregate.name!r}: upstream.arithmetic binary64 cannot be used with partition_selection: a "
+        "float sum can move in every partition, even one the added person never touches (the upstream may sum it "
+        "in another order), and under partition selection the number of partitions comes from the data, so no "
+        "allowance for them can be planned. To fix it: return exact sums (Python or numpy integers, Decimal as SQL "
+        "SUM over NUMERIC/DECIMAL returns it, or Fraction) and set upstream.arithmetic: exact, or give the public "
+        "key domain ('keys' instead of 'partition_selection'), over which the allowance is planned"
+    )

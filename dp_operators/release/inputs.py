@@ -30,7 +30,7 @@ from dp_operators.release.upstream_types import (
 )
 from dp_operators.spec import Aggregate, ReleaseSpec, load_spec
 
-__all__ = ["SATURATION", "KeyDomain", "PreparedInputs", "check_aggregates", "key_domain", "prepare_inputs"]
+__all__ = ["SATURATION", "KeyDomain", "PreparedInputs", "UngroupedRows", "check_aggregates", "key_domain", "prepare_inputs"]
 
 
 @dataclass
@@ -207,6 +207,17 @@ def _row_values(aggregate: Aggregate, row: Mapping, units_field: str | None, see
 
 Refuse = Callable[[int | None, str | None, str], None]
 
+#: The aggregate of nobody, as SQL computes it: ``COUNT`` (and a count of units) 0, ``SUM`` NULL (``None``, which
+#: follows the aggregate's ``non_finite`` ``nan`` policy).
+EMPTY_UNGROUPED_ROW = {"count": 0, "units": 0, "sum": None, "sum_squares": None}
+
+
+class UngroupedRows(list):
+    """The rows of a tabular source (a query's result, a CSV or Parquet file) for an *ungrouped* aggregate: each
+    row a mapping with the aggregate's value columns. They are added up exactly, as rows repeating a key of a
+    grouped aggregate are, so one row and two rows (a stray ``GROUP BY``) are read alike; no row is the aggregate
+    of nobody (:data:`EMPTY_UNGROUPED_ROW`). Decided by this type, never by the number of rows."""
+
 
 def _key_type_mismatch(column: str, found: type, declared: set[type]) -> str:
     if found is int:
@@ -228,15 +239,21 @@ def _read_aggregate(
     components = list(aggregate.components)
     units_field = selection_units_field(spec, aggregate)
     grouped = bool(aggregate.group_by)
+    needed = aggregate.group_by + components + ([units_field] if units_field not in (None, "count") else [])
+    tabular = isinstance(raw, UngroupedRows)
     if columns.is_table(raw):
+        refusal = columns.table_refusal(aggregate, raw.schema, needed[len(aggregate.group_by):])
+        if refusal is not None:  # by the schema, before any row: an empty table is refused as a full one is
+            refuse(None, *refusal)
+            return
         if grouped and columns.columnar_eligible(units_field, aggregate, raw.schema):
             prepared.keys[aggregate.name], vectors = columns.read_table(aggregate, raw, seen, KeyDomain)
             for component in components:
                 prepared.values[(aggregate.name, component)] = vectors[component]
             return
         raw = raw.to_pylist()  # the row-by-row reader: floats, wide decimals, other key types, means, selection
-    needed = aggregate.group_by + components + ([units_field] if units_field not in (None, "count") else [])
-    if grouped:
+        tabular = True
+    if grouped or tabular:
         if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
             hint = (
                 "; convert it with .reset_index().to_dict('records'), or better write it to Parquet and return its URI "
@@ -244,7 +261,7 @@ def _read_aggregate(
             )
             refuse(None, None, f"expected a list of rows with columns {needed}, got {type(raw).__name__}{hint}")
             return
-        rows = raw
+        rows = raw if raw else ([] if grouped else [dict(EMPTY_UNGROUPED_ROW)])
     elif len(components) > 1:
         if not isinstance(raw, Mapping):
             fields = ", ".join(f"'{c}': number" for c in components)

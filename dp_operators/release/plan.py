@@ -1,8 +1,11 @@
 """The release plan: mechanisms, sensitivities, scales and charges, from public parameters only (no data).
 
 Sensitivities follow DESIGN.md 2.6 (L1 = L0 * Linf, L2^2 = L0 * Linf^2), with L0 capped by the number of partitions
-and Linf carrying the float-sum allowance of :mod:`dp_operators.release.float_sums`; calibration follows
-docs/mechanisms.md and docs/adr/0010 to 0013 and 0017; ``auto`` chooses by the cost on the account it is charged to.
+and Linf carrying the float-sum allowance of :mod:`dp_operators.release.float_sums`; binary64 sums over public keys
+add, for each of the P - L0 partitions the privacy unit does not touch, the allowance a = ceil(2E / grid) that their
+summation order alone can move them (L1 += (P - L0) a, L2^2 += (P - L0) a^2; :class:`Shift`, docs/adr/0017);
+calibration follows docs/mechanisms.md and docs/adr/0010 to 0013 and 0017; ``auto`` chooses by the cost on the
+account it is charged to.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from dp_operators.accounting import (
+    DiscreteLaplaceNoise,
     GaussianNoise,
     IncompatibleAccountantError,
     PrivacyLoss,
@@ -43,14 +47,106 @@ from dp_operators.mechanisms.calibration import (
     discrete_gaussian_threshold,
     discrete_laplace_threshold,
     epsilon_for_rho,
+    rho_for_approx_dp,
     rho_to_epsilon,
 )
 from dp_operators.mechanisms.privacy_profile import discrete_gaussian_delta
 from dp_operators.release.errors import ReleaseConfigError
-from dp_operators.release.float_sums import ComponentBound, check_component, component_bound
+from dp_operators.release.float_sums import (
+    ComponentBound,
+    check_component,
+    check_partition_selection,
+    component_bound,
+)
 from dp_operators.release.upstream_types import SATURATION
 from dp_operators.spec import Aggregate, Budget, ReleaseSpec
 from dp_operators.spec.models import SAMPLERS
+
+
+@dataclass(frozen=True)
+class Shift:
+    """The most one privacy unit moves a noised integer vector (grid units), coordinate by coordinate: by at most
+    ``linf`` in each of ``l0`` coordinates (the partitions it touches), and by at most ``untouched_allowance`` in
+    each of ``untouched_partitions`` others (binary64 sums over public keys: a partition it does not touch still
+    moves by its summation order, :attr:`~dp_operators.release.float_sums.ComponentBound.untouched_allowance`;
+    0 otherwise). ``untouched_allowance <= linf`` (2E <= Delta + 2E).
+
+    The worst case over such neighbours: L1 = l0 linf + untouched_partitions untouched_allowance, and
+    L2^2 = l0 linf^2 + untouched_partitions untouched_allowance^2 (each coordinate at its largest change).
+    """
+
+    linf: int
+    l0: int
+    untouched_allowance: int = 0
+    untouched_partitions: int = 0
+
+    @property
+    def l1(self) -> int:
+        return self.l0 * self.linf + self.untouched_partitions * self.untouched_allowance
+
+    @property
+    def l2_squared(self) -> int:
+        return self.l0 * self.linf * self.linf + self.untouched_partitions * self.untouched_allowance**2
+
+    @property
+    def equal_shifts(self) -> tuple[int, int] | None:
+        """``(linf, coordinates)`` when every coordinate that may move moves by the same bound (the form the exact
+        privacy profile of :mod:`dp_operators.mechanisms.privacy_profile` is computed for), else None."""
+        if not self.untouched_partitions or not self.untouched_allowance:
+            return self.linf, self.l0
+        if self.untouched_allowance == self.linf:
+            return self.linf, self.l0 + self.untouched_partitions
+        return None
+
+    @property
+    def dominating_shifts(self) -> tuple[int, int]:
+        """``(linf, coordinates)`` of equal shifts whose privacy profile is at least this vector's: every coordinate
+        that may move, moved by ``linf``. A smaller shift on one coordinate is a post-processing of the larger one
+        (the Blackwell argument of :mod:`dp_operators.mechanisms.privacy_profile`), so the profile computed for the
+        dominating vector is an upper bound of this one's delta."""
+        return self.linf, self.l0 + (self.untouched_partitions if self.untouched_allowance else 0)
+
+
+def discrete_gaussian_shift_delta(sigma2: Fraction, epsilon: Fraction, shift: Shift) -> float:
+    """An upper bound of the (epsilon, delta) privacy profile of i.i.d. N_Z(0, sigma2) noise for neighbours within
+    ``shift``: the exact profile for equal shifts, else that of the dominating equal shifts (:class:`Shift`)."""
+    linf, l0 = shift.equal_shifts or shift.dominating_shifts
+    return discrete_gaussian_delta(sigma2, epsilon, linf=linf, l0=l0)
+
+
+#: A heterogeneous shift is also calibrated by the exact profile of its dominating equal shifts while their L2^2 is
+#: at most this many times its own. Beyond that the zCDP route with the vector's own L2^2 gives less noise: it
+#: costs at most 1.24 times the exact profile's sigma^2 (measured over epsilon 0.05 to 30, delta 1e-5 to 1e-12),
+#: and the profile of many coordinates is slow. Only the noise's size depends on it; both routes are valid.
+_DOMINATING_PROFILE_RATIO = 4
+
+
+def discrete_gaussian_sigma2_for_shift(epsilon: Fraction, delta: Fraction, shift: Shift) -> Fraction:
+    """The smallest sigma^2 found for which i.i.d. N_Z(0, sigma^2) noise is (epsilon, delta)-DP for neighbours
+    within ``shift``.
+
+    * Equal shifts (every exact sum, and binary64 without untouched partitions): the exact privacy profile
+      (:func:`~dp_operators.mechanisms.discrete_gaussian_sigma2_for_approx_dp`).
+    * Unequal shifts (L0 coordinates by Linf, the P - L0 untouched ones by a < Linf): the profile is computed for
+      equal shifts only, so the smaller of two valid calibrations: the zCDP route with the vector's own L2^2
+      (CKS 2020, Theorem 14 holds for every shift vector: rho = ||shift||_2^2 / (2 sigma^2); Corollary 13 converts
+      rho to (epsilon, delta)), rounded up to 12 significant digits; and the exact profile of the dominating equal
+      shifts (every coordinate by Linf), while its L2^2 is within :data:`_DOMINATING_PROFILE_RATIO` of the vector's.
+    """
+    equal = shift.equal_shifts
+    if equal is not None:
+        return discrete_gaussian_sigma2_for_approx_dp(epsilon, delta, linf=equal[0], l0=equal[1])
+    by_zcdp = _round_up_significant(discrete_gaussian_sigma2(shift.l2_squared, rho_for_approx_dp(epsilon, delta)))
+    linf, l0 = shift.dominating_shifts
+    if l0 * linf * linf > _DOMINATING_PROFILE_RATIO * shift.l2_squared:
+        return by_zcdp
+    return min(by_zcdp, discrete_gaussian_sigma2_for_approx_dp(epsilon, delta, linf=linf, l0=l0))
+
+
+def _round_up_significant(value: Fraction, digits: int = 12) -> Fraction:
+    """``value`` (> 0) rounded up to ``digits`` significant decimal digits: a short exact rational."""
+    step = Fraction(10) ** (math.floor(math.log10(value)) - (digits - 1))
+    return math.ceil(value / step) * step
 
 
 @dataclass(frozen=True)
@@ -64,6 +160,9 @@ class NoiseStep:
             (``scale`` is sigma^2, pmf ~ exp(-x^2 / (2 sigma^2))), in grid units.
         budget: the budget this step was calibrated to (its share of the aggregate's budget).
         linf: how much one privacy unit changes one partition, in grid units; l0: in how many partitions.
+        untouched_allowance, untouched_partitions: how much (grid units) each of how many other partitions can
+            still move between neighbours: binary64 sums over public keys (a = ceil(2E / grid), P - L0 of them;
+            docs/adr/0017); 0 otherwise. The sensitivities include them (:class:`Shift`).
         grid: the fixed-point resolution: released value = integer * grid (1 for counts, grid^2 for squares).
         partitions: number of noised values; None under partition selection (it depends on the data).
         noise_delta: the delta of the noise's own (epsilon, delta) guarantee (0 for pure DP and zCDP).
@@ -93,14 +192,23 @@ class NoiseStep:
     declared_l0: int | None = None
     bound: ComponentBound | None = None
     sampler: str = "vectorised"
+    untouched_allowance: int = 0
+    untouched_partitions: int = 0
+
+    @property
+    def shift(self) -> Shift:
+        """The worst-case change between neighbours' noised integers (:class:`Shift`)."""
+        return Shift(self.linf, self.l0, self.untouched_allowance, self.untouched_partitions)
 
     @property
     def l1_sensitivity(self) -> int:
-        return self.l0 * self.linf
+        """L1 in grid units: L0 * Linf, plus (P - L0) * a for the untouched partitions of binary64 sums."""
+        return self.shift.l1
 
     @property
     def l2_sensitivity_squared(self) -> int:
-        return self.l0 * self.linf * self.linf
+        """L2^2 in grid units: L0 * Linf^2, plus (P - L0) * a^2 for the untouched partitions of binary64 sums."""
+        return self.shift.l2_squared
 
     @property
     def epsilon(self) -> Fraction | None:
@@ -133,7 +241,11 @@ class NoiseStep:
         noise = GaussianNoise(self.scale, Fraction(self.l2_sensitivity_squared), discrete=True)
         if self.component == "selection" or self.mechanism == "discrete_laplace":
             if self.mechanism == "discrete_laplace":
-                return PrivacyLoss("epsilon", self.epsilon, delta=self.delta)
+                # the integer shifts behind epsilon = L1 / t: a zCDP account charges their own bound (docs/adr/0015)
+                shift = self.shift
+                classes = ((shift.linf, shift.l0), (shift.untouched_allowance, shift.untouched_partitions))
+                laplace = DiscreteLaplaceNoise(self.scale, tuple((size, n) for size, n in classes if size and n))
+                return PrivacyLoss("epsilon", self.epsilon, delta=self.delta, laplace=laplace)
             return PrivacyLoss("epsilon", self.budget.epsilon, delta=self.delta)
         if self.budget.form == "epsilon_delta" and accountant == "approx_dp":
             return PrivacyLoss("epsilon", self.budget.epsilon, delta=self.delta)
@@ -235,6 +347,10 @@ class NoiseStep:
                     summation_error_exact=str(bound.summation_error),
                     linf_allowance_grid_units=bound.float_allowance,
                 )
+                # partitions the privacy unit does not touch still move by their summation order: L1 and L2 above
+                # include untouched_partitions of them, each by up to this many grid units (docs/adr/0017)
+                described["untouched_partition_allowance_grid_units"] = self.untouched_allowance
+                described["untouched_partitions"] = self.untouched_partitions
             described["upstream"] = upstream
             # what the published half-width adds to the noise's: half a grid step, and the float error bound
             described["half_width_allowance"] = float(Fraction(1, 2) * bound.grid + bound.interval_error)
@@ -342,32 +458,34 @@ class _Calibration:
             return discrete_laplace_variance(self.scale)
         return discrete_gaussian_variance(self.scale)
 
-    def cost(self, accountant: str, *, linf: int, l0: int) -> Fraction | None:
+    def cost(self, accountant: str, shift: Shift) -> Fraction | None:
         """The charge on an ``accountant`` account, as the plan would charge it; None if it cannot be charged."""
-        step = NoiseStep("", "", self.mechanism, self.budget, linf, l0, self.scale, Fraction(1), None, self.noise_delta)
+        step = NoiseStep("", "", self.mechanism, self.budget, shift.linf, shift.l0, self.scale, Fraction(1), None,
+                         self.noise_delta, untouched_allowance=shift.untouched_allowance,
+                         untouched_partitions=shift.untouched_partitions)
         try:
             return charge_in_account_unit(step.privacy_loss(accountant), accountant)
         except IncompatibleAccountantError:
             return None
 
 
-def _laplace(budget: Budget, epsilon: Fraction, *, linf: int, l0: int) -> _Calibration:
-    return _Calibration("discrete_laplace", discrete_laplace_scale(l0 * linf, epsilon), budget)
+def _laplace(budget: Budget, epsilon: Fraction, shift: Shift) -> _Calibration:
+    return _Calibration("discrete_laplace", discrete_laplace_scale(shift.l1, epsilon), budget)
 
 
-def _candidates(mechanism: str, budget: Budget, *, linf: int, l0: int) -> list[_Calibration]:
+def _candidates(mechanism: str, budget: Budget, shift: Shift) -> list[_Calibration]:
     """Every mechanism ``mechanism`` allows for ``budget``, each at its smallest valid scale (the written budget)."""
     candidates: list[_Calibration] = []
     if mechanism in ("discrete_laplace", "auto"):
         epsilon = budget.epsilon if budget.form != "rho" else epsilon_for_rho(budget.rho)
-        candidates.append(_laplace(budget, epsilon, linf=linf, l0=l0))
+        candidates.append(_laplace(budget, epsilon, shift))
     if mechanism in ("discrete_gaussian", "auto") and budget.form != "epsilon":
         if budget.form == "rho":
             candidates.append(
-                _Calibration("discrete_gaussian", discrete_gaussian_sigma2(l0 * linf * linf, budget.rho), budget)
+                _Calibration("discrete_gaussian", discrete_gaussian_sigma2(shift.l2_squared, budget.rho), budget)
             )
         else:
-            sigma2 = discrete_gaussian_sigma2_for_approx_dp(budget.epsilon, budget.delta, linf=linf, l0=l0)
+            sigma2 = discrete_gaussian_sigma2_for_shift(budget.epsilon, budget.delta, shift)
             candidates.append(_Calibration("discrete_gaussian", sigma2, budget, budget.delta))
     return candidates
 
@@ -379,18 +497,19 @@ _WRITTEN_IN_ACCOUNT_UNIT = {("pure_dp", "epsilon"), ("approx_dp", "epsilon"), ("
 _RECALIBRATION_STEPS = 100
 
 
-def _within_written(sigma2: Fraction, rho: Fraction, written: Budget, *, linf: int, l0: int) -> bool:
+def _within_written(sigma2: Fraction, rho: Fraction, written: Budget, shift: Shift) -> bool:
     """True when discrete Gaussian noise of variance parameter ``sigma2`` (rho-zCDP) still meets the written
     ``{epsilon, delta}`` budget: by the CKS 2020 Cor. 13 conversion of rho, else by the exact privacy profile
-    (CKS 2020 Thm 7; more noise is not always a smaller delta for sigma below about 1, so it is checked)."""
+    (CKS 2020 Thm 7; more noise is not always a smaller delta for sigma below about 1, so it is checked), of the
+    dominating equal shifts for a heterogeneous ``shift`` (:func:`discrete_gaussian_shift_delta`)."""
     if written.form != "epsilon_delta":
         return True
     if rho_to_epsilon(rho, written.delta) <= written.epsilon:
         return True
-    return discrete_gaussian_delta(sigma2, written.epsilon, linf=linf, l0=l0) <= written.delta
+    return discrete_gaussian_shift_delta(sigma2, written.epsilon, shift) <= written.delta
 
 
-def _at_cost(candidate: _Calibration, cap: Fraction, accountant: str, *, linf: int, l0: int) -> _Calibration | None:
+def _at_cost(candidate: _Calibration, cap: Fraction, accountant: str, shift: Shift) -> _Calibration | None:
     """``candidate`` recalibrated to cost at most ``cap`` on a rho (zCDP) account and still within its written
     budget; None where that is not possible.
 
@@ -403,8 +522,8 @@ def _at_cost(candidate: _Calibration, cap: Fraction, accountant: str, *, linf: i
     if unit_of(accountant) != "rho":
         return None
     if candidate.mechanism == "discrete_gaussian":
-        sigma2 = discrete_gaussian_sigma2(l0 * linf * linf, cap)
-        if not _within_written(sigma2, cap, candidate.budget, linf=linf, l0=l0):
+        sigma2 = discrete_gaussian_sigma2(shift.l2_squared, cap)
+        if not _within_written(sigma2, cap, candidate.budget, shift):
             return None
         return _Calibration("discrete_gaussian", sigma2, Budget.model_construct(rho=cap))
     try:
@@ -412,22 +531,20 @@ def _at_cost(candidate: _Calibration, cap: Fraction, accountant: str, *, linf: i
     except ValueError:  # a cap below the ledger's resolution: no Laplace fits it
         return None
     for _ in range(_RECALIBRATION_STEPS):  # the charge rounds up; step below it if that crosses the cap
-        recalibrated = _laplace(Budget.model_construct(epsilon=epsilon), epsilon, linf=linf, l0=l0)
-        cost = recalibrated.cost(accountant, linf=linf, l0=l0)
+        recalibrated = _laplace(Budget.model_construct(epsilon=epsilon), epsilon, shift)
+        cost = recalibrated.cost(accountant, shift)
         if cost is not None and cost <= cap:
             return recalibrated
         epsilon *= 1 - Fraction(1, 10**12)
     return None
 
 
-def _choose(
-    mechanism: str, budget: Budget, *, linf: int, l0: int, accountant: str | None
-) -> _Calibration:
+def _choose(mechanism: str, budget: Budget, shift: Shift, accountant: str | None) -> _Calibration:
     """The mechanism, scale and budget of one noised component (see :func:`calibrate` for the rule)."""
-    candidates = _candidates(mechanism, budget, linf=linf, l0=l0)
+    candidates = _candidates(mechanism, budget, shift)
     if len(candidates) == 1 or accountant is None:
         return min(candidates, key=lambda c: c.variance)
-    costs = [(candidate, candidate.cost(accountant, linf=linf, l0=l0)) for candidate in candidates]
+    costs = [(candidate, candidate.cost(accountant, shift)) for candidate in candidates]
     chargeable = [(candidate, cost) for candidate, cost in costs if cost is not None]
     if not chargeable:  # none fits the account: plan.charge refuses it with the accountant's own message
         return min(candidates, key=lambda c: c.variance)
@@ -435,23 +552,31 @@ def _choose(
         return min((candidate for candidate, _ in chargeable), key=lambda c: c.variance)
     cap = min(cost for _, cost in chargeable)
     at_equal_cost = [
-        candidate if cost <= cap else _at_cost(candidate, cap, accountant, linf=linf, l0=l0)
+        candidate if cost <= cap else _at_cost(candidate, cap, accountant, shift)
         for candidate, cost in chargeable
     ]
     return min((c for c in at_equal_cost if c is not None), key=lambda c: c.variance)
 
 
 def calibrate(
-    mechanism: str, budget: Budget, *, linf: int, l0: int, accountant: str | None = None
+    mechanism: str,
+    budget: Budget,
+    *,
+    linf: int,
+    l0: int,
+    accountant: str | None = None,
+    untouched_allowance: int = 0,
+    untouched_partitions: int = 0,
 ) -> tuple[str, Fraction]:
     """Choose a mechanism and its smallest valid scale for ``budget`` on integers changed by at most ``linf`` in
-    each of at most ``l0`` coordinates. Returns ``(mechanism, scale)``: t for ``discrete_laplace``, sigma^2 for
+    each of at most ``l0`` coordinates (and by at most ``untouched_allowance`` in each of ``untouched_partitions``
+    others: :class:`Shift`). Returns ``(mechanism, scale)``: t for ``discrete_laplace``, sigma^2 for
     ``discrete_gaussian``, in grid units.
 
     * ``discrete_laplace``: t = L1 / epsilon (an ``{rho}`` budget under ``auto`` uses the largest epsilon whose
       zCDP charge fits rho, :func:`~dp_operators.mechanisms.calibration.epsilon_for_rho`);
-    * ``discrete_gaussian``: sigma^2 = L2^2 / (2 rho), or the exact (epsilon, delta) calibration of
-      :func:`~dp_operators.mechanisms.discrete_gaussian_sigma2_for_approx_dp`;
+    * ``discrete_gaussian``: sigma^2 = L2^2 / (2 rho), or the (epsilon, delta) calibration of
+      :func:`discrete_gaussian_sigma2_for_shift` (the exact profile for equal shifts);
     * ``auto`` chooses by the cost on the account it will be charged to (``accountant``; docs/adr/0012):
       each candidate is calibrated to the written budget and its charge computed in the account's unit; candidates
       the account cannot be charged for are dropped. When the budget is written in the account's own notion
@@ -461,7 +586,8 @@ def calibrate(
       cost at most C on that account while staying within the written budget, and the smallest noise variance
       at that equal cost wins. Without an ``accountant`` the candidates are compared at the written budget.
     """
-    chosen = _choose(mechanism, budget, linf=linf, l0=l0, accountant=accountant)
+    shift = Shift(linf, l0, untouched_allowance, untouched_partitions)
+    chosen = _choose(mechanism, budget, shift, accountant)
     return chosen.mechanism, chosen.scale
 
 
@@ -527,6 +653,8 @@ def check_noise_scale(aggregate: Aggregate, step: NoiseStep) -> None:
             grid = component_grid if step.component != "sum_squares" else Fraction(math.sqrt(component_grid))
             advice.insert(0, f"make grid at least {_two_digits_up(grid):g}")
         advice.append("narrow the bounds")
+    if step.untouched_allowance and step.untouched_partitions:
+        advice.append("return exact sums (binary64 sums carry an allowance in every partition, docs/adr/0017)")
     raise ReleaseConfigError(
         f"aggregate {aggregate.name!r} ({step.component}): its {step.mechanism} noise would have {name} "
         f"{scale:.3g} {units}, beyond the engine's value range of 2^62 (about 4.6e18) {units}: noise that large "
@@ -571,7 +699,7 @@ def check_sampler(spec: ReleaseSpec, steps: list[NoiseStep]) -> None:
         sigma2 = Fraction(scale) ** 2
         rho = Fraction(step.l2_sensitivity_squared) / (2 * sigma2)
         written = Budget.model_construct(epsilon=step.budget.epsilon, delta=step.noise_delta)
-        if not _within_written(sigma2, rho, written, linf=step.linf, l0=step.l0):
+        if not _within_written(sigma2, rho, written, step.shift):
             raise ReleaseConfigError(
                 f"{where}: sampler 'opendp' draws with the float sigma {scale!r}, just above the planned "
                 f"{math.sqrt(step.scale):.17g} grid units, and the discrete Gaussian's exact (epsilon, delta) profile "
@@ -608,7 +736,9 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
     and sum of squares), every one charged (DESIGN.md 2.7). Partition selection adds its own step and budget.
     Sensitivities follow DESIGN.md 2.6 (L1 = L0 * Linf, L2^2 = L0 * Linf^2), L0 capped by the number of public
     partitions (:func:`partitions_contributed`) and Linf from
-    :func:`~dp_operators.release.float_sums.component_bound` (with the float allowance for binary64 sums).
+    :func:`~dp_operators.release.float_sums.component_bound` (with the float allowance for binary64 sums). Binary64
+    sums over P public partitions add the untouched partitions' allowance a = ceil(2E / grid):
+    L1 += (P - L0) a, L2^2 += (P - L0) a^2 (:class:`Shift`; docs/adr/0017).
 
     Args:
         spec: the validated release spec.
@@ -617,8 +747,9 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
             mechanisms at the written budget, which may cost more than needed on a zCDP account.
 
     Raises:
-        ReleaseConfigError: a component the engine cannot release as planned: binary64 sums whose float cannot
-            carry the grid or whose error allowance exceeds the sensitivity, or values that can reach the
+        ReleaseConfigError: a component the engine cannot release as planned: binary64 sums under partition
+            selection (:func:`~dp_operators.release.float_sums.check_partition_selection`), binary64 sums whose
+            float cannot carry the grid or whose error allowance exceeds the sensitivity, or values that can reach the
             saturation limit (:func:`~dp_operators.release.float_sums.check_component`), or noise whose scale
             exceeds that limit (:func:`check_noise_scale`), or ``sampler: opendp`` where OpenDP cannot draw the
             plan's noise (:func:`check_sampler`). Nothing is reserved.
@@ -632,6 +763,10 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
         declared_l0 = contribution.max_partitions_contributed
         l0 = partitions_contributed(aggregate, declared_l0)
         per_partition = contribution.max_contributions_per_partition
+        check_partition_selection(aggregate)
+        # partitions the privacy unit does not touch (public keys only: under partition selection binary64 is
+        # refused above, and exact sums do not move where the unit is absent)
+        untouched = aggregate.partition_count - l0 if aggregate.public_keys else 0  # type: ignore[operator]
         bounds = {c: component_bound(aggregate, c, per_partition) for c in aggregate.components}
         for bound in bounds.values():
             check_component(aggregate, bound, per_partition)
@@ -641,7 +776,8 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
         share = _share(aggregate.budget, len(aggregate.components))
         for component in aggregate.components:
             bound = bounds[component]
-            chosen = _choose(aggregate.mechanism, share, linf=bound.linf, l0=l0, accountant=accountant)
+            shift = Shift(bound.linf, l0, bound.untouched_allowance, untouched)
+            chosen = _choose(aggregate.mechanism, share, shift, accountant)
             steps.append(
                 NoiseStep(
                     aggregate=aggregate.name,
@@ -656,6 +792,8 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
                     noise_delta=chosen.noise_delta,
                     declared_l0=declared_l0,
                     bound=bound,
+                    untouched_allowance=shift.untouched_allowance,
+                    untouched_partitions=shift.untouched_partitions,
                 )
             )
             check_noise_scale(aggregate, steps[-1])

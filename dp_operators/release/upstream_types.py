@@ -12,12 +12,14 @@ type                                      read as
 ``decimal.Decimal``                       its exact decimal value (SQL ``SUM`` over ``NUMERIC``); NaN, sNaN and
                                           Infinity follow ``non_finite``
 ``fractions.Fraction``                    itself
-``float``, numpy float64 / longdouble     counts: the float's exact binary value, then rounded as counts are;
-                                          sums: under ``upstream.arithmetic: exact`` an integral float up to 2^53
-                                          is that integer (pandas makes an int column float64 when one group is
-                                          missing) and any other float is refused (a float sum may be further from
-                                          its neighbour's than the sensitivity, Casacuberta et al., CCS 2022); the
-                                          exact binary value under ``binary64``. A NaN is SQL's NULL (below)
+``float``, numpy float64 / longdouble     counts: the float's exact binary value, then rounded as counts are (a
+                                          float count is read by its type, whatever its value); sums: refused
+                                          under ``upstream.arithmetic: exact`` (the default) by the type, for
+                                          every value (an integral float, NaN and infinity as well as a fraction:
+                                          a float sum may be further from its neighbour's than the sensitivity,
+                                          Casacuberta et al., CCS 2022); under ``binary64`` the exact binary value,
+                                          an infinity following ``non_finite.infinity``. A float NaN is SQL's NULL
+                                          (below) wherever a float is read
 numpy float16 / float32                   refused: they hold neither every count above 2^24 (2^11 for float16)
                                           nor a sum to double precision
 ``None``, ``pandas.NA``, ``pandas.NaT``   SQL's NULL: follows the ``nan`` policy of ``non_finite`` (for a count or
@@ -67,10 +69,14 @@ SATURATION = 2**62
 DECIMAL_EXPONENT_LIMIT = 1000
 
 _EXACT_TYPES = "int, Decimal or Fraction"
-_FLOAT_SUM_ADVICE = (
-    "a binary float sum may be further from its neighbour's than the planned sensitivity (Casacuberta, Shoemate, "
-    "Vadhan, Wagaman, CCS 2022). Return the sum as an int (a sum of integer values) or a Decimal (SQL "
-    "SUM over NUMERIC), or declare the float arithmetic in the spec: upstream: {arithmetic: binary64, max_rows: N}"
+#: Why a float sum is refused under ``upstream.arithmetic: exact`` and how to fix it (also used by the columnar and
+#: Parquet readers, which refuse a floating sum column by its type).
+FLOAT_SUM_ADVICE = (
+    "a float sum is refused by its type whatever its value (an integral, NaN or infinite float too), since a binary "
+    "float sum may be further from its neighbour's than the planned sensitivity (Casacuberta, Shoemate, Vadhan, "
+    "Wagaman, CCS 2022). Cast the sums upstream to int or Decimal (SQL SUM over NUMERIC or BIGINT; pandas: the "
+    "nullable Int64 dtype, or .fillna(0).astype('int64'), which keep the type whether or not a group is missing), "
+    "or declare the float arithmetic in the spec: upstream: {arithmetic: binary64, max_rows: N}"
 )
 
 
@@ -272,19 +278,16 @@ def read_number(
             f"a sum to double precision; return {_EXACT_TYPES} values (or float64)",
         )
     if isinstance(value, (float, np.floating)):
-        if np.isnan(value):  # SQL NULL as pandas shows it: the nan policy in every arithmetic mode
-            return _special(aggregate, "nan", False, field, "nan", diagnostics, component == "count")
         if component == "sum" and aggregate.upstream.arithmetic == "exact":
-            number = float(value)
-            if number.is_integer() and abs(number) <= 2**53:
-                # every integer up to 2^53 is a double: pandas makes an int column float64 as soon as one group's
-                # value is missing, and refusing then would depend on that one group (docs/adr/0017)
-                diagnostics.float_values[field] += 1
-                return Fraction(int(number))
+            # by the type alone, before NaN and inf: reading an integral float and refusing 30.5 (or inf) would make
+            # the refusal depend on a value, and pandas makes an int column float64 when one group is missing
+            # (docs/adr/0017)
             raise InputTypeError(
                 field, f"field {field!r} holds a {_type_name(value)} but upstream.arithmetic is 'exact': "
-                + _FLOAT_SUM_ADVICE
+                + FLOAT_SUM_ADVICE
             )
+        if np.isnan(value):  # SQL NULL as pandas shows it
+            return _special(aggregate, "nan", False, field, "nan", diagnostics, component == "count")
         diagnostics.float_values[field] += 1
         if np.isinf(value):
             negative = bool(value < 0)

@@ -263,12 +263,14 @@ class UpstreamSums(_Strict):
 
     * ``arithmetic: exact`` (default): sums are exact numbers: Python/numpy integers, ``Decimal`` (SQL ``SUM`` over
       ``NUMERIC``/``DECIMAL``) or ``Fraction``. A binary float sum is refused before any budget is reserved (its
-      rounding error is not inside the planned sensitivity), except an integral one up to 2^53, read as that
-      integer (pandas makes an int column float64 when one group is missing; docs/adr/0017).
+      rounding error is not inside the planned sensitivity), by its type, whatever its value (30.0 as well as
+      30.5; docs/adr/0017). pandas makes an int column float64 when one group is missing: keep the type upstream
+      (the nullable ``Int64`` dtype, or ``.fillna(0).astype("int64")``).
     * ``arithmetic: binary64``: sums are IEEE 754 double-precision floats (pandas, numpy, SQL ``DOUBLE``), computed in
       any order over at most ``max_rows`` values per partition. The sensitivity then carries a sound allowance for
       the summation error (Casacuberta et al., CCS 2022; Higham 2002, section 4.2), and a grid the float cannot
-      carry is refused at plan time.
+      carry is refused at plan time. Over public keys the partitions a privacy unit does not touch carry the
+      allowance too (their summation order alone moves them); under ``partition_selection`` binary64 is refused.
     * ``max_rows``: the most upstream rows (values) summed into one partition's total: a public bound, declared by the
       author (required with ``binary64``). It also lets the plan refuse a spec whose totals could reach the engine's
       saturation limit.

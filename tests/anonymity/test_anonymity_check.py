@@ -72,6 +72,40 @@ def test_entropy_target_exactly_met_passes(li_patients):
     assert report["sensitive_attributes"]["disease"]["entropy_l"] == pytest.approx(3)
 
 
+def test_entropy_l_of_three_equally_common_values_is_reported_as_exactly_three():
+    """The report's entropy_l is exactly 3.0 for three equally common values, and the target l = 3 is met."""
+    table = pd.DataFrame({"zip": ["4767*"] * 6, "age": ["<=40"] * 6, "disease": ["flu", "gastritis", "cancer"] * 2})
+    spec = make_spec(
+        sensitive_attributes=[{"name": "disease", "type": "categorical"}],
+        targets={"l": {"kind": "entropy", "l": 3}},
+    )
+    report = check_table(table, spec)
+    assert report["sensitive_attributes"]["disease"]["entropy_l"] == 3.0
+    assert report["passed"] is True
+
+
+def test_entropy_l_in_the_report_is_over_the_released_classes_only():
+    """After suppression the report's entropy_l is the least diverse released class's, exact."""
+    # Class 1 holds three equally common diseases (exp(H) = 3); class 2 a single one, so it fails l = 2 and,
+    # a third of the table, is suppressed under a one-half allowance.
+    table = pd.DataFrame(
+        {
+            "zip": ["1"] * 6 + ["2"] * 3,
+            "age": ["a"] * 9,
+            "disease": ["flu", "gastritis", "cancer"] * 2 + ["flu"] * 3,
+        }
+    )
+    spec = make_spec(
+        sensitive_attributes=[{"name": "disease", "type": "categorical"}],
+        targets={"l": {"kind": "entropy", "l": 2}},
+        suppression={"max_fraction": 0.5},
+    )
+    report = check_table(table, spec)
+    assert report["suppression"]["suppressed_rows"] == 3
+    assert report["sensitive_attributes"]["disease"]["entropy_l"] == 3.0
+    assert report["passed"] is True
+
+
 def test_recursive_target(li_patients):
     passing = check_table(li_patients, make_spec(targets={"l": {"kind": "recursive", "l": 2, "c": 0.6}}))
     assert passing["passed"] is True

@@ -181,6 +181,122 @@ def test_ordered_text_attribute_uses_declared_order():
     assert t_closeness(table, ["qi"], "s", "ordered", order=["low", "mid", "high"]) == pytest.approx(0.25)
 
 
+# --- a declared order on a numeric column ----------------------------------------------------------------------
+
+
+def _six_values(values: pd.Series) -> pd.DataFrame:
+    return pd.DataFrame({"qi": [1, 1, 1, 2, 2, 2], "s": values})
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        pytest.param("int64", id="int64"),
+        pytest.param("float64", id="float64"),
+        pytest.param("Int64", id="nullable Int64"),
+        pytest.param("Float64", id="nullable Float64"),
+        pytest.param("double[pyarrow]", id="Arrow double"),
+        pytest.param(object, id="object column of floats"),
+    ],
+)
+@pytest.mark.parametrize(
+    "order",
+    [pytest.param([1, 2, 3, 4, 5, 6], id="int order"), pytest.param([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], id="float order")],
+)
+def test_declared_order_matches_numeric_column_by_number(dtype, order):
+    """A declared order matches a numeric column's values by equality of number (1 == 1.0), whatever the dtype."""
+    values = pd.Series([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).astype(dtype)
+    # Class {1, 2, 3} against P uniform over six ranks: CDF gaps 1/6, 2/6, 3/6, 2/6, 1/6, so EMD = (9/6) / 5 = 0.3.
+    assert t_closeness(_six_values(values), ["qi"], "s", "ordered", order=order) == pytest.approx(0.3)
+
+
+def test_declared_order_ranks_float_column_as_declared_not_sorted():
+    """The declared order, not the sort order, ranks a float column's values."""
+    table = pd.DataFrame({"qi": [1, 1, 2, 2], "s": [1.0, 3.0, 2.0, 2.0]})
+    # Declared 1 < 3 < 2: class {1, 3} has Q = (1/2, 1/2, 0) against P = (1/4, 1/4, 1/2): EMD = (1/4 + 1/2) / 2.
+    assert t_closeness(table, ["qi"], "s", "ordered", order=[1, 3, 2]) == pytest.approx(0.375)
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        pytest.param(["1", "2", "3", "4", "5", "6"], id="text entries"),
+        pytest.param([1, 2, 3, 4, 5, "six"], id="one text entry"),
+        pytest.param([True, 2, 3, 4, 5, 6], id="bool entry"),
+        pytest.param([1, 2, 3, 4, 5, math.nan], id="NaN entry"),
+    ],
+)
+def test_non_numeric_order_for_numeric_column_is_refused_naming_the_column(order):
+    """A declared order with non-numeric entries for a numeric column is a clear error naming the column."""
+    table = _six_values(pd.Series([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
+    with pytest.raises(AnonymityInputError, match=r"sensitive attribute 's' is numeric \(float64\).*not numbers"):
+        t_closeness(table, ["qi"], "s", "ordered", order=order)
+
+
+def test_order_listing_the_same_number_twice_is_refused():
+    """An order listing one number twice (1 and 1.0) is refused for a numeric column."""
+    table = _six_values(pd.Series([1, 2, 3, 4, 5, 6]))
+    with pytest.raises(AnonymityInputError, match="lists the number 1.0 more than once"):
+        t_closeness(table, ["qi"], "s", "ordered", order=[1, 2, 3, 4, 5, 6, 1.0])
+
+
+def test_numeric_order_for_text_column_matches_by_text():
+    """On a text column a declared order matches by text, so the order entry 1 matches the cell "1"."""
+    table = _six_values(pd.Series(["1", "2", "3", "4", "5", "6"]))
+    assert t_closeness(table, ["qi"], "s", "ordered", order=[1, 2, 3, 4, 5, 6]) == pytest.approx(0.3)
+
+
+def test_float_column_value_missing_from_integer_order_is_refused():
+    """A float value that equals no number of the declared order (2.5) is refused, not rounded."""
+    table = _six_values(pd.Series([1.0, 2.5, 3.0, 4.0, 5.0, 6.0]))
+    with pytest.raises(AnonymityInputError, match="1 value\\(s\\) are not in the declared order"):
+        t_closeness(table, ["qi"], "s", "ordered", order=[1, 2, 3, 4, 5, 6])
+
+
+# --- entropy l is exact at equal frequencies ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        pytest.param(["a", "b", "c"], 3.0, id="three values once each"),
+        pytest.param(["a", "b", "c"] * 7, 3.0, id="three values seven times each"),
+        pytest.param(list("abcdefg") * 13, 7.0, id="seven values thirteen times each"),
+        pytest.param(["a", "b"] * 50_000, 2.0, id="two values in a class of 100000"),
+        pytest.param(list("aaaabcde"), 4.0, id="counts 4, 1, 1, 1, 1 give exactly 4"),
+    ],
+)
+def test_entropy_l_is_exact_when_exp_entropy_is_a_whole_number(values, expected):
+    """Entropy l is reported exactly (3.0, not 2.9999999999999996) when exp(H) is a whole number."""
+    table = pd.DataFrame({"qi": 1, "s": values})
+    assert entropy_l_diversity(table, ["qi"], "s") == expected
+
+
+@pytest.mark.parametrize(
+    ("counts", "l", "met"),
+    [
+        pytest.param([1, 1, 1], 3, True, id="three equal counts meet l = 3"),
+        pytest.param([5, 5, 5], 3.0000000000000004, False, id="three equal counts miss the next float above 3"),
+        pytest.param([2, 1, 1], 3, False, id="unequal counts miss l = 3"),
+        pytest.param([50_001, 49_999], 2, False, id="counts 50001 and 49999 miss l = 2 by 2e-10"),
+        pytest.param([50_000, 50_000], 2, True, id="counts 50000 and 50000 meet l = 2"),
+        pytest.param([500_001, 499_999], 2, False, id="a class of 10**6 rows misses l = 2 by 2e-12"),
+        pytest.param([4, 1, 1, 1, 1], 4, True, id="counts 4, 1, 1, 1, 1 meet l = 4"),
+        pytest.param([4, 4, 8], 2.5, True, id="exp(H) = 2 * 2**0.5 meets l = 2.5"),
+        # 2 * 2**0.5 = 2.8284271247461900976...: the float just below it is met, the float nearest it (above) is not.
+        pytest.param([4, 4, 8], 2.82842712474619, True, id="exp(H) = 2 * 2**0.5 meets the float just below it"),
+        pytest.param([4, 4, 8], 2.8284271247461903, False, id="exp(H) = 2 * 2**0.5 misses the float just above it"),
+        pytest.param([7], 1, True, id="one value meets l = 1"),
+    ],
+)
+def test_entropy_l_test_is_exact_at_the_target(counts, l, met):
+    """The entropy l test decides classes at or within float rounding of l exactly."""
+    values = [f"v{i}" for i, count in enumerate(counts) for _ in range(count)]
+    table = pd.DataFrame({"qi": 1, "s": values})
+    dist = sensitive_distribution(table, equivalence_classes(table, ["qi"]), "s")
+    assert dist.class_entropy_l_met(l).tolist() == [met]
+
+
 # --- bad input -----------------------------------------------------------------------------------------------------
 
 

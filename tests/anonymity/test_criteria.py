@@ -51,6 +51,22 @@ def li_spec(targets: dict) -> AnonymitySpec:
     return make_spec(targets, LI_SENSITIVE, quasi_identifiers=LI_QIS)
 
 
+@pytest.mark.parametrize(
+    ("counts", "failing"),
+    [
+        pytest.param([50_000, 50_000], False, id="equal counts meet l = 2"),
+        pytest.param([50_001, 49_999], True, id="counts 50001 and 49999 miss l = 2 by 2e-10"),
+    ],
+)
+def test_entropy_l_target_is_decided_exactly_near_the_target(counts, failing):
+    """A class within float rounding of the entropy l target passes only if it truly meets it."""
+    table = pd.DataFrame({"q": 1, "s": ["a"] * counts[0] + ["b"] * counts[1]})
+    spec = make_spec({"l": {"kind": "entropy", "l": 2}}, [{"name": "s", "type": "categorical"}])
+    classes = equivalence_classes(table, ["q"])
+    evaluation = Criteria(spec, table).evaluate(classes.class_ids, classes.n_classes)
+    assert evaluation.failing["l:s"].tolist() == [failing]
+
+
 def test_every_measure_on_li_table4_matches_the_measure_functions(li_patients):
     spec = li_spec({"k": 3, "l": {"kind": "recursive", "l": 2, "c": 0.6}, "t": 0.3})
     classes = equivalence_classes(li_patients, LI_QIS)

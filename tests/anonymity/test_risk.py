@@ -36,6 +36,15 @@ def test_journalist_and_marketer_with_a_population():
     assert summary["prosecutor"]["highest"] == 1.0  # the prosecutor knows the target is in the release
 
 
+def test_journalist_average_is_the_larger_of_classes_over_population_and_the_marketer_figure():
+    """The journalist average is max(J / sum F, (1/n) sum f / F), El Emam's definition as ARX computes it."""
+    # Sample f = 1, 3 from population classes F = 2, 3: J / sum F = 2 / 5 = 0.4 exceeds the marketer figure
+    # (1/2 + 3/3) / 4 = 0.375, so the journalist average is 0.4 while the marketer average stays 0.375.
+    summary = risk_summary(np.array([1, 3]), np.array([2, 3]), threshold=0.5)
+    assert summary["journalist"]["average"] == pytest.approx(0.4)
+    assert summary["marketer"]["average"] == pytest.approx(0.375)
+
+
 @pytest.mark.parametrize(
     ("size", "threshold"),
     [(5, 0.2), (4, 0.25), (3, 1 / 3), (10, 0.1), (1, 1.0), (7, 1 / 7)],
@@ -89,7 +98,7 @@ def test_matches_a_per_record_brute_force(classes, threshold):
     assert summary["prosecutor"]["highest"] == pytest.approx(max(prosecutor))
     assert summary["prosecutor"]["average"] == pytest.approx(sum(prosecutor) / n)
     assert summary["journalist"]["highest"] == pytest.approx(max(journalist))
-    assert summary["journalist"]["average"] == pytest.approx(sum(journalist) / n)
+    assert summary["journalist"]["average"] == pytest.approx(max(len(f) / big_f.sum(), sum(journalist) / n))
     assert summary["marketer"]["average"] == pytest.approx(sum(journalist) / n)
     # at risk: strictly above the threshold, compared in exact fractions (1/size > t  <=>  size * t < 1)
     at_risk = sum(size for size in f if size * threshold < 1 - 1e-12)

@@ -23,6 +23,7 @@ from source_tables import (
     HOURS_SPEC,
     age_spec,
     assert_same_inputs,
+    binary64_spec,
     hours_per_day_by_sex,
     hours_spec,
     people_by_age,
@@ -32,6 +33,8 @@ from source_tables import (
 FORMATS = [pytest.param(".json", id="JSON"), pytest.param(".csv", id="CSV"), pytest.param(".parquet", id="Parquet")]
 #: A value that must never appear in a message or a log line.
 SECRET = "Secret-Key-8675309"
+#: The refusal of a CSV file for sums declared exact (decided by the suffix and the spec, before any read).
+EXACT_CSV_REFUSAL = r"is CSV, but its sums are declared exact \(upstream\.arithmetic: exact\)"
 
 
 def write_each(folder: Path, spec, aggregates: dict, suffix: str) -> dict[str, str]:
@@ -52,14 +55,17 @@ def test_one_json_file_holds_the_whole_mapping(tmp_path, example_spec, adult_agg
 
 @pytest.mark.parametrize("suffix", FORMATS)
 def test_one_file_per_aggregate_reads_as_the_in_memory_aggregates(tmp_path, example_spec, adult_aggregates, suffix):
-    reference = write_each(tmp_path, example_spec, adult_aggregates, suffix)
-    read = read_reference(reference, example_spec)
+    """Each aggregate in its own JSON, CSV or Parquet file reads as the same rows and prepared integers."""
+    # CSV cells carry no type: a CSV file of sums (the mean) is read under binary64 (exact is refused for CSV)
+    spec = binary64_spec(example_spec) if suffix == ".csv" else example_spec
+    reference = write_each(tmp_path, spec, adult_aggregates, suffix)
+    read = read_reference(reference, spec)
     # the same rows and types (ints), so the same prepared integers; Parquet of int keys and values comes as an
     # Arrow table, read by the engine's columnar reader
     assert suffix != ".parquet" or all(is_table(read[a.name]) for a in example_spec.aggregates if a.group_by)
     as_rows = {name: value.to_pylist() if is_table(value) else value for name, value in read.items()}
     assert as_rows == adult_aggregates
-    assert_same_inputs(example_spec, read, adult_aggregates)
+    assert_same_inputs(spec, read, adult_aggregates)
 
 
 def test_formats_can_be_mixed_and_suffixes_are_case_insensitive(tmp_path, example_spec, adult_aggregates):
@@ -96,19 +102,53 @@ def test_csv_int_keys_accept_integral_numbers_and_ignore_other_text(tmp_path, ad
 
 def test_csv_non_integers_are_floats_exactly_as_through_xcom(tmp_path, adult_csv):
     """Sums with a fraction, printed to CSV, are read as the floats the text spells (never as exact Decimals, which
-    would let a float sum printed as text pass ``arithmetic: exact``): refused under ``exact`` as the same floats
-    through XCom are, and read as those floats under ``binary64``."""
+    would let a float sum printed as text pass ``arithmetic: exact``): under ``exact`` the CSV file is refused before
+    it is read, as the same floats through XCom are refused, and under ``binary64`` it is read as those floats."""
     spec, expected = hours_spec(), hours_per_day_by_sex(adult_csv)
     rows = expected["hours_per_day_by_sex"]
     path = write_aggregate(tmp_path / "hours.csv", spec.aggregates[0], rows)
-    read = read_reference(f"file://{path}", spec)
     as_floats = {"hours_per_day_by_sex": [dict(row, sum=float(row["sum"])) for row in rows]}
+    with pytest.raises(AirflowFailException, match=EXACT_CSV_REFUSAL):
+        read_reference(f"file://{path}", spec)
+    with pytest.raises(ReleaseInputError, match="upstream.arithmetic is 'exact'"):  # the XCom path, for contrast
+        prepare_inputs(spec, as_floats)
+    read = read_reference(f"file://{path}", binary64_hours_spec())
     assert read == as_floats
     assert all(type(row["sum"]) is float and type(row["count"]) is int for row in read["hours_per_day_by_sex"])
     assert any(not row["sum"].is_integer() for row in read["hours_per_day_by_sex"])  # the case under test
-    with pytest.raises(ReleaseInputError, match="upstream.arithmetic is 'exact'"):
-        prepare_inputs(spec, read)
     assert_same_inputs(binary64_hours_spec(), read, as_floats)
+
+
+def test_a_csv_file_of_exact_sums_is_refused_whatever_its_cells(tmp_path):
+    """Under ``exact`` a CSV file of sums is refused, with one message for neighbouring cells "30" and "30.5"."""
+    spec = hours_spec()
+    path = tmp_path / "hours.csv"
+    messages = {}
+    for cell in ("30", "30.5"):  # one person's 0.5 h apart: an int and a float as CSV text
+        path.write_text(f"sex,sum,count\nFemale,{cell},10\nMale,20,10\n")
+        with pytest.raises(AirflowFailException, match=EXACT_CSV_REFUSAL) as caught:
+            read_reference({"hours_per_day_by_sex": f"file://{path}"}, spec)
+        messages[cell] = str(caught.value)
+    assert messages["30"] == messages["30.5"]  # the neighbour property: the refusal does not depend on a cell
+    message = messages["30"]
+    assert f"aggregate 'hours_per_day_by_sex' (file://{path})" in message  # names the aggregate and the file
+    assert "30" not in message.replace(str(path), "")  # never a value
+    assert "Write it as Parquet" in message and "upstream: {arithmetic: binary64, max_rows: N}" in message
+    path.unlink()  # decided by the suffix and the spec alone, before the file is read
+    with pytest.raises(AirflowFailException) as caught:
+        read_reference({"hours_per_day_by_sex": f"file://{path}"}, spec)
+    assert str(caught.value) == message
+    # the fix the message names: the same cells are read under binary64, as the floats and ints they spell
+    for cell, value in (("30", 30), ("30.5", 30.5)):
+        path.write_text(f"sex,sum,count\nFemale,{cell},10\nMale,20,10\n")
+        (female, _) = read_reference({"hours_per_day_by_sex": str(path)}, binary64_hours_spec())["hours_per_day_by_sex"]
+        assert female["sum"] == value and type(female["sum"]) is type(value)
+    # counts from CSV are read as before, under the default exact arithmetic
+    ages = tmp_path / "ages.csv"
+    ages.write_text("age,count\n17,30\n18,5\n")
+    assert age_spec().aggregates[0].upstream.arithmetic == "exact"
+    assert read_reference(str(ages), age_spec()) == {"people_by_age": [{"age": 17, "count": 30},
+                                                                       {"age": 18, "count": 5}]}
 
 
 def binary64_hours_spec():
@@ -155,7 +195,8 @@ def test_parquet_decimals_stay_decimals_and_are_read_exactly(tmp_path, adult_csv
     ],
 )
 def test_csv_value_cells(tmp_path, cell, expected):
-    spec = hours_spec()
+    """A CSV value cell reads as the int, float, exact Decimal or NULL its text spells (under binary64)."""
+    spec = binary64_hours_spec()  # a CSV file of sums is refused under exact
     (tmp_path / "h.csv").write_text(f"sex,sum,count\nFemale,{cell},1\n")
     (row,) = read_reference({"hours_per_day_by_sex": str(tmp_path / "h.csv")}, spec)["hours_per_day_by_sex"]
     assert row["sum"] == expected and type(row["sum"]) is type(expected)
@@ -164,12 +205,23 @@ def test_csv_value_cells(tmp_path, cell, expected):
 @pytest.mark.parametrize("cell", ["nan", "NaN", "inf", "-Infinity", "0.49999999999999994", "80.0", "N/A", ""])
 @pytest.mark.parametrize("arithmetic", ["exact", "binary64"])
 def test_csv_cells_follow_the_engine_rules_for_the_same_xcom_value(tmp_path, cell, arithmetic):
-    """A CSV cell has the outcome of the value XCom would carry: the float its text spells, or None (NULL) for
-    text that is no number. NaN and NULL follow the ``nan`` policy in both modes; an infinity or a fraction in a
-    sum is refused under ``exact`` and follows ``non_finite`` / is read under ``binary64``, as for XCom."""
+    """Under ``exact`` a CSV file of sums is refused with the same message whatever the cell (a float, NULL or the
+    int 20); under ``binary64`` a cell has the outcome of the value XCom would carry: the float its text spells, or
+    None (NULL) for text that is no number; NULL follows the ``nan`` policy, NaN and infinity ``non_finite``, and
+    any other float is read, as for XCom."""
     spec = hours_spec() if arithmetic == "exact" else binary64_hours_spec()
+    reference = {"hours_per_day_by_sex": str(tmp_path / "h.csv")}
+    if arithmetic == "exact":  # refused from the suffix and the spec: the same refusal for every neighbouring cell
+        refusals = []
+        for text in (cell, "20"):
+            (tmp_path / "h.csv").write_text(f"sex,sum,count\nFemale,{text},10\nMale,20,10\n")
+            with pytest.raises(AirflowFailException, match=EXACT_CSV_REFUSAL) as caught:
+                read_reference(reference, spec)
+            refusals.append(str(caught.value))
+        assert refusals[0] == refusals[1]
+        return
     (tmp_path / "h.csv").write_text(f"sex,sum,count\nFemale,{cell},10\nMale,20,10\n")
-    read = read_reference({"hours_per_day_by_sex": str(tmp_path / "h.csv")}, spec)
+    read = read_reference(reference, spec)
     try:
         via_xcom = float(cell)
     except ValueError:
@@ -183,7 +235,6 @@ def test_csv_cells_follow_the_engine_rules_for_the_same_xcom_value(tmp_path, cel
         with pytest.raises(ReleaseInputError) as caught:
             prepare_inputs(spec, read)
         assert str(caught.value) == str(error)
-        assert arithmetic == "exact" and ("inf" in cell.lower() or cell.startswith("0.4"))
         return
     prepared = prepare_inputs(spec, read)
     assert prepared.keys == expected.keys
@@ -194,7 +245,7 @@ def test_csv_cells_follow_the_engine_rules_for_the_same_xcom_value(tmp_path, cel
 def test_a_non_numeric_value_cell_is_null_not_a_refusal(tmp_path, caplog, capsys):
     """Whether the file is accepted never depends on a cell's value: text that is no number (pandas' ``na_rep``)
     is NULL, replaced by the ``nan`` policy (0 here) exactly as an empty cell is, and never echoed."""
-    spec = hours_spec()
+    spec = binary64_hours_spec()  # a CSV file of sums is read under binary64 (refused under exact)
     prepared = {}
     for name, cell in (("text", SECRET), ("empty", "")):
         (tmp_path / f"{name}.csv").write_text(f"sex,sum,count\nFemale,{cell},0\nMale,2000,100\n")
@@ -233,8 +284,12 @@ def _refusal(tmp_path: Path, case: str):
     spec = hours_spec()
     name = spec.aggregates[0].name
     csv_file = tmp_path / "h.csv"
+    csv_spec = binary64_hours_spec()  # a CSV file of sums is read under binary64 only: the refusal below is reached
     if case == "missing file":
-        return {name: f"file://{tmp_path / 'absent.csv'}"}, spec
+        return {name: f"file://{tmp_path / 'absent.csv'}"}, csv_spec
+    if case == "exact sums in csv":
+        csv_file.write_text(f"sex,sum,count\n{SECRET},1,2\n")
+        return {name: str(csv_file)}, spec
     if case == "unreadable parquet":
         (tmp_path / "h.parquet").write_bytes(SECRET.encode() * 10)
         return {name: str(tmp_path / "h.parquet")}, spec
@@ -252,10 +307,10 @@ def _refusal(tmp_path: Path, case: str):
         return {}, spec
     if case == "missing column csv":
         csv_file.write_text(f"sex,total,count\n{SECRET},1,2\n")
-        return {name: str(csv_file)}, spec
+        return {name: str(csv_file)}, csv_spec
     if case == "headerless csv":
         csv_file.write_text(f"{SECRET},1,2\n")
-        return {name: str(csv_file)}, spec
+        return {name: str(csv_file)}, csv_spec
     if case == "missing column parquet":
         pq.write_table(pa.table({"sex": [SECRET], "sum": [1]}), tmp_path / "h.parquet")
         return {name: str(tmp_path / "h.parquet")}, spec
@@ -268,21 +323,16 @@ def _refusal(tmp_path: Path, case: str):
         return {name: str(tmp_path / "h.parquet")}, spec
     if case == "ragged csv row":
         csv_file.write_text(f"sex,sum,count\nFemale,1,2,{SECRET}\n")
-        return {name: str(csv_file)}, spec
+        return {name: str(csv_file)}, csv_spec
     if case == "empty csv":
         csv_file.write_text("")
-        return {name: str(csv_file)}, spec
+        return {name: str(csv_file)}, csv_spec
     if case == "table file for a spec of several aggregates":
         from support import EXAMPLE_SPEC
         from dp_operators.spec import load_spec
 
         csv_file.write_text("a,count\nb,1\n")
         return str(csv_file), load_spec(EXAMPLE_SPEC)
-    if case == "ungrouped file with two rows":
-        spec = parse_spec(AGE_SPEC.replace("    group_by: [age]\n", "").replace(
-            "    keys: {age: " + str(list(range(17, 91))) + "}\n", ""), source="ungrouped")
-        csv_file.write_text("count\n1\n2\n")
-        return str(csv_file), spec
     raise AssertionError(case)
 
 
@@ -298,6 +348,8 @@ def _refusal(tmp_path: Path, case: str):
         pytest.param("unknown aggregate", r"names 1 name\(s\) that the spec does not release",
                      id="unknown aggregate name"),
         pytest.param("missing aggregate", r"misses \['hours_per_day_by_sex'\]", id="missing aggregate"),
+        pytest.param("exact sums in csv", r"h\.csv\) is CSV, but its sums are declared exact .* Write it as Parquet",
+                     id="exact sums in CSV"),
         pytest.param("missing column csv", r"h\.csv \(aggregate 'hours_per_day_by_sex'\) has no column 'sum';",
                      id="missing column (CSV)"),
         pytest.param("headerless csv", "has no column 'sex'; give one row per key with the columns",
@@ -311,10 +363,10 @@ def _refusal(tmp_path: Path, case: str):
         pytest.param("empty csv", "is empty; write a header row", id="empty CSV"),
         pytest.param("table file for a spec of several aggregates", "holds the rows of one aggregate, but the spec "
                      "releases 3", id="one CSV for three aggregates"),
-        pytest.param("ungrouped file with two rows", "must hold at most one row", id="ungrouped file, two rows"),
     ],
 )
 def test_refusals_name_the_file_and_column_never_a_value(tmp_path, case, message, caplog, capsys):
+    """Every refusal of a reference names the file (and column) but never a value, in its message or the logs."""
     reference, spec = _refusal(tmp_path, case)
     with caplog.at_level(logging.DEBUG), pytest.raises(AirflowFailException, match=message) as caught:
         read_reference(reference, spec)
@@ -325,7 +377,8 @@ def test_refusals_name_the_file_and_column_never_a_value(tmp_path, case, message
 
 
 def test_reading_logs_no_data_value(tmp_path, adult_csv, caplog, capsys):
-    spec, expected = hours_spec(), hours_per_day_by_sex(adult_csv)
+    """Reading a CSV file of real sums and counts logs none of them."""
+    spec, expected = binary64_hours_spec(), hours_per_day_by_sex(adult_csv)  # CSV sums: binary64 (exact refused)
     path = write_aggregate(tmp_path / "hours.csv", spec.aggregates[0], expected["hours_per_day_by_sex"])
     with caplog.at_level(logging.DEBUG):
         read_reference(f"file://{path}", spec)

@@ -151,21 +151,16 @@ def test_the_operator_does_not_retry_forever_on_that_date(tmp_path, monkeypatch)
     assert result == "released", result
 
 
-# -- CSV / Parquet float sums under the default `exact` arithmetic (the residual ADR 0017 accepts) ------------------
+# -- CSV / Parquet float sums under the default `exact` arithmetic (refused by their type, docs/adr/0017) ----------
 
 @pytest.mark.parametrize("fmt", [
-    # CSV has no column types: whether ``70.5`` is a float sum is only known from the cell, so the residual stays,
-    # documented in dp_operators/operators/file_tables.py and README ("Sources: XCom, files, SQL"); strict: the day
-    # CSV stops differing, this xfail fails and the documentation must change with it
-    pytest.param("csv", marks=pytest.mark.xfail(strict=True, reason="documented CSV residual: no column types")),
+    "csv",  # every float cell (30.0 as well as 70.5) is a float sum: refused with or without him
     "parquet",  # refused by the column's type (double) under `exact`, with or without him
 ])
 def test_an_exact_half_hour_sum_is_read_whatever_the_data(tmp_path, fmt):
     """Hours in half-hour steps (grid 0.5, the spec's own resolution), summed exactly by pandas (every x.5 is a
-    binary double): 70.5 with the person who worked 40.5 h, 30.0 without. The file can only say 70.5 as a float,
-    which ``exact`` refuses when it has a fraction and accepts when it does not: the release runs on one neighbour
-    and fails on the other. ADR 0017 ('Revised after review') names this residual for XCom floats; files make it
-    the only way in (CSV has no exact decimal at all), and for Parquet it can be decided by the column's type."""
+    binary double): 70.5 with the person who worked 40.5 h, 30.0 without. Under ``exact`` a float sum is refused by
+    its type whatever its value, so both neighbours have the same outcome (docs/adr/0017)."""
     import pandas as pd
 
     outcomes = {}

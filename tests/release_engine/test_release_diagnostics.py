@@ -43,9 +43,8 @@ def test_check_aggregates_reports_each_binary_float_sum_under_exact_arithmetic(b
     rows = [{"k": "a", "sum": 1}, {"k": "a", "sum": 0.5}, {"k": 1, "sum": float("nan")}, {"k": 1, "sum": 2.0},
             {"k": 1, "sum": 2.25}]
     report = check_aggregates(build_spec("sum"), {"x": rows})
-    # a NaN is SQL's NULL (the nan policy) and an integral float its integer, whatever the arithmetic; any other
-    # float is refused
-    assert [(p.row, p.field) for p in report.all_problems()] == [(1, "sum"), (4, "sum")]
+    # under exact every float sum is refused by its type: NaN and integral floats as well as fractions
+    assert [(p.row, p.field) for p in report.all_problems()] == [(1, "sum"), (2, "sum"), (3, "sum"), (4, "sum")]
     assert "Casacuberta" in report.all_problems()[0].message
 
 

@@ -12,6 +12,7 @@ from fractions import Fraction
 import pytest
 
 from dp_operators.release import ReleaseInputError, plan_release, prepare_inputs
+from dp_operators.release.upstream_types import FLOAT_SUM_ADVICE
 
 
 def selection_units(spec, rows) -> dict:
@@ -72,11 +73,8 @@ def test_the_issues_float_neighbours_are_refused_alike_under_exact_arithmetic(to
     spec = build_spec("sum", bounds=[0, 1], grid=1)
     error, records, charges, _ = observe(spec, {"x": [{"k": "a", "sum": total}]})
     assert error == (
-        "ReleaseInputError: aggregate 'x': a row's field 'sum' holds a float but upstream.arithmetic is 'exact': a "
-        "binary float sum may be further from its neighbour's than the planned sensitivity (Casacuberta, Shoemate, "
-        "Vadhan, Wagaman, CCS 2022). Return the sum as an int (a sum of integer values) or a Decimal "
-        "(SQL SUM over NUMERIC), or declare the float arithmetic in the spec: upstream: {arithmetic: binary64, "
-        "max_rows: N}"
+        "ReleaseInputError: aggregate 'x': a row's field 'sum' holds a float but upstream.arithmetic is 'exact': "
+        + FLOAT_SUM_ADVICE
     )
     assert records == [] and charges == []
 

@@ -261,7 +261,7 @@ def test_a_gaussian_calibrated_to_its_profile_is_checked_again_at_opendps_sigma(
     assert step.noise_delta == Fraction(1, 10**6)  # calibrated to the exact profile, not to rho
     checked = []
 
-    def refuses(sigma2, rho, written, *, linf, l0):
+    def refuses(sigma2, rho, written, shift):
         checked.append((sigma2, written.epsilon, written.delta))
         return False
 
