@@ -293,3 +293,35 @@ def test_plan_a_pure_spec_is_not_limited_by_spent_delta(tmp_path):
     assert plan["runs_remaining"] == 5 and plan["runs_limited_by"] == "epsilon"
     spending = json.loads(runner.invoke(app, ["spec", "plan", _count_spec(tmp_path), "--url", url, "--json"]).output)
     assert spending["runs_remaining"] == 0 and spending["runs_limited_by"] == "delta"
+
+
+BINARY64_SPEC = """
+version: 1
+release: binary64_hours
+budget_account: acct
+privacy_unit: person
+aggregates:
+  - name: hours
+    kind: sum
+    group_by: [band]
+    keys: {band: [a, b, c, d, e, f, g, h, i, j]}
+    bounds: [0, 100]
+    grid: 0.01
+    upstream: {arithmetic: binary64, max_rows: 1000000}
+    mechanism: discrete_laplace
+    budget: {epsilon: 1}
+"""
+
+
+def test_plan_table_states_the_binary64_allowance_of_untouched_partitions(tmp_path):
+    """The plan's table says what the binary64 allowance adds: Linf per touched partition and the allowance in each
+    of the P - L0 untouched partitions that L1 and L2 include, as --json records it."""
+    spec = tmp_path / "binary64.yaml"
+    spec.write_text(BINARY64_SPEC)
+    table = runner.invoke(app, ["spec", "plan", str(spec), "--accountant", "zcdp"])
+    assert table.exit_code == 0, table.output
+    text = " ".join(table.output.split())
+    assert "+3 grid unit(s) of Linf in each touched partition, +3 in each of the 9 untouched partitions" in text
+    described = json.loads(runner.invoke(app, ["spec", "plan", str(spec), "--json"]).output)["steps"][0]["noise"]
+    assert (described["untouched_partition_allowance_grid_units"], described["untouched_partitions"]) == (3, 9)
+    assert described["l1_sensitivity"] == pytest.approx((10003 + 9 * 3) * 0.01)

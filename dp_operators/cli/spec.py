@@ -179,6 +179,19 @@ def spec_plan(
         cells += [f"{row['half_width']:.4g}", str(row["partitions"] if row["partitions"] is not None else "selected")]
         table.add_row(*cells)
     console.print(table)
+    for row in rows:  # what the binary64 allowance adds to the sensitivities above (docs/adr/0017)
+        upstream = row["noise"].get("upstream", {})
+        if upstream.get("arithmetic") == "binary64":
+            untouched = row["noise"]["untouched_partitions"]
+            console.print(
+                f"binary64 upstream, {row['aggregate']} ({row['component']}): summation error "
+                f"{upstream['summation_error']:.4g}, +{upstream['linf_allowance_grid_units']} grid unit(s) of Linf in "
+                f"each touched partition" + (
+                    f", +{row['noise']['untouched_partition_allowance_grid_units']} in each of the {untouched} "
+                    "untouched partitions (included in L1 / L2)" if untouched else ""
+                ) + f"; half-width allowance {row['noise']['half_width_allowance']:.4g}",
+                highlight=False,
+            )
     for family in summary.get("consistent_families", []):
         widths = ", ".join(f"{name} ± {width:.4g}" for name, width in family["half_widths"].items())
         rounding = "; integer rounding adds up to 1 more" if loaded.postprocess.integer else ""

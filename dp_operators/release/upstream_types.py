@@ -74,9 +74,10 @@ _EXACT_TYPES = "int, Decimal or Fraction"
 FLOAT_SUM_ADVICE = (
     "a float sum is refused by its type whatever its value (an integral, NaN or infinite float too), since a binary "
     "float sum may be further from its neighbour's than the planned sensitivity (Casacuberta, Shoemate, Vadhan, "
-    "Wagaman, CCS 2022). Cast the sums upstream to int or Decimal (SQL SUM over NUMERIC or BIGINT; pandas: the "
-    "nullable Int64 dtype, or .fillna(0).astype('int64'), which keep the type whether or not a group is missing), "
-    "or declare the float arithmetic in the spec: upstream: {arithmetic: binary64, max_rows: N}"
+    "Wagaman, CCS 2022). Compute the sums upstream as int or Decimal (sums of integer values; SQL SUM over NUMERIC "
+    "or BIGINT; pandas: the nullable Int64 dtype, or .fillna(0).astype('int64'), which keep the type whether or not "
+    "a group is missing; never wrap a float sum in Decimal(...) or int(...), which hides or truncates its rounding), "
+    "or declare the float arithmetic on this aggregate in the spec: upstream: {arithmetic: binary64, max_rows: N}"
 )
 
 
