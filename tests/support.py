@@ -58,8 +58,10 @@ def discrete_laplace_kl_reference(epsilon, shift: int):
     return epsilon * (1 / (1 + b)) - epsilon * b**shift / (1 + b) + middle
 
 
-def make_ledger(path: Path, *, cap="1/2", accountant="zcdp", dags=("adult_census_release",), account="census_adult"):
-    """A fresh SQLite ledger at ``path`` with one account; returns the spender's view (the test spend key)."""
+def make_ledger(path: Path, *, cap="1/2", accountant="zcdp", dags=("adult_census_release",), account="census_adult",
+                delta: Fraction | None = None):
+    """A fresh SQLite ledger at ``path`` with one account (``delta``: its delta cap, 1e-6 by default on zcdp and
+    approx_dp accounts); returns the spender's view (the test spend key)."""
     officer = governor(f"sqlite:///{path}")
     officer.init_schema()
     officer.apply_config(
@@ -69,7 +71,7 @@ def make_ledger(path: Path, *, cap="1/2", accountant="zcdp", dags=("adult_census
                 account: AccountConfig(
                     accountant=accountant,
                     cap=Fraction(cap),
-                    delta=Fraction(1, 10**6) if accountant in ("zcdp", "approx_dp") else None,
+                    delta=(delta or Fraction(1, 10**6)) if accountant in ("zcdp", "approx_dp") else None,
                     privacy_unit="person",
                     allowed_dags=list(dags),
                 )

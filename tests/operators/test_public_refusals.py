@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from dp_operators import api
-from dp_operators.ledger import AccountConfig, LedgerConfig, ReleaseKey
+from dp_operators.ledger import ReleaseKey
 from dp_operators.operators.release import DPReleaseOperator
 from dp_operators.operators.sinks import SQLTableSink, sql_release_table
 from dp_operators.release import run_release
@@ -29,7 +29,7 @@ from dp_operators.spec import ReleaseSpec
 
 from airflow_fakes import FakeTaskInstance, context_for
 from sql_targets import database_target
-from support import SPEND_KEY, governor, spender
+from support import SPEND_KEY, make_ledger
 
 DAG = "public_refusals"
 RELEASE = "public_refusals"
@@ -43,12 +43,7 @@ ODD_KEYS = ["a\x00b", "line\nbreak\r", 'quote" and, comma', "é中文🙂", "x" 
 
 
 def _ledger(path: Path):
-    url = f"sqlite:///{path}"
-    governor(url).init_schema()
-    governor(url).apply_config(LedgerConfig(version=1, accounts={"acct": AccountConfig(
-        accountant="approx_dp", cap=Fraction(1000), delta=Fraction(1, 1000), privacy_unit="person",
-        allowed_dags=[DAG])}))
-    return spender(url)
+    return make_ledger(path, cap="1000", accountant="approx_dp", dags=(DAG,), account="acct", delta=Fraction(1, 1000))
 
 
 def _key(run_id: str) -> ReleaseKey:

@@ -12,7 +12,7 @@ import pytest
 from dp_operators.ledger import AccountConfig, Ledger, LedgerConfig, ReleaseKey  # noqa: F401
 from dp_operators.release import run_release
 from dp_operators.spec import ReleaseSpec
-from support import governor, spender
+from support import make_ledger
 
 DAG = "input_types"
 PUBLIC_KEYS = ["a", 1, "2024-01-31", "2024-01-31T12:00:00"]
@@ -35,12 +35,7 @@ def _build_spec(kind: str = "count", *, selection: bool = False, per_partition: 
 
 
 def _make_approx_ledger(path: Path) -> Ledger:
-    url = f"sqlite:///{path}"
-    governor(url).init_schema()
-    governor(url).apply_config(LedgerConfig(version=1, accounts={"acct": AccountConfig(
-        accountant="approx_dp", cap=Fraction(1000), delta=Fraction(1, 1000), privacy_unit="person",
-        allowed_dags=[DAG])}))
-    return spender(url)
+    return make_ledger(path, cap="1000", accountant="approx_dp", dags=(DAG,), account="acct", delta=Fraction(1, 1000))
 
 
 def _release_key(run: str = "run-1") -> ReleaseKey:
