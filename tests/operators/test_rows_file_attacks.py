@@ -1,11 +1,8 @@
-"""Red-team review of rows files (issue 11, item 2; docs/adr/0023), with the access DESIGN.md's threat model grants:
-write access to the output storage, SQL on the ledger as its spender (the SQLite file), and a DAG author's control
-of task ids, run ids, specs, upstream data and operator arguments.
-
-Tests named ``test_attack_*`` demonstrated an attack that worked on commit 4a6431a; they assert the safe behaviour and
-pass since the fixes (verified copies, the ``~rows`` folder prepared before the ledger, rows files checked from the
-Parquet verdict, replays authenticated against the signed audit events). Tests named ``test_stopped_*`` are attacks
-the code stopped from the start.
+"""Rows files under attack (docs/adr/0023), with the access DESIGN.md's threat model grants: write access to the
+output storage, SQL on the ledger as its spender (the SQLite file), and a DAG author's control of task ids, run ids,
+specs, upstream data and operator arguments. Each test asserts the safe behaviour: verified copies, the ``~rows``
+folder prepared before the ledger, rows files checked from the Parquet verdict, replays authenticated against the
+signed audit events.
 """
 
 from __future__ import annotations
@@ -35,10 +32,10 @@ from airflow_fakes import FakeTaskInstance, context_for
 from rows_files_support import rows_spec, write_tables
 from support import SPEND_KEY, governor, make_ledger
 
-DAG = "rows_review_dag"
-ACCOUNT = "rows_review_account"
-RELEASE = "rows_review"
-CONN = "dp_ledger_rows_review"
+DAG = "rows_attacks_dag"
+ACCOUNT = "rows_attacks_account"
+RELEASE = "rows_attacks"
+CONN = "dp_ledger_rows_attacks"
 LIMIT = 1000  # XS x YS = 1,200 cells per aggregate: rows files
 RUN = "manual__2026-11-29T10:00:00+00:00"
 
@@ -113,7 +110,7 @@ def _published_first_value(parquet: Path, aggregate: str) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Attacks that worked on 4a6431a (fixed since)
+# Forged files and ledger rows
 # ------------------------------------------------------------------------------------------------------------------
 
 
@@ -131,11 +128,10 @@ def _unchecked_copy(store, reference, name):
     pytest.param(("parquet",), id="the operator publishes only Parquet"),
     pytest.param(("json", "parquet"), id="the attacker deletes the JSON"),
 ])
-def test_attack_verify_says_matches_for_a_forged_rows_file_and_parquet(env, formats):
-    """Storage write access: forge a cell in a rows file and rebuild ``release.parquet`` from it. Only the JSON's
-    verdict checks rows files' SHA-256; the Parquet verdict rebuilds its expectation by reading the (forged) rows
-    file through ``release_parquet``, without checking its digest. With no JSON beside it, ``dpctl release verify
-    --output-uri`` says every file matches."""
+def test_verify_refuses_a_forged_rows_file_and_the_parquet_rebuilt_from_it(env, formats):
+    """A forged rows file, with release.parquet rebuilt from it and no JSON beside it, fails `dpctl release verify`."""
+    # The Parquet verdict rebuilds its expectation by reading the rows file, so it must check the rows file's SHA-256
+    # itself rather than rely on the JSON's verdict.
     op = env.operator(formats=formats)
     output = op.execute(context_for(FakeTaskInstance(upstream=None, dag_id=DAG, run_id=RUN)))
     rows_file = _local(output["aggregates"]["cells"]["rows_file"]["uri"])
@@ -157,11 +153,9 @@ def test_attack_verify_says_matches_for_a_forged_rows_file_and_parquet(env, form
     assert result.exit_code != 0, result.output
 
 
-def test_attack_verify_skips_every_release_of_a_run_whose_id_ends_in_rows(env):
-    """A DAG author triggers a run whose id ends in ``.rows`` (a legal Airflow run id). ``release_files`` skips
-    every folder named ``*.rows`` (meant for ``<stem>.rows/``), so the whole run folder, with that run's release
-    JSON and Parquet, is never checked: tamper with it and ``dpctl release verify`` reports only the other run,
-    all matching, exit 0."""
+def test_verify_checks_the_releases_of_a_run_whose_id_ends_in_rows(env):
+    """A run id ending in ``.rows`` (legal in Airflow) is checked by ``dpctl release verify`` like any other."""
+    # A folder skipped by its suffix would hide a whole run's tampered JSON and Parquet from the check.
     hidden_run = "manual__2026-11-30.rows"
     for run_id in (RUN, hidden_run):
         env.operator().execute(context_for(FakeTaskInstance(upstream=None, dag_id=DAG, run_id=run_id)))
@@ -172,16 +166,13 @@ def test_attack_verify_skips_every_release_of_a_run_whose_id_ends_in_rows(env):
     hidden_json.write_text(json.dumps(tampered, indent=2, sort_keys=True) + "\n")
 
     result = runner.invoke(app, ["release", "verify", str(env.out), "--url", f"sqlite:///{env.db}"])
-    assert result.exit_code != 0, result.output  # on 4a6431a: exit 0, "2 files: 2 match the ledger"
+    assert result.exit_code != 0, result.output  # a skipped folder would say "2 files: 2 match the ledger"
     files = {str(f) for f in release_files(ObjectStoragePath(f"file://{env.out}"))}
     assert f"file://{hidden_json}" in files, "the hidden run's release JSON is not even listed"
 
 
-def test_attack_a_planted_rows_folder_link_redirects_rows_files_outside_output_uri(env):
-    """Storage write access: before the run, plant ``<stem>.rows`` as a symbolic link to a folder outside
-    ``output_uri``. ``check_publishable`` refuses links from ``output_uri`` down to the run folder but never looks at
-    the rows folder, so the rows files are written through the link, and the ledger records (and a replay accepts)
-    URIs whose bytes live elsewhere. Wanted: refused before the charge, like the other planted links."""
+def test_a_planted_rows_folder_link_writes_nothing_outside_output_uri(env):
+    """A symbolic link planted at the rows folder is refused before the charge; nothing is written through it."""
     env.folder().mkdir(parents=True)
     env.rows_folder().symlink_to(env.outside, target_is_directory=True)
     try:
@@ -192,12 +183,10 @@ def test_attack_a_planted_rows_folder_link_redirects_rows_files_outside_output_u
 
 
 @pytest.mark.parametrize("obstacle", ["a plain file", "a dangling link"])
-def test_attack_an_obstacle_at_the_rows_folder_burns_the_charge_and_fails_permanently(env, obstacle):
-    """Storage write access: plant a plain file (or a dangling link) named ``<stem>.rows``. Rows files are written
-    after the noise is drawn and before the commit, so ``put`` fails inside the charged window: the reservation is
-    abandoned (spent), the task fails permanently, nothing is published. ``_check_sinks`` should refuse it before
-    the ledger (as it does for links and over-long names), so no budget is burnt. (A full disk for the temporary
-    file, or an object store refusing the upload, burn the charge the same way.)"""
+def test_an_obstacle_at_the_rows_folder_is_refused_before_the_charge(env, obstacle):
+    """A plain file or dangling link at the rows folder is refused before the ledger: no budget is burnt."""
+    # Rows files are written between the draw and the commit, so a write failing there would abandon (spend) the
+    # reservation for a release that can never be published.
     env.folder().mkdir(parents=True)
     if obstacle == "a plain file":
         env.rows_folder().write_text("not a folder")
@@ -209,12 +198,9 @@ def test_attack_an_obstacle_at_the_rows_folder_burns_the_charge_and_fails_perman
 
 
 @pytest.mark.parametrize("when", ["first run", "replay"])
-def test_attack_the_parquet_sink_streams_rows_file_bytes_it_never_checked(env, monkeypatch, when):
-    """Storage write access, racing the task: the Parquet sink re-reads each rows file by URI (``_pieces``) and
-    never checks it against the SHA-256 the ledger committed. On the first run nothing checks it at all between
-    ``put`` and publication; on a replay ``check_rows_files`` hashes it, then ``_pieces`` opens it again (a
-    time-of-check/time-of-use gap). Whatever the file holds when the sink reads it is published as the release
-    (and announced to the asset's consumers). Wanted: the sink hashes what it streams and refuses a mismatch."""
+def test_the_parquet_sink_never_publishes_rows_file_bytes_forged_after_the_check(env, monkeypatch, when):
+    """A rows file forged after the commit (first run) or after the replay's check is refused, never published."""
+    # The Parquet sink re-reads each rows file by URI; it must hash what it streams (no time-of-check gap).
     import dp_operators.release.run as run_module
 
     op = env.operator()
@@ -261,16 +247,10 @@ def test_attack_the_parquet_sink_streams_rows_file_bytes_it_never_checked(env, m
     pytest.param("committed row edited", id="SQLite: trigger dropped, committed row edited, trigger recreated"),
     pytest.param("reserved row committed", id="spender SQL commits the reserved row first (triggers allow it)"),
 ])
-def test_attack_a_replay_publishes_an_edited_ledger_row_unauthenticated(env, monkeypatch, how):
-    """Ledger spender SQL plus storage write access: point the committed ``rows_file`` at a forged file placed in the
-    rows folder under the name its digest gives. Either edit the committed row (SQLite: drop the charge guard
-    trigger and recreate it), or, with no trigger touched (the spender role may UPDATE a ``reserved`` charge's
-    state and output on PostgreSQL too), commit the reservation by SQL while the task draws: the task's own commit
-    then fails, and the next try (a cleared task) replays the forged row. ``check_rows_files`` only checks the file
-    against the row, so the replay publishes the forged table; ``dpctl ledger verify`` catches it later (see
-    ``test_stopped_ledger_verify_detects_an_edited_rows_file_reference``). Not specific to rows files (an edited
-    inline output replays the same way). Wanted: a replay checks the row's digest against its ``committed`` audit
-    event (MAC'd with the spend key the worker holds) before publishing."""
+def test_a_replay_never_publishes_an_edited_ledger_row(env, monkeypatch, how):
+    """A charge row edited (or committed) by SQL to point at a forged rows file is refused on replay."""
+    # The replay checks the row's digest against its committed audit event, MAC'd with the spend key, so spender SQL
+    # with storage write access cannot make a replay publish its own table.
     op = env.operator()
     ti = FakeTaskInstance(upstream=None, dag_id=DAG, run_id=RUN)
     if how == "committed row edited":
@@ -331,15 +311,13 @@ def _forge_ledger_row(env: Env, output: dict, state: str = "committed") -> float
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Attacks the code stops (these tests pass)
+# Paths, crashes, replays and concurrent tries
 # ------------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("how", ["committed row edited", "reserved row committed"])
-def test_stopped_ledger_verify_detects_an_edited_rows_file_reference(env, monkeypatch, how):
-    """The edits of ``test_attack_a_replay_publishes_an_edited_ledger_row_unauthenticated`` (trigger recreated,
-    digests consistent in the charge row): ``dpctl ledger verify`` still sees them: the stored output does not hash
-    to the digest of its ``committed`` audit event, or the charge is committed with no such event."""
+def test_ledger_verify_detects_an_edited_rows_file_reference(env, monkeypatch, how):
+    """``dpctl ledger verify`` reports a charge row edited or committed by SQL to reference a forged rows file."""
     ti = FakeTaskInstance(upstream=None, dag_id=DAG, run_id=RUN)
     if how == "committed row edited":
         first = env.operator().execute(context_for(ti))
@@ -361,9 +339,8 @@ def test_stopped_ledger_verify_detects_an_edited_rows_file_reference(env, monkey
 
 
 @pytest.mark.parametrize("swap", ["the other release's file, renamed", "the ledger row pointing at it"])
-def test_stopped_a_rows_file_of_another_release_is_refused(env, swap):
-    """Another run's valid rows file cannot stand in for this release's: copied over this release's file its digest
-    differs from the committed one; pointed at by an edited ledger row it lies outside this release's rows folder."""
+def test_a_rows_file_of_another_release_is_refused(env, swap):
+    """Another release's valid rows file, copied over or pointed at by an edited row, is refused on replay."""
     import hashlib
 
     other = "manual__2026-12-01T10:00:00+00:00"
@@ -392,10 +369,8 @@ def test_stopped_a_rows_file_of_another_release_is_refused(env, swap):
     assert env.spent() == spent
 
 
-def test_stopped_orphan_rows_files_hold_only_charged_noise(env, monkeypatch):
-    """A crash between writing the rows files and the commit leaves them in the rows folder, unreferenced. They
-    hold only noised cells, and the attempt that drew them stays charged (abandoned, not released), so they leak
-    nothing the ledger did not charge for; the next try charges again and writes files of other names."""
+def test_orphan_rows_files_hold_only_charged_noise(env, monkeypatch):
+    """Rows files left by a crash before the commit hold noised cells only, and their attempt stays charged."""
     original_commit = Ledger.commit
     calls = {"n": 0}
 
@@ -431,9 +406,8 @@ def test_stopped_orphan_rows_files_hold_only_charged_noise(env, monkeypatch):
     pytest.param(RUN, "..", id="task id .."),
     pytest.param(RUN, "x/../../y", id="task id with slashes"),
 ])
-def test_stopped_hostile_ids_keep_rows_files_inside_output_uri(env, run_id, task_id):
-    """Run ids and task ids are percent-encoded into single path components: the rows folder never leaves
-    ``output_uri``."""
+def test_hostile_ids_keep_rows_files_inside_output_uri(env, run_id, task_id):
+    """Run and task ids are percent-encoded into one path component: the rows folder never leaves output_uri."""
     op = env.operator(task_id="release")
     ti = FakeTaskInstance(upstream=None, dag_id=DAG, run_id=run_id, task_id=task_id)
     output = op.execute(context_for(ti))
@@ -446,10 +420,8 @@ def test_stopped_hostile_ids_keep_rows_files_inside_output_uri(env, run_id, task
     assert all(root in p.resolve().parents for p in env.out.rglob("*"))
 
 
-def test_stopped_raising_inline_rows_limit_on_a_replay_charges_nothing_and_writes_no_partial_csv(env):
-    """Try 1 commits with rows files; the DAG author then raises ``inline_rows_limit`` and adds the CSV sink to
-    dodge ``_check_sinks``. The replay charges nothing and no CSV of a rows-file release is written (its
-    publication fails permanently, naming the rows file: no retry can make a CSV of it)."""
+def test_raising_inline_rows_limit_on_a_replay_charges_nothing_and_writes_no_partial_csv(env):
+    """A replay asked for CSV of a rows-file release charges nothing and fails permanently, writing no CSV."""
     ti = FakeTaskInstance(upstream=None, dag_id=DAG, run_id=RUN)
     env.operator().execute(context_for(ti))
     spent = env.spent()
@@ -465,9 +437,8 @@ def test_stopped_raising_inline_rows_limit_on_a_replay_charges_nothing_and_write
     pytest.param(("json",), False, id="no output_uri"),
 ])
 @pytest.mark.parametrize("limit", [LIMIT, 0, -1])
-def test_stopped_what_cannot_take_rows_files_is_refused_before_the_charge(env, formats, out, limit):
-    """``inline_rows_limit`` at 0 files every grouped count and sum (a negative one is refused); sinks that take
-    inline rows only are refused when the DAG is parsed, and again before the ledger if the limit changes later."""
+def test_sinks_that_cannot_take_rows_files_are_refused_at_parse_time_and_before_the_charge(env, formats, out, limit):
+    """CSV-only or file-less sinks are refused at parse time, and again before the ledger if the limit changes."""
     with pytest.raises(ValueError, match="inline_rows_limit|inline rows only|no output_uri"):
         env.operator(formats=formats, limit=limit, out=out)
     if limit >= 0:
@@ -478,9 +449,8 @@ def test_stopped_what_cannot_take_rows_files_is_refused_before_the_charge(env, f
     assert env.spent() == 0
 
 
-def test_stopped_a_rows_file_replaced_by_a_link_to_the_true_aggregates_is_refused(env):
-    """Storage write access: replace the committed rows file by a symbolic link to the true aggregates' Parquet
-    file. The replay hashes what the link reaches and refuses it; nothing is charged or published."""
+def test_a_rows_file_replaced_by_a_link_to_the_true_aggregates_is_refused(env):
+    """A rows file replaced by a link to the true aggregates is refused on replay; nothing is charged or published."""
     op = env.operator()
     ti = FakeTaskInstance(upstream=None, dag_id=DAG, run_id=RUN)
     first = op.execute(context_for(ti))
@@ -497,10 +467,8 @@ def test_stopped_a_rows_file_replaced_by_a_link_to_the_true_aggregates_is_refuse
     assert parquet.read_bytes() == before
 
 
-def test_stopped_a_task_id_ending_in_rows_does_not_collide_with_another_tasks_rows_folder(env):
-    """Tasks ``release`` and ``release.rows`` of one run: the second's files (``release.rows.json``...) sit beside
-    the first's rows folder (``release.rows/``) without sharing a name, its own rows folder is
-    ``release.rows.rows/``, and ``dpctl release verify`` checks both releases."""
+def test_a_task_id_ending_in_rows_does_not_collide_with_another_tasks_rows_folder(env):
+    """Tasks ``release`` and ``release.rows`` of one run get separate rows folders, and verify checks both."""
     outputs = {}
     for task_id in ("release", "release.rows"):
         ti = FakeTaskInstance(upstream=None, dag_id=DAG, run_id=RUN, task_id=task_id)
@@ -513,10 +481,8 @@ def test_stopped_a_task_id_ending_in_rows_does_not_collide_with_another_tasks_ro
         "release.json", "release.parquet", "release.rows.json", "release.rows.parquet"]
 
 
-def test_stopped_a_concurrent_attempt_writes_no_rows_files_and_charges_nothing(env, monkeypatch):
-    """Try 2 of the same task instance starts while try 1, its rows files written, is about to commit: try 2 finds
-    try 1's lease, is refused (retryable) before any charge or draw, and writes no rows file; try 1 commits its
-    own files, and a later try replays them."""
+def test_a_concurrent_attempt_writes_no_rows_files_and_charges_nothing(env, monkeypatch):
+    """A second try meeting the first's lease is refused (retryable) before any charge, draw or rows file."""
     original_commit = Ledger.commit
     seen: dict[str, object] = {}
 
