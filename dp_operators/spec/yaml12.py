@@ -205,10 +205,23 @@ def _ambiguity(tag_12: str, text: str) -> str | None:
     value_11 = _construct_11(tag_11, text)
     digits = text.lstrip("+-")
     if tag_12 == _INT and len(digits) > 1 and digits[0] == "0" and digits.isdigit():
+        fix = (f"quote it ('{text}') if it is a code such as a zip code, or write the number without the leading "
+               "zero")
+        if tag_11 == _INT and value_11 == value_12:  # 00-07: octal and decimal agree, but the zero is still lost
+            return (
+                f"{text} is ambiguous: YAML 1.1 reads it as octal and YAML 1.2 as decimal, both the integer "
+                f"{value_12} here (from 8 on they differ: 010 is 8 in YAML 1.1, 10 in YAML 1.2), and either reading "
+                f"loses the leading zero; {fix}"
+            )
+        if tag_11 == _INT:
+            yaml_11 = f"the octal integer {text}, that is {value_11}"
+            lost = "; either reading loses the leading zero"
+        else:
+            yaml_11 = f"{_reading(tag_11, value_11)} (8 and 9 are not octal digits)"
+            lost = ", which loses the leading zero"
         return (
-            f"{text} is ambiguous: YAML 1.1 reads {_reading(tag_11, value_11)} and YAML 1.2 reads "
-            f"{_reading(tag_12, value_12)}, and an unquoted integer loses its leading zero; quote it ('{text}') if "
-            "it is a code such as a zip code, or write the number without the leading zero"
+            f"{text} is ambiguous: YAML 1.1 reads {yaml_11}, and YAML 1.2 reads the decimal integer {value_12}"
+            f"{lost}; {fix}"
         )
     if (tag_11 in _NUMBERS or tag_12 == _INT) and (tag_11 != tag_12 or not _same_number(value_11, value_12)):
         return (

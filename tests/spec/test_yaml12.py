@@ -61,12 +61,6 @@ def test_infinities_and_nan_are_floats():
 @pytest.mark.parametrize(
     ("scalar", "yaml_1_1", "yaml_1_2"),
     [
-        pytest.param("010", "the number 8", "the number 10", id="leading zero: octal 8 or 10"),
-        pytest.param("0010", "the number 8", "the number 10", id="two leading zeros"),
-        pytest.param("-010", "the number -8", "the number -10", id="signed leading zero"),
-        pytest.param("02139", "the text '02139'", "the number 2139", id="zip code"),
-        pytest.param("09", "the text '09'", "the number 9", id="09: not octal in 1.1"),
-        pytest.param("00", "the number 0", "the number 0", id="00 loses a zero"),
         pytest.param("0o10", "the text '0o10'", "the number 8", id="YAML 1.2 octal"),
         pytest.param("1_000", "the number 1000", "the text '1_000'", id="digit separators"),
         pytest.param("1_000.5", "the number 1000.5", "the text '1_000.5'", id="float with separators"),
@@ -84,6 +78,33 @@ def test_scalars_yaml_1_1_reads_as_another_number_are_refused(scalar, yaml_1_1, 
     assert problem.line == 2
     assert f"YAML 1.1 reads {yaml_1_1} and YAML 1.2 reads {yaml_1_2}" in problem.reason
     assert f"quote it ('{scalar}')" in problem.reason
+
+
+@pytest.mark.parametrize(
+    ("scalar", "reason"),
+    [
+        pytest.param("010", "YAML 1.1 reads the octal integer 010, that is 8, and YAML 1.2 reads the decimal integer "
+                     "10; either reading loses the leading zero", id="leading zero: octal 8 or 10"),
+        pytest.param("0010", "YAML 1.1 reads the octal integer 0010, that is 8, and YAML 1.2 reads the decimal "
+                     "integer 10", id="two leading zeros"),
+        pytest.param("-010", "YAML 1.1 reads the octal integer -010, that is -8, and YAML 1.2 reads the decimal "
+                     "integer -10", id="signed leading zero"),
+        pytest.param("02139", "YAML 1.1 reads the text '02139' (8 and 9 are not octal digits), and YAML 1.2 reads "
+                     "the decimal integer 2139, which loses the leading zero", id="zip code"),
+        pytest.param("09", "YAML 1.1 reads the text '09' (8 and 9 are not octal digits), and YAML 1.2 reads the "
+                     "decimal integer 9", id="09: not octal in 1.1"),
+        pytest.param("01", "01 is ambiguous: YAML 1.1 reads it as octal and YAML 1.2 as decimal, both the "
+                     "integer 1 here", id="01: octal and decimal agree"),
+        pytest.param("00", "YAML 1.1 reads it as octal and YAML 1.2 as decimal, both the integer 0 here",
+                     id="00 loses a zero"),
+    ],
+)
+def test_integers_with_a_leading_zero_say_how_each_yaml_version_reads_them(scalar, reason):
+    """A leading zero is refused with each version's reading named (octal or text in 1.1, decimal in 1.2)."""
+    with pytest.raises(YAMLDocumentError) as caught:
+        load_yaml(f"top:\n  inner: [a, {scalar}]\n")
+    [problem] = caught.value.problems
+    assert reason in problem.reason and f"quote it ('{scalar}')" in problem.reason
 
 
 @pytest.mark.parametrize(
