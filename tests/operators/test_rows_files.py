@@ -1,4 +1,4 @@
-"""Large releases through the operator (issue 11, item 2): above ``inline_rows_limit`` cells a count's or sum's
+"""Large releases through the operator (docs/adr/0023): above ``inline_rows_limit`` cells a count's or sum's
 rows go to a Parquet rows file under ``output_uri``; the ledger and XCom hold its location and SHA-256; the
 Parquet sink streams it; a replay writes the same bytes, and refuses (charging nothing) when the file was altered
 or removed; what cannot publish rows files is refused before the ledger is called."""
@@ -267,3 +267,66 @@ def test_published_files_are_readable_by_others(env, tmp_path):
     files = [p for p in [*out.rglob("*"), *small.rglob("*")] if p.is_file()]
     assert len(files) == 4 + 3
     assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {"0o644"}
+
+
+# ---- refusals when the DAG is parsed ------------------------------------------------------------------------------
+@pytest.fixture
+def large_spec(tmp_path):
+    path = tmp_path / "rows.yaml"
+    path.write_text(rows_spec("rows_parse", "rows_account"))
+    return path
+
+
+def test_a_templated_output_uri_still_refuses_csv_at_parse_time(large_spec):
+    """With a templated ``output_uri``, the other rows-file refusals (CSV here) are still DAG import errors."""
+    with pytest.raises(ValueError, match="csv"):
+        DPReleaseOperator(task_id="release", spec_path=large_spec, aggregates_uri="file:///in/cells.parquet",
+                          output_uri="{{ var.value.release_root }}", output_formats=("json", "csv"),
+                          inline_rows_limit=1000)
+
+
+def test_a_partial_that_rules_out_rows_files_is_refused_at_parse_time(large_spec):
+    """``.partial(...).expand(...)`` whose partial arguments rule out rows files is refused when the DAG is parsed."""
+    # Airflow builds a mapped operator only when an instance runs, so ``partial`` itself must check.
+    import datetime
+
+    from airflow.sdk import DAG as Dag
+
+    with pytest.raises(ValueError, match="csv"):
+        with Dag("rows_partial_dag", schedule=None, start_date=datetime.datetime(2026, 1, 1)):
+            DPReleaseOperator.partial(task_id="release", spec_path=str(large_spec), output_uri="file:///out",
+                                      output_formats=("json", "csv"), inline_rows_limit=1000).expand(
+                aggregates_uri=["file:///in/a.parquet", "file:///in/b.parquet"])
+
+
+def test_a_mapped_instance_that_cannot_take_rows_files_is_refused_when_unmapped(large_spec):
+    """A mapped instance with expanded formats that rule out rows files is refused when built, before the ledger."""
+    import datetime
+
+    from airflow.sdk import DAG as Dag
+
+    with Dag("rows_unmap_dag", schedule=None, start_date=datetime.datetime(2026, 1, 1)):
+        # the formats are expanded, so parsing cannot know them: the instance is refused when built
+        mapped = DPReleaseOperator.partial(task_id="release", spec_path=str(large_spec), output_uri="file:///out",
+                                           aggregates_uri="file:///in/a.parquet", inline_rows_limit=1000).expand(
+            output_formats=[("json", "csv")])
+    with pytest.raises(ValueError, match="csv"):
+        mapped.unmap({"output_formats": ("json", "csv")})
+
+
+@pytest.mark.parametrize("arguments, match", [
+    ({"output_uri": "file:///out", "output_formats": ("json", "csv")}, "csv"),
+    ({"output_formats": ("json", "parquet")}, "no output_uri"),
+    ({"output_uri": "file:///out", "output_formats": ("json", "parquet"), "sql_sink": "SINK"}, "SQL sink"),
+])
+def test_the_sql_release_operator_refuses_what_cannot_take_rows_files_at_parse_time(large_spec, arguments, match):
+    """``DPSQLReleaseOperator`` passes its arguments through, so its rows-file refusals are DAG import errors too."""
+    from dp_operators.operators.sinks import SQLTableSink
+    from dp_operators.operators.sql import DPSQLReleaseOperator
+
+    if arguments.get("sql_sink") == "SINK":
+        arguments = {**arguments, "sql_sink": SQLTableSink(conn_id="warehouse", table="dp_releases")}
+    with pytest.raises(ValueError, match=match):
+        DPSQLReleaseOperator(task_id="release", spec_path=large_spec, conn_id="warehouse",
+                             queries={"cells": "SELECT 1", "sums": "SELECT 1"}, inline_rows_limit=1000,
+                             **arguments)

@@ -1,15 +1,11 @@
-"""Review of three issue-11 changes (commits 5c3655e, b0c18e7, bb468c7): attacks and regressions.
+"""Authenticated replays (DESIGN.md 2.2 and 3; ADR 0020): ``run_release`` publishes a stored output only after
+``Ledger.authenticated_output`` has checked it against the signed audit events.
 
-1. ``Ledger.authenticated_output`` (dp_operators/ledger/spend.py), which ``run_release`` calls before every replay.
-   Threat model (DESIGN.md 3, ADR 0020): whoever holds the ledger's spender connection (the PostgreSQL spender
-   role, or the SQLite file), with or without the workers' spend key, tries to make a replay publish something that
-   is not the noised release the key committed. Tests named ``test_attack_*`` demonstrated attacks (fixed since:
-   they assert the refusal); ``test_legit_*`` are replays that must keep working (a rotated spend key is given to
-   the connection as a retired key; a charge committed before the ledger kept signed events is refused, by
-   decision, since it looks like an inserted one); ``test_guard_*`` guard what worked from the start.
-2. NULLs in the columnar reader (dp_operators/release/columns.py) against the row reader: those tests live in
-   tests/release_engine/test_columnar_inputs.py.
-3. Rows-file refusals at DAG parse time (dp_operators/operators/release.py ``rows_files_problem``).
+Threat model: whoever holds the ledger's spender connection (the PostgreSQL spender role, or the SQLite file), with
+or without the workers' spend key, tries to make a replay publish something that is not the noised release the key
+committed; each such attempt is refused. Legitimate replays (after a spend-key rotation, a reconcile, a governance
+change, a race with the commit) keep working. Old charges without signed events are refused by decision, since they
+look like inserted ones.
 """
 
 from __future__ import annotations
@@ -47,9 +43,6 @@ from dp_operators.spec import parse_spec
 from ledger_backends import account_config, old_schema_metadata
 from support import GOVERNOR_KEY, SPEND_KEY, governor, spender
 
-# ------------------------------------------------------------------------------------------------------------------
-# 1. Authenticated replays
-# ------------------------------------------------------------------------------------------------------------------
 
 SPEC = parse_spec("""
 version: 1
@@ -139,14 +132,10 @@ def assert_not_forged(ledger: Ledger, real: dict) -> None:
 
 
 @pytest.mark.parametrize("when", ["after the real commit", "before the first run"])
-def test_attack_legacy_events_without_any_key_make_a_replay_publish_a_forged_output(ledger_url, request, when):
-    """HIGH. ``_authenticate`` accepts any ``key_id`` NULL event by its plain SHA-256, and the token check is
-    skipped when the reserved event has no ``token_hash`` and the committed event no ``key_id``. So the spender
-    connection alone, with no key (PostgreSQL: INSERT on dp_charges and dp_audit_events, no trigger involved),
-    inserts a ``committed`` charge for the key (attempt 0, so it is met first) and two unkeyed events at unused
-    sequence numbers; the replay publishes the forged output. Legacy rows are legal only before the account's
-    ``chain_keyed`` event (verify says so). Fix: accept an unkeyed event only when its ``account`` is the charge's
-    and its ``account_seq`` lies in 1..(seq of the account's ``chain_keyed`` event) - 1; never otherwise."""
+def test_unkeyed_legacy_events_never_make_a_replay_publish_a_forged_output(ledger_url, request, when):
+    """A committed charge with unkeyed events inserted by the spender connection is never replayed as the release."""
+    # Unkeyed events are legal only before the account's chain_keyed event; the spender connection alone (INSERT on
+    # charges and audit events, no key) must not be able to forge one, before or after the real commit.
     ledger = new_ledger(ledger_url)
     real = release(ledger).output if when == "after the real commit" else None
     template = real or {"aggregates": {"agg": {"rows": [{"value": 0, "x": 0, "half_width": 1.0}]}},
@@ -169,15 +158,10 @@ def test_attack_legacy_events_without_any_key_make_a_replay_publish_a_forged_out
     assert first_value(result.output) != FORGED_VALUE, "the first run published a release nobody noised"
 
 
-def test_attack_a_second_committed_charge_with_spend_key_events_is_replayed(ledger_url, request):
-    """MEDIUM (in the brief's threat model: spender connection plus the spend key). The key already has a
-    committed release. The attacker INSERTs a second ``committed`` charge for it (attempt 0) and appends, through
-    the chain code and the spend key, a ``reserved`` event with a token hash of its own and a ``committed`` event
-    proving that token: a well-linked chain, MACs valid, so ``authenticated_output`` (which takes whichever
-    committed charge the query meets first, with no ORDER BY) replays the forgery. Fix: a release key has at most
-    one committed charge: ``authenticated_output`` (and ``reserve``'s replay) refuse when more than one charge of
-    the key is committed, and when the charge's ``attempt`` is not the one its ``reserved`` event states for the
-    key's charges in order (attempts start at 1)."""
+def test_a_second_committed_charge_of_a_key_is_never_replayed(ledger_url, request):
+    """A second committed charge of a key, with well-linked spend-key events of its own, is never replayed."""
+    # A release key has at most one committed charge, at the attempt its reserved event states; the threat model here is
+    # the spender connection plus the spend key.
     ledger = new_ledger(ledger_url)
     real = release(ledger).output
     _, text, digest = forged_from(real)
@@ -196,13 +180,10 @@ def test_attack_a_second_committed_charge_with_spend_key_events_is_replayed(ledg
     assert_not_forged(ledger, real)
 
 
-def test_attack_sqlite_owner_points_a_key_at_another_releases_charge_without_any_key(tmp_path):
-    """MEDIUM (SQLite file, no key). The events are looked up by ``charge_id`` only and never compared with the
-    charge row: the owner of the file (guard trigger dropped and recreated) moves release K2's committed charge
-    under key K1 (and K1's own out of the way). K2's events authenticate it, so K1's replay publishes K2's output
-    (another release's numbers, another spec's) as K1's. Fix: compare the events' account, release key
-    (dag_id, run_id, task_id, map_index, release_name), attempt, amount, delta_amount, mechanisms and spec_hash with
-    the charge row, and the ``reserved`` event's ``token_hash`` with the charge's."""
+def test_a_charge_moved_under_another_key_is_not_replayed_as_that_keys_output(tmp_path):
+    """Release K2's committed charge moved under key K1 (SQLite, no key) is not replayed as K1's output."""
+    # The events are compared with the charge row (account, release key, attempt, amounts, mechanisms, spec hash), not
+    # looked up by charge id alone.
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     ledger = new_ledger(url)
     real = release(ledger).output
@@ -225,15 +206,10 @@ def test_attack_sqlite_owner_points_a_key_at_another_releases_charge_without_any
     assert again.output != other, "K1's replay published another release's output as K1's"
 
 
-def test_attack_reserve_returns_an_output_the_second_authentication_never_sees(tmp_path, monkeypatch):
-    """LOW-MEDIUM (SQLite file owner, no key, a race). ``run_release`` publishes
-    ``ledger.authenticated_output(key) or reservation``: when ``reserve`` returns a stored output but the second
-    authentication finds no committed charge, the unauthenticated ``reserve`` dict is published. The owner of the
-    file inserts a committed charge (no events) for a key about to run, after the first authentication and before
-    ``reserve``, and deletes it (guard trigger dropped) before the second; the timing is simulated by wrapping
-    ``reserve``. (On PostgreSQL a committed row cannot be deleted or un-committed.) Fix: on a dict from
-    ``reserve``, publish only what ``authenticated_output`` returns and raise :class:`AuditChainError` when it
-    returns ``None`` (or authenticate inside ``reserve``'s transaction, from the same rows)."""
+def test_an_output_reserve_returns_is_published_only_once_authenticated(tmp_path, monkeypatch):
+    """An output ``reserve`` returns is published only if ``authenticated_output`` vouches for it."""
+    # The file owner inserts a committed charge after the first authentication and deletes it before the second; the
+    # race is simulated by wrapping reserve.
     path = tmp_path / "ledger.db"
     ledger = new_ledger(f"sqlite:///{path}")
     template = {"aggregates": {"agg": {"rows": [{"value": 0, "x": 0, "half_width": 1.0}]}}, "release": "rel",
@@ -264,11 +240,8 @@ def test_attack_reserve_returns_an_output_the_second_authentication_never_sees(t
     assert first_value(result.output) != FORGED_VALUE, "an output reserve() returned was published unauthenticated"
 
 
-def test_attack_null_output_with_the_digest_of_nothing_raises_a_type_error_not_audit_chain_error(tmp_path):
-    """LOW. ``authenticated_output`` hashes ``charge.output or ""``: a committed charge with a NULL output whose
-    committed event records SHA-256("") passes the digest check and ``json.loads(None)`` raises ``TypeError`` (not
-    the documented :class:`AuditChainError`; nothing is published). Reached by the legacy-event hole above with no
-    key. Fix: refuse a NULL output explicitly (AuditChainError)."""
+def test_a_committed_charge_with_a_null_output_is_refused_as_a_ledger_error(tmp_path):
+    """A committed charge with a NULL output and the digest of the empty string raises a LedgerError."""
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     ledger = new_ledger(url)
     engine = sa.create_engine(url)
@@ -282,17 +255,11 @@ def test_attack_null_output_with_the_digest_of_nothing_raises_a_type_error_not_a
         ledger.authenticated_output(KEY)
 
 
-# -- legitimate replays -----------------------------------------------------------------------------------------------
+# -- legitimate replays keep working -----------------------------------------------------------------------------------
 
 
-def test_legit_replay_after_a_spend_key_rotation_by_ledger_apply(ledger_url):
-    """MEDIUM (availability; DESIGN.md 2.2). ``dpctl ledger apply`` with a new spend key (a rotation) makes every
-    account accept only the new key, so the workers get the new key; a retry or a cleared task of a release
-    committed before the rotation then replays through ``authenticated_output``, whose events carry the old key id:
-    ``LedgerKeyError``, for ever (the connection holds one key, and ``reserve`` needs the new one). Before the change
-    ``stored_output`` replayed it. Fix: let the ledger connection hold retired spend keys for checking only (a
-    ``Keyring``, as ``verify`` takes), or have the rotation's governor-signed ``account_updated`` event vouch for
-    the chain head it rotates at, and accept old-key events up to that sequence number."""
+def test_a_release_committed_before_a_spend_key_rotation_replays_with_the_retired_key(ledger_url):
+    """After a spend-key rotation, a retry replays once the connection holds the retired key, and not before."""
     ledger = new_ledger(ledger_url)
     real = release(ledger).output
     new_key = AuditKey.from_text("rotated-spend-key-" + "n" * 46)
@@ -310,13 +277,10 @@ def test_legit_replay_after_a_spend_key_rotation_by_ledger_apply(ledger_url):
     assert again.replayed and again.output == real
 
 
-def test_legit_replay_of_a_release_committed_under_schema_1(ledger_url):
-    """LOW-MEDIUM (availability of old ledgers). A schema-1 ledger had no audit log: its committed charges have no
-    events. ``verify`` accepts them (they predate the governor-signed ``account_migrated`` event), but
-    ``authenticated_output`` finds 0 ``reserved`` and 0 ``committed`` events and raises ``AuditChainError``, so a
-    rerun of such a release no longer replays. Fix: accept a charge without events when its id is at most the
-    ``last_charge`` of the account's first (``account_migrated``) event, as verify does, checking the digest the
-    migration records if any; refuse otherwise."""
+def test_a_schema_1_release_passes_verify_but_is_not_replayed_unauthenticated(ledger_url):
+    """A schema-1 charge (no audit events) passes verify but is refused by ``authenticated_output``, saying why."""
+    # Decided: a charge with no signed events looks like an inserted one, so it is not replayed; the officer checks it
+    # with `dpctl ledger verify`.
     metadata = old_schema_metadata(1)
     engine = sa.create_engine(ledger_url)
     metadata.create_all(engine)
@@ -387,9 +351,7 @@ def _version_2_ledger(url: str) -> dict:
 
 
 def test_a_schema_2_release_is_not_replayed_unauthenticated(ledger_url):
-    """A schema-2 release (unkeyed events, no token) after ``dpctl ledger init`` upgrades the ledger: its events
-    carry no MAC, exactly what an inserted forgery carries (see the legacy-events attack above), so a replay
-    refuses it, charging nothing, and says why; ``verify`` still accepts the ledger."""
+    """A schema-2 release (unkeyed events) is refused on replay, charging nothing; verify still accepts the ledger."""
     _version_2_ledger(ledger_url)
     governor(ledger_url).init_schema()
     assert governor(ledger_url).verify().ok
@@ -400,9 +362,8 @@ def test_a_schema_2_release_is_not_replayed_unauthenticated(ledger_url):
     assert worker.account("a").spent == spent
 
 
-def test_guard_replay_after_reconcile_and_a_takeover(ledger_url):
-    """A dead attempt's reservation abandoned by ``reconcile`` (spend key) and by the governor's reconcile, then a
-    later attempt commits: the replay authenticates the committing attempt's events only."""
+def test_a_replay_after_reconcile_and_a_takeover_authenticates_the_committing_attempt(ledger_url):
+    """After reconciles abandon dead attempts, the replay authenticates the committing attempt's events only."""
     ledger = new_ledger(ledger_url)
     short = spender(ledger_url, lease_seconds=0.05)
     short.reserve(KEY, account="a", amount=Fraction(1), mechanisms=[], spec_hash=SPEC_HASH)
@@ -424,10 +385,8 @@ def test_guard_replay_after_reconcile_and_a_takeover(ledger_url):
     assert governor(ledger_url).verify().ok
 
 
-def test_guard_replay_after_a_governance_change_and_a_released_attempt(ledger_url):
-    """``dpctl ledger apply`` changing the cap (same spend key) appends governor-signed events between the
-    charge's; an earlier attempt of the key released (noise never drawn): the replay still authenticates the
-    committed attempt."""
+def test_a_replay_after_a_governance_change_and_a_released_attempt_authenticates_the_committed_one(ledger_url):
+    """Governor-signed events and a released attempt between the charge's events do not stop the replay."""
     ledger = new_ledger(ledger_url)
     ledger.release(ledger.reserve(KEY, account="a", amount=Fraction(1), mechanisms=[], spec_hash=SPEC_HASH))
     first = release(ledger)
@@ -436,9 +395,8 @@ def test_guard_replay_after_a_governance_change_and_a_released_attempt(ledger_ur
     assert again.replayed and again.output == first.output
 
 
-def test_guard_replay_racing_a_commit_publishes_the_committed_output(ledger_url, monkeypatch):
-    """Try 2 starts while try 1 draws: the first authentication finds nothing, try 1 commits just before try 2's
-    ``reserve``, which then returns the stored output; the second authentication checks it and it is published."""
+def test_a_replay_racing_a_commit_publishes_the_committed_output(ledger_url, monkeypatch):
+    """Try 2 meeting try 1's commit between its two authentications publishes the committed output."""
     ledger = new_ledger(ledger_url)
     first_try = spender(ledger_url)
     reservation = first_try.reserve(KEY, account="a", amount=Fraction(1), mechanisms=[], spec_hash=SPEC_HASH)
@@ -454,10 +412,8 @@ def test_guard_replay_racing_a_commit_publishes_the_committed_output(ledger_url,
     assert result.replayed and result.output == committed
 
 
-def test_guard_edited_outputs_and_a_sql_commit_are_refused_on_postgresql_as_the_spender(ledger_url, request):
-    """The attacks the change targets, as the PostgreSQL spender role / SQLite file with no key: a reserved charge
-    committed by SQL (no token), a committed event's forged twin signed with the spend key but no token, and
-    (SQLite, trigger dropped) an edited committed output: each replay refuses."""
+def test_a_charge_committed_by_sql_without_the_token_is_refused_on_replay(ledger_url, request):
+    """A reserved charge committed by SQL, with a spend-key-signed event but no token, is refused on replay."""
     ledger = new_ledger(ledger_url)
     reservation = ledger.reserve(KEY, account="a", amount=Fraction(1), mechanisms=[], spec_hash=SPEC_HASH)
     forged = {"release": "rel", "spec_hash": SPEC_HASH, "value": FORGED_VALUE}
@@ -477,92 +433,3 @@ def test_guard_edited_outputs_and_a_sql_commit_are_refused_on_postgresql_as_the_
     engine.dispose()
     with pytest.raises(AuditChainError, match="token"):
         release(ledger)
-
-
-# 2. NULLs in the columnar reader against the row reader: tests/release_engine/test_columnar_inputs.py
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# 3. Rows-file refusals when the DAG is parsed
-# ------------------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def large_spec(tmp_path):
-    from rows_files_support import rows_spec
-
-    path = tmp_path / "rows.yaml"
-    path.write_text(rows_spec("rows_review", "rows_account"))
-    return path
-
-
-def test_rows_files_templated_output_uri_still_refuses_csv_and_sql_sink_at_parse_time(large_spec):
-    """LOW. ``__init__`` skips ``rows_files_problem`` entirely when ``output_uri`` is templated, although only the
-    "no output_uri" refusal depends on it: ``output_formats`` with csv (the default is json+csv), a ``sql_sink``, or
-    a mean over too many cells are refused only when the task runs (before the ledger: nothing is charged, but
-    the DAG imports and the run fails). Fix: when ``output_uri`` is templated, call ``rows_files_problem`` with a
-    placeholder output_uri (e.g. the template text itself), so every other refusal stays a DAG import error."""
-    from dp_operators.operators.release import DPReleaseOperator
-
-    with pytest.raises(ValueError, match="csv"):
-        DPReleaseOperator(task_id="release", spec_path=large_spec, aggregates_uri="file:///in/cells.parquet",
-                          output_uri="{{ var.value.release_root }}", output_formats=("json", "csv"),
-                          inline_rows_limit=1000)
-
-
-def test_rows_files_partial_expand_refused_at_parse_time(large_spec):
-    """LOW. ``.partial(...).expand(...)`` never calls ``__init__`` while the DAG is parsed (Airflow builds the
-    operator when a mapped instance runs), so a mapped release whose partial arguments (spec_path, output_formats
-    with csv, no output_uri, a sql_sink, a bad inline_rows_limit) already rule out rows files imports fine and
-    every mapped instance fails at run time. Fix: in ``DPReleaseOperator.partial``, when ``spec_path`` is a
-    partial (not expanded) argument and none of output_uri / output_formats / sql_sink / inline_rows_limit is
-    expanded, call ``check_inline_rows_limit`` and ``rows_files_problem`` with the partial values (defaults
-    otherwise) and raise ``ValueError``."""
-    import datetime
-
-    from airflow.sdk import DAG as Dag
-
-    from dp_operators.operators.release import DPReleaseOperator
-
-    with pytest.raises(ValueError, match="csv"):
-        with Dag("review_rows_partial", schedule=None, start_date=datetime.datetime(2026, 1, 1)):
-            DPReleaseOperator.partial(task_id="release", spec_path=str(large_spec), output_uri="file:///out",
-                                      output_formats=("json", "csv"), inline_rows_limit=1000).expand(
-                aggregates_uri=["file:///in/a.parquet", "file:///in/b.parquet"])
-
-
-def test_guard_rows_files_mapped_instance_refused_when_unmapped_before_the_ledger(large_spec):
-    """Regression guard (passes): the mapped instance itself (what the task runner builds) is refused by
-    ``__init__`` before anything runs, so nothing can be charged."""
-    import datetime
-
-    from airflow.sdk import DAG as Dag
-
-    from dp_operators.operators.release import DPReleaseOperator
-
-    with Dag("review_rows_unmap", schedule=None, start_date=datetime.datetime(2026, 1, 1)):
-        # the formats are expanded, so parsing cannot know them: the instance is refused when built
-        mapped = DPReleaseOperator.partial(task_id="release", spec_path=str(large_spec), output_uri="file:///out",
-                                           aggregates_uri="file:///in/a.parquet", inline_rows_limit=1000).expand(
-            output_formats=[("json", "csv")])
-    with pytest.raises(ValueError, match="csv"):
-        mapped.unmap({"output_formats": ("json", "csv")})
-
-
-@pytest.mark.parametrize("arguments, match", [
-    ({"output_uri": "file:///out", "output_formats": ("json", "csv")}, "csv"),
-    ({"output_formats": ("json", "parquet")}, "no output_uri"),
-    ({"output_uri": "file:///out", "output_formats": ("json", "parquet"), "sql_sink": "SINK"}, "SQL sink"),
-])
-def test_guard_rows_files_sql_release_operator_subclass_refused_at_parse_time(large_spec, arguments, match):
-    """Regression guard (passes): ``DPSQLReleaseOperator`` passes its arguments to ``DPReleaseOperator.__init__``,
-    so its rows-file refusals are DAG import errors too."""
-    from dp_operators.operators.sinks import SQLTableSink
-    from dp_operators.operators.sql import DPSQLReleaseOperator
-
-    if arguments.get("sql_sink") == "SINK":
-        arguments = {**arguments, "sql_sink": SQLTableSink(conn_id="warehouse", table="dp_releases")}
-    with pytest.raises(ValueError, match=match):
-        DPSQLReleaseOperator(task_id="release", spec_path=large_spec, conn_id="warehouse",
-                             queries={"cells": "SELECT 1", "sums": "SELECT 1"}, inline_rows_limit=1000,
-                             **arguments)
