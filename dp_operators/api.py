@@ -209,7 +209,7 @@ def _release(
     """Run a one-aggregate release; returns (published aggregate, mechanism description, charge, replayed)."""
     sensitivity_q = _checked_sensitivity(sensitivity)
     grid_q = _default_grid(sensitivity_q, grid)
-    vector = isinstance(values, list)
+    vector = isinstance(values, list) or getattr(values, "ndim", None) == 1  # a list, or a 1-D array
     size = len(values) if vector else None
     if vector and size == 0:
         raise ValueError("values is empty: nothing to release")
@@ -229,8 +229,7 @@ def _release(
         max_partitions_contributed=max_partitions_contributed or size or 1,
         confidence=confidence,
     )
-    exact = [_exact_value(v) for v in values] if vector else _exact_value(values)
-    upstream = {_NAME: [{"index": i, "sum": v} for i, v in enumerate(exact)] if vector else exact}
+    upstream = {_NAME: _vector_upstream(values) if vector else _exact_value(values)}
     if ledger is not None:
         # the values are returned to the caller, never stored as files: every row stays in the output
         result = run_release(spec, upstream, ledger, key, spec_hash=_call_hash(spec),  # type: ignore[arg-type]
@@ -240,8 +239,51 @@ def _release(
     plan = plan_release(spec)
     prepared = prepare_inputs(spec, upstream)
     noised, _ = draw_noise(plan, prepared, [])
-    published = publish_aggregate(spec, spec.aggregates[0], plan, noised, prepared.keys[_NAME])
+    if vector:  # the cells themselves (PublishedCells), not a row dict per value: nothing leaves this call as JSON
+        published = publish_aggregate(spec, spec.aggregates[0], plan, noised, prepared.keys[_NAME],
+                                      rows_file=lambda _aggregate, cells, _keys: cells)
+    else:
+        published = publish_aggregate(spec, spec.aggregates[0], plan, noised, prepared.keys[_NAME])
     return published, plan.steps[0].describe(), None, False
+
+
+def _vector_upstream(values: list[object] | Any) -> Any:
+    """The upstream value of a vector's aggregate (one row per index, the value as its ``sum``).
+
+    An integer array, or a list of Python ints within int64, becomes a :class:`pyarrow.Table` of int64 columns
+    ``index`` and ``sum``, which the engine reads array-at-a-time (``release/columns.py``, docs/adr/0023); any other
+    vector becomes row dicts of exact values (:func:`_exact_value`) for the row-by-row reader. Both readers give
+    identical grid integers and refusals (tests/release_engine/test_columnar_inputs.py), so which one runs changes
+    the running time only; it is chosen by the values' types, except that a list of ints beyond int64 falls back to
+    the rows (as the columnar reader itself takes Python ints for totals beyond int64, docs/adr/0023)."""
+    integers = _int64_array(values)
+    if integers is not None:
+        import numpy as np
+        import pyarrow as pa
+
+        return pa.table({"index": np.arange(len(integers), dtype=np.int64), "sum": integers})
+    if not isinstance(values, list):
+        values = values.tolist()
+    return [{"index": i, "sum": _exact_value(v)} for i, v in enumerate(values)]
+
+
+def _int64_array(values: Any) -> Any:
+    """``values`` as a numpy int64 array when they are integers that int64 holds exactly: an array of a signed
+    integer dtype or of an unsigned one narrower than 64 bits, or a list of Python ``int`` (never ``bool``) within
+    int64. None for anything else (floats, numpy scalars of other types, Decimal, Fraction, uint64, mixed lists)."""
+    import numpy as np
+
+    if isinstance(values, np.ndarray):
+        kind = values.dtype
+        if kind.kind == "i" or (kind.kind == "u" and kind.itemsize < 8):
+            return values.astype(np.int64, copy=False)
+        return None
+    if not all(type(v) is int for v in values):
+        return None
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return None
 
 
 def _call_hash(spec: ReleaseSpec) -> str:
@@ -358,9 +400,8 @@ def vector_release(
         ValueError: an invalid budget or sensitivity, an empty vector, an unknown mechanism.
         Ledger refusals as :func:`laplace_mechanism`.
     """
-    if getattr(values, "ndim", None) == 1 and hasattr(values, "tolist"):  # a 1-D numpy array
-        values = values.tolist()
-    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
+    array = getattr(values, "ndim", None) == 1 and hasattr(values, "tolist")  # a 1-D numpy array: read as is
+    if not array and (isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence)):
         raise ValueError(f"values must be a sequence (or 1-D array) of numbers, got {type(values).__name__}")
     if max_partitions_contributed is not None and (
         isinstance(max_partitions_contributed, bool)
@@ -372,10 +413,22 @@ def vector_release(
             f"({len(values)}), got {max_partitions_contributed!r}"
         )
     published, described, charge, replayed = _release(
-        list(values), sensitivity=sensitivity, budget=_budget(epsilon, delta, rho), mechanism=mechanism, grid=grid,
-        max_partitions_contributed=max_partitions_contributed, confidence=confidence, ledger=ledger,
-        account=account, key=key,
+        values if array else list(values), sensitivity=sensitivity, budget=_budget(epsilon, delta, rho),
+        mechanism=mechanism, grid=grid, max_partitions_contributed=max_partitions_contributed,
+        confidence=confidence, ledger=ledger, account=account, key=key,
     )
+    if "rows_file" in published:  # without a ledger: the published cells (api._release)
+        cells = published["rows_file"]
+        flags = (cells.side != 0).tolist()
+        return NoisyVector(
+            values=cells.values().tolist(),
+            half_width=None if all(flags) else cells.half_width,
+            confidence=confidence,
+            mechanism=described,
+            charge=charge,
+            replayed=replayed,
+            saturated=flags,
+        )
     rows = published["rows"]
     finite = [row["half_width"] for row in rows if row["half_width"] is not None]
     return NoisyVector(

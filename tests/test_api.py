@@ -139,3 +139,96 @@ def test_a_saturated_value_anywhere_in_a_vector_is_flagged():
     single = laplace_mechanism(1e30, sensitivity=1, epsilon=1, confidence=1 - 1e-9)
     assert single.saturated and single.half_width is None
     assert not laplace_mechanism(5, sensitivity=1, epsilon=1).saturated
+
+
+def _vector_spec(size: int):
+    from dp_operators.api import _spec
+
+    return _spec(release="api", account="none", privacy_unit="unspecified", size=size, sensitivity=Fraction(1),
+                 grid=Fraction(1), mechanism="discrete_laplace", budget={"epsilon": 1}, max_partitions_contributed=1,
+                 confidence=0.95)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(lambda np: np.array([0, -5, 2**62 - 1, -(2**63), 2**63 - 1, 7]), id="int64 array, edges"),
+        pytest.param(lambda np: np.array([0, 255, 3], dtype=np.uint8), id="uint8 array"),
+        pytest.param(lambda np: np.array([-(2**31), 2**31 - 1, 3], dtype=np.int32), id="int32 array"),
+        pytest.param(lambda np: [1, -2, 2**62 + 5, -(2**63)], id="list of Python ints"),
+    ],
+)
+def test_integer_vectors_are_read_as_a_table_with_the_row_readers_integers(values):
+    """An integer vector reaches the engine as an int64 table, read array-at-a-time into the same grid integers
+    (saturation included) and the same diagnostics as the row-by-row reader gives for the same exact values."""
+    import numpy as np
+
+    from dp_operators.api import _exact_value, _vector_upstream
+    from dp_operators.release import prepare_inputs
+    from dp_operators.release.diagnostics import DiagnosticsReport
+    from dp_operators.release.columns import is_table
+
+    values = values(np)
+    spec = _vector_spec(len(values))
+    upstream = _vector_upstream(values)
+    assert is_table(upstream)
+    rows = [{"index": i, "sum": _exact_value(v)} for i, v in enumerate(np.asarray(values).tolist())]
+    columnar, by_rows = DiagnosticsReport("api"), DiagnosticsReport("api")
+    fast = prepare_inputs(spec, {"value": upstream}, diagnostics=columnar)
+    slow = prepare_inputs(spec, {"value": rows}, diagnostics=by_rows)
+    assert fast.values[("value", "sum")].tolist() == slow.values[("value", "sum")].tolist()
+    assert list(fast.keys["value"]) == list(slow.keys["value"])
+    assert columnar.as_dict() == by_rows.as_dict()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(lambda np: np.array([1.5, 2.0]), id="float64 array"),
+        pytest.param(lambda np: np.array([1, 2], dtype=np.uint64), id="uint64 array"),
+        pytest.param(lambda np: np.array([True, False]), id="bool array"),
+        pytest.param(lambda np: [1, True], id="list with a bool"),
+        pytest.param(lambda np: [1, 2**63], id="list of ints beyond int64"),
+        pytest.param(lambda np: [1, np.int64(2)], id="list with a numpy int"),
+    ],
+)
+def test_other_vectors_take_the_row_reader(values):
+    """Vectors that are not integers int64 holds go to the row-by-row reader as exact values."""
+    import numpy as np
+
+    from dp_operators.api import _vector_upstream
+
+    assert isinstance(_vector_upstream(values(np)), list)
+
+
+def test_a_bool_array_is_refused_as_the_row_reader_refuses_a_bool():
+    """A boolean array is not taken for integers: it is refused by its type, before anything is charged."""
+    import numpy as np
+
+    from dp_operators.release import ReleaseInputError
+
+    with pytest.raises(ReleaseInputError, match="bool"):
+        vector_release(np.array([True, False]), sensitivity=1, epsilon=1)
+
+
+def test_an_integer_array_and_its_list_release_the_same_vector_description(tmp_path):
+    """The published shape of a vector (values, half-width, flags, mechanism) does not depend on whether it was
+    given as an array (read array-at-a-time) or as a list of Decimals (read row by row), with or without a
+    ledger."""
+    import numpy as np
+    from decimal import Decimal
+
+    values = np.array([3, 2**62 + 10, -4])
+    array = vector_release(values, sensitivity=1, epsilon=1, mechanism="discrete_laplace")
+    rows = vector_release([Decimal(int(v)) for v in values], sensitivity=1, epsilon=1, mechanism="discrete_laplace")
+    assert array.saturated == rows.saturated == [False, True, False]
+    assert array.half_width == rows.half_width and array.mechanism == rows.mechanism
+    assert [type(v) for v in array.values] == [type(v) for v in rows.values] == [int, int, int]
+    ledger = make_ledger(tmp_path / "api.db", accountant="pure_dp", cap="10", dags=("pipeline",))
+    key = ReleaseKey(dag_id="pipeline", run_id="r", task_id="t", map_index=-1, release_name="vector")
+    charged = vector_release(values, sensitivity=1, epsilon=1, mechanism="discrete_laplace", ledger=ledger,
+                             account="census_adult", key=key)
+    assert charged.saturated == [False, True, False] and charged.half_width == array.half_width
+    replayed = vector_release(values, sensitivity=1, epsilon=1, mechanism="discrete_laplace", ledger=ledger,
+                              account="census_adult", key=key)
+    assert replayed.replayed and replayed.values == charged.values
