@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from dp_operators.anonymity import parse_anonymity_spec
+from dp_operators.anonymity.spec import AnonymitySpec
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 KANON_DIR = SHARED_DATA / "kanon"
@@ -60,3 +63,29 @@ DISEASE_HIERARCHY = {
         },
     }
 }
+
+
+def anonymity_spec(qis, targets: dict, sensitive=(), max_fraction: float = 0.0,
+                   algorithm: str = "full_domain") -> AnonymitySpec:
+    """A spec built from Python values: ``qis`` as the spec lists them (names or mappings), ``sensitive`` as
+    ``(name, type)`` pairs, the loss metric."""
+    return AnonymitySpec.model_validate(
+        {
+            "version": 1,
+            "check": "anonymity_tables",
+            "quasi_identifiers": list(qis),
+            "sensitive_attributes": [{"name": name, "type": kind} for name, kind in sensitive],
+            "targets": targets,
+            "suppression": {"max_fraction": max_fraction},
+            "anonymisation": {"algorithm": algorithm, "metric": "loss"},
+        }
+    )
+
+
+def anonymity_spec_text(qis: str, targets: str = "{k: 2}", algorithm: str = "full_domain", extra: str = ""):
+    """A spec parsed from YAML text, as a user writes it: ``qis`` is the text inside the quasi-identifier list."""
+    return parse_anonymity_spec(
+        f"version: 1\ncheck: anonymity_tables\nquasi_identifiers: [{qis}]\ntargets: {targets}\n"
+        f"anonymisation: {{algorithm: {algorithm}}}\n{extra}",
+        source="anonymity_tables.yaml",
+    )

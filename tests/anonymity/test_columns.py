@@ -1,4 +1,6 @@
-"""Type handling of quasi-identifier columns (``columns.qi_kind``): the input faults of issue 13, item 6, as a class."""
+"""Type handling of quasi-identifier and sensitive columns (``columns.qi_kind``): every input fault of a column's
+type is a clear AnonymityInputError naming the column, never a numpy or pandas error, and a value float64 cannot
+hold is never published as another value."""
 
 from __future__ import annotations
 
@@ -11,8 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dp_operators.anonymity import AnonymityInputError, AnonymitySpec
+from dp_operators.anonymity import AnonymityInputError, AnonymitySpec, check_table
+from dp_operators.anonymity.anonymise import anonymise
 from dp_operators.anonymity.columns import declared_qi_kinds, numeric_values, qi_kind
+from dp_operators.anonymity.errors import AnonymityError
+from dp_operators.anonymity.generalisation import encode_quasi_identifiers
+
+from .anonymity_tables import anonymity_spec, anonymity_spec_text
 
 
 def column(values, dtype=None, name="q") -> pd.Series:
@@ -194,3 +201,71 @@ def test_declared_kinds_from_the_spec():
         }
     )
     assert declared_qi_kinds(spec) == {"sex": None, "zip": "categorical", "income": "numeric", "age": "numeric"}
+
+
+# -- columns whose cells or names the tools cannot take -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["full_domain", "mondrian"])
+def test_unhashable_cells_raise_anonymity_input_error(algorithm):
+    """Dict cells (what ``pandas.read_parquet`` returns for a Parquet struct column) in a quasi-identifier or a
+    sensitive column raise AnonymityError in ``anonymise`` and ``check_table`` alike, never a bare TypeError (the
+    operators turn AnonymityError into a failed task with a report, without retry)."""
+    table = pd.DataFrame({"q": [{"a": 1}, {"b": 2}] * 3, "s": list("pqpqpq")})
+    spec = anonymity_spec(["q"], {"k": 2}, algorithm=algorithm)
+    with pytest.raises(AnonymityError):
+        anonymise(table, spec)
+    with pytest.raises(AnonymityError):
+        check_table(table, spec)
+    sensitive = pd.DataFrame({"q": list("aabbcc"), "s": [{"a": 1}, {"b": 2}] * 3})
+    with pytest.raises(AnonymityError):
+        check_table(sensitive, anonymity_spec(["q"], {"k": 2, "t": 0.9}, sensitive=[("s", "categorical")]))
+
+
+def test_encode_refuses_unhashable_quasi_identifier_cells():
+    """``encode_quasi_identifiers`` on a dict-valued quasi-identifier raises AnonymityError naming the column."""
+    table = pd.DataFrame({"q": [{"a": 1}, {"b": 2}] * 3})
+    with pytest.raises(AnonymityError, match="'q'"):
+        encode_quasi_identifiers(table, anonymity_spec(["q"], {"k": 2}))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(np.array([2**53, 2**53 + 1] * 2, dtype=np.int64), id="int64-above-2**53"),
+        pytest.param(np.array([2**64 - 1, 2**64 - 2] * 2, dtype=np.uint64), id="uint64-near-2**64"),
+        pytest.param([2**64 + 1, 2**64 + 3] * 2, id="python-int-above-2**63"),
+        pytest.param([Decimal("0.1"), Decimal("0.10000000000000000001")] * 2, id="decimal-beyond-float"),
+    ],
+)
+def test_full_domain_publishes_only_the_original_values_or_refuses_the_column(values):
+    """A numeric quasi-identifier whose values float64 cannot tell apart (integers above 2**53, uint64 near 2**64,
+    exact Decimals) is never collapsed through float64: every released cell is the row's original value (or ``*``),
+    or the column is refused with AnonymityInputError."""
+    table = pd.DataFrame({"x": values})
+    try:
+        result = anonymise(table, anonymity_spec_text("x"))
+    except AnonymityInputError:
+        return
+    originals = table["x"].loc[result.table.index]
+    wrong = [(str(o), label) for o, label in zip(originals, result.table["x"]) if label not in (str(o), "*")]
+    assert wrong == [], f"released cells that do not cover their original value: {wrong}"
+
+
+def test_mondrian_anonymises_or_refuses_integers_float64_cannot_separate():
+    """Mondrian on a quasi-identifier holding 2**53 and 2**53 + 1 (distinct, equal as float64) anonymises or
+    refuses the column with AnonymityError, never a ZeroDivisionError."""
+    table = pd.DataFrame({"x": np.array([2**53, 2**53 + 1] * 2, dtype=np.int64)})
+    try:
+        anonymise(table, anonymity_spec_text("x", algorithm="mondrian"))
+    except AnonymityError:
+        pass
+
+
+@pytest.mark.parametrize("algorithm", ["full_domain", "mondrian"])
+def test_duplicate_column_names_are_refused_by_name(algorithm):
+    """A table with two columns of the quasi-identifier's name (a SQL join selecting ``a.x, b.x``) is refused with
+    an AnonymityInputError naming the repeated column, never a pandas TypeError."""
+    table = pd.DataFrame([["a", "a"], ["a", "a"], ["b", "b"], ["b", "b"]], columns=["x", "x"])
+    with pytest.raises(AnonymityInputError, match="'x'"):
+        anonymise(table, anonymity_spec_text("x", algorithm=algorithm))

@@ -23,9 +23,11 @@ from dp_operators.anonymity import (
     recursive_cl_diversity,
     t_closeness,
 )
+from dp_operators.anonymity import check_table
+from dp_operators.anonymity.anonymise import anonymise
 from dp_operators.anonymity.criteria import Criteria
 
-from .anonymity_tables import DISEASE_HIERARCHY, HOSPITAL_QIS
+from .anonymity_tables import DISEASE_HIERARCHY, HOSPITAL_QIS, anonymity_spec, anonymity_spec_text
 
 LI_QIS = ["zip", "age"]
 
@@ -304,3 +306,63 @@ def test_targets_needing_classes_larger_than_the_table_are_refused(targets, mess
         criteria.check_min_class_size()
     fits = Criteria(make_spec({"k": 3, "prosecutor_risk": {"highest": 1 / 3}}), pd.DataFrame({"q": [1, 2, 3]}))
     fits.check_min_class_size()  # exactly the table's size is allowed
+
+
+def test_a_highest_risk_below_one_over_the_rows_is_refused_without_counting_sizes(monkeypatch):
+    """``prosecutor_risk: {highest: 1e-12}`` needs classes larger than the 6-row table: ``anonymise`` refuses it
+    (AnonymityInputError, or AnonymitySpecError at load) after a constant number of risk comparisons, never by
+    counting class sizes down from 1e12 one at a time."""
+    from dp_operators.anonymity import AnonymitySpecError
+    from dp_operators.anonymity import criteria as criteria_module
+
+    comparisons = []
+    real_exceeds = criteria_module.exceeds
+
+    def counting_exceeds(*args, **kwargs):
+        comparisons.append(1)
+        if len(comparisons) > 1000:  # stop a countdown at once instead of running 5e11 comparisons
+            raise AssertionError("the smallest class size is searched one size at a time")
+        return real_exceeds(*args, **kwargs)
+
+    monkeypatch.setattr(criteria_module, "exceeds", counting_exceeds)
+    table = pd.DataFrame({"x": ["a", "a", "b", "b", "c", "c"]})
+    with pytest.raises((AnonymityInputError, AnonymitySpecError)):
+        anonymise(table, anonymity_spec_text("x", targets="{prosecutor_risk: {highest: 1e-12}}"))
+    assert len(comparisons) <= 1000
+
+
+def _largest_total_variation(classes: pd.Series, values: pd.Series, reference: pd.Series) -> float:
+    """Equal-distance EMD (total variation, Li et al. 2007 section 4.2) of each class's distribution from
+    ``reference``, the largest over classes; computed here independently of the package."""
+    largest = 0.0
+    for _, class_values in values.groupby(classes):
+        q = class_values.value_counts(normalize=True)
+        support = reference.index.union(q.index)
+        distance = (reference.reindex(support, fill_value=0) - q.reindex(support, fill_value=0)).abs().sum() / 2
+        largest = max(largest, float(distance))
+    return largest
+
+
+def test_t_is_measured_against_the_input_by_the_anonymiser_and_the_released_rows_by_the_check():
+    """docs/anonymity.md ("Definitions: t"): the anonymiser measures t-closeness against the whole input table's
+    sensitive distribution (fixed before suppression), ``check_table`` on the released file against the released
+    rows'; after suppression the two differ. Both figures are recomputed here by hand (total variation) on a
+    14-row table where they are 0.286 and 0.308."""
+    table = pd.DataFrame(
+        {
+            "a": ["d", "b", "c", "a", "c", "a", "c", "b", "b", "a", "b", "c", "c", "c"],
+            "s": ["p", "p", "p", "p", "q", "q", "p", "p", "p", "p", "p", "q", "p", "r"],
+        }
+    )
+    spec = anonymity_spec(["a"], {"k": 2, "t": 0.3}, sensitive=[("s", "categorical")], max_fraction=0.3)
+    result = anonymise(table, spec)
+    assert result.passed and result.report["suppression"]["suppressed_rows"] > 0
+    released = result.table
+    input_p = table["s"].value_counts(normalize=True)
+    released_p = released["s"].value_counts(normalize=True)
+    against_input = _largest_total_variation(released["a"], released["s"], input_p)
+    against_released = _largest_total_variation(released["a"], released["s"], released_p)
+    assert against_input != pytest.approx(against_released)  # the two references really differ here
+    assert result.report["sensitive_attributes"]["s"]["t"] == pytest.approx(against_input, abs=1e-12)
+    gate = check_table(released, spec)
+    assert gate["sensitive_attributes"]["s"]["t"] == pytest.approx(against_released, abs=1e-12)

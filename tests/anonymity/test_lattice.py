@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dp_operators.anonymity.anonymise import anonymise
 from dp_operators.anonymity.criteria import Criteria
 from dp_operators.anonymity.errors import AnonymityInputError
 from dp_operators.anonymity.lattice import full_domain_search
@@ -533,3 +534,34 @@ def test_highest_risk_needing_classes_larger_than_the_table_is_refused(tiny):
         full_domain_search(table, encoded, criteria)
     at_the_size = Criteria(make_spec(["x"], {"prosecutor_risk": {"highest": 0.25}}), table)
     assert full_domain_search(table, encoded, at_the_size).node == (2,)  # one class of all 4 rows
+
+
+@pytest.mark.slow
+def test_lattice_tagging_work_grows_with_the_lattice_not_its_square(monkeypatch):
+    """16 quasi-identifiers without hierarchies (a 65,536-node lattice, 1.6 % of MAX_LATTICE_NODES), 1,000 rows,
+    k = 5: the search finishes (or refuses the lattice up front), and predictive tagging examines at most
+    (lattice size x quasi-identifiers) nodes in all, counted through ``_spread``'s ``reached`` callback. Scanning the
+    whole lattice per evaluated node (quadratic: 47 s here, 22 QIs did not finish in 5 minutes) examines over a
+    thousand times more."""
+    import dp_operators.anonymity.lattice as lattice
+
+    examined = []
+    real_spread = lattice._LatticeSearch._spread
+
+    def counting_spread(self, index, up, reached, mark, include_start=True):
+        def counted(nodes):
+            examined.append(len(nodes))
+            return reached(nodes)
+
+        return real_spread(self, index, up, counted, mark, include_start)
+
+    monkeypatch.setattr(lattice._LatticeSearch, "_spread", counting_spread)
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame({f"q{i}": rng.integers(0, 2, 1000).astype(str) for i in range(16)})
+    spec = make_spec(list(table.columns), {"k": 5})
+    try:
+        result = anonymise(table, spec)
+    except AnonymityInputError:
+        return
+    assert result.passed
+    assert 0 < sum(examined) <= 2**16 * 16, f"{sum(examined):,} nodes examined by tagging"
