@@ -17,6 +17,12 @@ from support import EXAMPLE_SPEC, EXAMPLE_SUM_LINF, discrete_laplace_kl_referenc
 runner = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def piped_output_without_columns(monkeypatch):
+    """Plans print as to a pipe with no COLUMNS (some test runners' workers set COLUMNS=80, which folds tables)."""
+    _plan_console(monkeypatch, None)
+
+
 def test_validate_accepts_the_example_and_names_the_field_of_a_bad_spec(tmp_path):
     assert runner.invoke(app, ["spec", "validate", str(EXAMPLE_SPEC)]).exit_code == 0
     bad = tmp_path / "bad.yaml"
@@ -98,24 +104,45 @@ def test_plan_reports_a_privacy_unit_the_account_does_not_protect(tmp_path):
         assert "ReleaseConfigError" in result.output and "more run" not in result.output
 
 
-def test_piped_tables_use_columns_and_default_wider_than_120(tmp_path):
-    """Not a terminal: COLUMNS sets the width (a long release name is not truncated); without it, 160."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+def _plan_console(monkeypatch, columns: str | None):
+    """The plan's console as a fresh ``dpctl`` process would make it with output to a pipe and ``COLUMNS``."""
+    from rich.console import Console
 
-    dpctl = Path(sys.executable).with_name("dpctl")
+    from dp_operators.cli import common
+    from dp_operators.cli import spec as spec_cli
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    monkeypatch.setattr(spec_cli, "console", Console(width=common._output_width(), markup=False))
+
+
+def test_piped_plan_tables_keep_long_names_whole(tmp_path, monkeypatch):
+    """Output that is not a terminal, without COLUMNS: the table is as wide as its cells, no name is cut."""
+    monkeypatch.delenv("DP_LEDGER_URL", raising=False)
+    name = "people_by_education_and_sex_of_every_adult_in_the_census_table_" + "x" * 120
+    spec = tmp_path / "long.yaml"
+    spec.write_text(EXAMPLE_SPEC.read_text().replace("name: people_by_education_sex", f"name: {name}"))
+    result = runner.invoke(app, ["spec", "plan", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert name in result.output and "…" not in result.output
+    assert max(len(line) for line in result.output.splitlines()) > 160
+
+
+def test_piped_plan_tables_fold_long_names_at_the_columns_asked_for(tmp_path, monkeypatch):
+    """With COLUMNS set, the table fits it and a long name folds onto more lines instead of being cut."""
+    monkeypatch.delenv("DP_LEDGER_URL", raising=False)
+    _plan_console(monkeypatch, "100")
     name = "people_by_education_and_sex_of_every_adult_in_the_census_table"
     spec = tmp_path / "long.yaml"
     spec.write_text(EXAMPLE_SPEC.read_text().replace("name: people_by_education_sex", f"name: {name}"))
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "DP_LEDGER_URL")}
-    wide = subprocess.run([dpctl, "spec", "plan", str(spec)], env={**env, "COLUMNS": "300"}, capture_output=True,
-                          text=True, check=True)
-    assert name in wide.stdout
-    assert max(len(line) for line in wide.stdout.splitlines()) > 160
-    default = subprocess.run([dpctl, "spec", "plan", str(spec)], env=env, capture_output=True, text=True, check=True)
-    assert max(len(line) for line in default.stdout.splitlines()) == 160
+    result = runner.invoke(app, ["spec", "plan", str(spec)])
+    assert result.exit_code == 0, result.output
+    table = [line for line in result.output.splitlines() if line.startswith("│")]
+    assert max(len(line) for line in table) <= 100 and "…" not in result.output
+    first_column = "".join(line.split("│")[1].strip() for line in table)
+    assert name in first_column
 
 
 def _auto_spec(tmp_path, budget: str = "{epsilon: 1, delta: 1e-6}", extra: str = "") -> str:
@@ -132,6 +159,56 @@ aggregates:
     budget: {budget}
 {extra}""")
     return str(path)
+
+
+def test_command_line_options_win_over_the_ledger_in_the_environment(tmp_path, monkeypatch):
+    """DP_LEDGER_URL (as scripts/demo_env.sh sets it) names the ledger only when no option says what to plan for:
+    --accountant and --ledger-config win over it, --url replaces it."""
+    from support import REPO
+
+    make_ledger(tmp_path / "env.db", cap="1")  # census_adult: zcdp
+    monkeypatch.setenv("DP_LEDGER_URL", f"sqlite:///{tmp_path / 'env.db'}")
+    spec = _auto_spec(tmp_path)
+    given = runner.invoke(app, ["spec", "plan", spec, "--accountant", "approx_dp", "--json"])
+    assert given.exit_code == 0, given.output
+    planned = json.loads(given.output)
+    assert planned["accountant"] == "approx_dp" and "runs_remaining" not in planned
+    config = tmp_path / "ledgers.yaml"
+    config.write_text((REPO / "config" / "ledgers.yaml").read_text().replace("accountant: zcdp", "accountant: pure_dp")
+                      .replace("delta: 1e-6", "").replace("cap: 0.5 ", "cap: 5 "))
+    from_config = runner.invoke(app, ["spec", "plan", spec, "--ledger-config", str(config), "--json"])
+    assert from_config.exit_code == 0, from_config.output
+    assert json.loads(from_config.output)["accountant"] == "pure_dp"
+    make_ledger(tmp_path / "url.db", cap="3", accountant="pure_dp")
+    from_url = runner.invoke(app, ["spec", "plan", spec, "--url", f"sqlite:///{tmp_path / 'url.db'}", "--json"])
+    assert json.loads(from_url.output)["accountant"] == "pure_dp" and json.loads(from_url.output)["remaining"] == "3"
+    from_environment = json.loads(runner.invoke(app, ["spec", "plan", spec, "--json"]).output)
+    assert from_environment["accountant"] == "zcdp" and from_environment["runs_remaining"] == 35
+
+
+def test_plan_shows_a_means_half_width_as_a_function_of_its_private_count(monkeypatch):
+    """A mean's half-width is W / n for n rows (the count is private): W without --rows, W / n with it, and W / n
+    bounds the half-width the release publishes for a noised count near n."""
+    from dp_operators.release import plan_release
+    from dp_operators.release.publish import _fieller_mean_interval, _half_width_around, fieller_table
+    from dp_operators.spec import load_spec
+
+    monkeypatch.delenv("DP_LEDGER_URL", raising=False)
+    plan = json.loads(runner.invoke(app, ["spec", "plan", str(EXAMPLE_SPEC), "--json"]).output)
+    [mean] = plan["means"]
+    assert mean["aggregate"] == "mean_hours_per_week" and mean["half_width"] is None
+    width = mean["half_width_times_rows"]
+    at_rows = json.loads(runner.invoke(app, ["spec", "plan", str(EXAMPLE_SPEC), "--rows", "1000", "--json"]).output)
+    assert at_rows["means"][0]["half_width"] == pytest.approx(width / 1000)
+    engine = plan_release(load_spec(EXAMPLE_SPEC))
+    table = fieller_table("mean", [engine.step("mean_hours_per_week", c) for c in ("sum", "count")], 49.0, 0.05)
+    for centred_mean in (-49.0, -10.0, 0.0, 30.0):  # bounds [1, 99]: centred at 50, half-range 49
+        published = _half_width_around(centred_mean, *_fieller_mean_interval(centred_mean * 1000, 1000, table))
+        assert published <= width / 1000
+    text = runner.invoke(app, ["spec", "plan", str(EXAMPLE_SPEC)]).output
+    assert "a mean's for n rows" in text and f"{width:.4g} / n" in text and "--rows n" in text
+    rows_text = runner.invoke(app, ["spec", "plan", str(EXAMPLE_SPEC), "--rows", "48842"]).output
+    assert "a mean's for n = 48842 rows" in rows_text and f"{width / 48842:.4g}" in rows_text
 
 
 def test_plan_chooses_auto_by_the_accountant_given_and_says_when_none_is(tmp_path, monkeypatch):

@@ -61,13 +61,18 @@ app.add_typer(spec_app, name="spec")
 app.add_typer(release_app, name="release")
 
 
+#: The width of output that is not a terminal and has no ``COLUMNS``: wider than any table, so that a table is
+#: printed at its natural width and nothing in it is cut or folded (``dpctl spec plan > plan.txt``).
+UNLIMITED_WIDTH = 100_000
+
+
 def _output_width() -> int | None:
-    """Width of the output: the terminal's own on a terminal; else ``COLUMNS`` if set, else 160 (so piped
-    tables are not truncated at rich's default 80 columns)."""
+    """Width of the output: the terminal's own on a terminal; else ``COLUMNS`` if set (the reader asked for that
+    width: long cells fold), else :data:`UNLIMITED_WIDTH` (piped tables keep every name whole)."""
     if sys.stdout.isatty():
         return None  # rich measures the terminal (and honours COLUMNS itself)
     columns = os.environ.get("COLUMNS", "")
-    return int(columns) if columns.isdigit() and int(columns) > 0 else 160
+    return int(columns) if columns.isdigit() and int(columns) > 0 else UNLIMITED_WIDTH
 
 
 # markup=False: messages carry user text (spec fields, account names, paths) that may contain square brackets,

@@ -65,6 +65,11 @@ def spec_plan(
         typer.Option("--ledger-config", help="Read the spec's budget account from this ledger configuration "
                      "(config/ledgers.yaml) instead of a ledger database."),
     ] = None,
+    rows_assumed: Annotated[
+        Optional[int],
+        typer.Option("--rows", min=1, help="Show each mean's expected half-width for this many rows (a public "
+                     "assumption: the true count stays private); default: as W / n, for n rows."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Show what a spec will do, before any data is read or budget spent: per noised step the mechanism, scale,
@@ -72,8 +77,13 @@ def spec_plan(
     (--url, --conn-id or DP_LEDGER_URL) also how many more runs the budget account can fund.
 
     `mechanism: auto` chooses by the cost on the account the release is charged to, so the plan needs its
-    accountant: the ledger's account, else the account in --ledger-config, else --accountant. Without any of
-    them, auto compares mechanisms at the written budgets (which on a zcdp account can cost more than needed).
+    accountant: the ledger's account (--url, --conn-id), else the account in --ledger-config, else --accountant,
+    else the ledger in DP_LEDGER_URL: an option given on the command line wins over the environment. Without any
+    of them, auto compares mechanisms at the written budgets (which on a zcdp account can cost more than needed).
+
+    A mean is published as its noised sum over its noised count, so its half-width depends on the true count,
+    which is private: the plan gives it as W / n (W from the Fieller interval of docs/mechanisms.md, public
+    parameters only), or at --rows n.
     """
     from dp_operators.accounting import IncompatibleAccountantError, epsilon_at_delta
     from dp_operators.ledger import LedgerConfigError, load_ledger_config
@@ -87,7 +97,10 @@ def spec_plan(
     account = None
     chosen = accountant.value if accountant is not None else None
     delta = None
-    if url or conn_id or os.environ.get("DP_LEDGER_URL"):
+    # An explicit option wins over the environment: DP_LEDGER_URL (set by scripts/demo_env.sh, say) is the
+    # ledger only when no --ledger-config or --accountant says which account to plan for.
+    from_environment = ledger_config is None and accountant is None and bool(os.environ.get("DP_LEDGER_URL"))
+    if url or conn_id or from_environment:
         with _ledger_errors():
             account = _ledger(url, conn_id).account(loaded.budget_account)
         if account.privacy_unit != loaded.privacy_unit:
@@ -134,6 +147,9 @@ def spec_plan(
     summary: dict = {
         "release": loaded.release, "budget_account": loaded.budget_account, "accountant": chosen, "steps": rows,
     }
+    means = _mean_half_widths(plan, alpha, rows_assumed)
+    if means:
+        summary["means"] = means
     if loaded.postprocess.consistent:
         try:
             summary["consistent_families"] = _family_widths(plan, alpha)
@@ -165,10 +181,17 @@ def spec_plan(
     table = Table(title=f"Plan of release {loaded.release!r} (no data read, nothing spent)", title_justify="left")
     columns = ["aggregate", "component", "mechanism", "scale", "sensitivity (L1 / L2)", "L0", "calibrated to"]
     columns += [f"charge ({unit_of(chosen)})", "charge as epsilon"] if chosen else []
-    columns += [f"± ({level})", "partitions"]
+    width_header = f"± ({level})"
+    if means:
+        width_header += f"; a mean's for n = {rows_assumed} rows" if rows_assumed else "; a mean's for n rows"
+    columns += [width_header, "partitions"]
     for column in columns:
-        table.add_column(column)
-    for row in rows:
+        table.add_column(column, overflow="fold")  # a narrow COLUMNS folds long names instead of cutting them
+    mean_after = {}  # a mean's own row follows the last noised step of its aggregate
+    for index, row in enumerate(rows):
+        mean_after[row["aggregate"]] = index
+    mean_rows = {mean_after[mean["aggregate"]]: mean for mean in means}
+    for index, row in enumerate(rows):
         cells = [
             row["aggregate"], row["component"], row["mechanism"], row["scale"],
             f"{row['l1_sensitivity']:.6g} / {row['l2_sensitivity']:.6g}", row["l0"], row["calibrated_to"],
@@ -178,7 +201,20 @@ def spec_plan(
             cells += [_decimal(row["charge"]), "-" if eps is None else f"{eps:.4g}"]
         cells += [f"{row['half_width']:.4g}", str(row["partitions"] if row["partitions"] is not None else "selected")]
         table.add_row(*cells)
+        if index in mean_rows:
+            mean = mean_rows[index]
+            width = (f"{mean['half_width']:.4g}" if mean["half_width"] is not None
+                     else f"{mean['half_width_times_rows']:.4g} / n")
+            table.add_row(mean["aggregate"], "mean", "sum / count (no budget)", *["-"] * (len(columns) - 5), width,
+                          str(mean["partitions"]))
     console.print(table)
+    if means:
+        console.print(
+            "a mean's half-width depends on its true count n, which stays private: it is at most W / n' for the "
+            "noised count n' (W from its Fieller interval, public parameters only)"
+            + ("" if rows_assumed else "; --rows n prints it for n rows"),
+            highlight=False,
+        )
     for row in rows:  # what the binary64 allowance adds to the sensitivities above (docs/adr/0017)
         upstream = row["noise"].get("upstream", {})
         if upstream.get("arithmetic") == "binary64":
@@ -222,6 +258,37 @@ def spec_plan(
         if summary["runs_limited_by"] == "delta":
             line += " (limited by delta)"
     console.print(line, highlight=False)
+
+
+def _mean_half_widths(plan, alpha: float, rows: int | None) -> list[dict]:
+    """Per mean aggregate, the numerator W of its expected half-width W / n at ``1 - alpha`` for n rows (public
+    parameters only), and W / ``rows`` (capped at the width of the bounds) when ``rows`` is given.
+
+    The published interval (:func:`dp_operators.release.publish.mean_fieller_table`) is the hull of the centred
+    means m with ``|S' - m N'| <= W1(m)``, so it lies within ``S'/N' +- max W1 / N'``; N' is the noised count,
+    about n. The released mean and its interval are inside the bounds, so the half-width never exceeds their
+    width. Returns a list of ``{"aggregate", "half_width_times_rows", "rows", "half_width", "partitions"}``
+    (``half_width`` None without ``rows``).
+    """
+    from dp_operators.accounting import exact_number
+    from dp_operators.release.publish import fieller_table
+
+    means = []
+    for aggregate in plan.spec.aggregates:
+        if aggregate.kind != "mean":
+            continue
+        lower, upper = (exact_number(bound, name="bounds") for bound in aggregate.bounds)
+        steps = [plan.step(aggregate.name, component) for component in ("sum", "count")]
+        table = fieller_table("mean", steps, float((upper - lower) / 2), alpha)
+        width = float(table.mean_widths.max())
+        means.append({
+            "aggregate": aggregate.name,
+            "half_width_times_rows": width,
+            "rows": rows,
+            "half_width": None if rows is None else min(width / rows, float(upper - lower)),
+            "partitions": steps[1].partitions if steps[1].partitions is not None else "selected",
+        })
+    return means
 
 
 def _family_widths(plan, alpha: float) -> list[dict]:
