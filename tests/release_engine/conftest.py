@@ -83,3 +83,34 @@ def observe(tmp_path: Path, caplog):
         return error, records, list(ledger.charges()), output
 
     return run
+
+
+def _xy_spec(kind: str = "sum", *, grid: str | None = None, bounds=(-50, 100), non_finite: dict | None = None,
+             selection: bool = False, sampler: str | None = None, release: str = "xy") -> ReleaseSpec:
+    """One aggregate ``agg`` grouped by an int column ``x`` (public keys 0..3) and a text column ``y`` (a, b), or
+    under partition selection; discrete Laplace at epsilon 1, one contribution per person."""
+    aggregate: dict = {"name": "agg", "kind": kind, "group_by": ["x", "y"], "mechanism": "discrete_laplace",
+                       "budget": {"epsilon": 1}}
+    if kind != "count":
+        aggregate["bounds"] = list(bounds)
+    if grid is not None:
+        aggregate["grid"] = grid
+    if non_finite is not None:
+        aggregate["non_finite"] = non_finite
+    if selection:
+        aggregate["partition_selection"] = {"mechanism": "discrete_laplace", "budget": {"epsilon": 1, "delta": 1e-6}}
+    else:
+        aggregate["keys"] = {"x": [0, 1, 2, 3], "y": ["a", "b"]}
+    document = {"version": 1, "release": release, "budget_account": "acct", "privacy_unit": "person",
+                "contribution": {"max_partitions_contributed": 1, "max_contributions_per_partition": 1},
+                "aggregates": [aggregate]}
+    if sampler is not None:
+        document["sampler"] = sampler
+    return ReleaseSpec.model_validate(document)
+
+
+@pytest.fixture
+def xy_spec():
+    """The builder of a count or sum grouped by ``x`` (int) and ``y`` (text) (a fixture, so that test modules need
+    not import this conftest)."""
+    return _xy_spec

@@ -28,6 +28,8 @@ from dp_operators.release import (
     publish_aggregate,
     run_release,
 )
+from dp_operators.release.publish import _float_towards, _towards, count_or_sum_cells, grid_floats, grid_values
+from dp_operators.release.run import add_exactly
 from dp_operators.spec import ReleaseSpec
 
 from support import make_ledger
@@ -180,3 +182,79 @@ def test_the_csv_marks_saturated_rows_and_leaves_the_unbounded_side_empty(tmp_pa
     assert small["saturated"] == "false"
     value = float(small["value"])
     assert float(small["lower"]) <= value - SURE_WIDTH < value + SURE_WIDTH <= float(small["upper"])
+
+
+# -- exact integers beyond int64 on the way to publication -------------------------------------------------------------
+
+
+def test_add_exactly_does_not_wrap_on_an_int64_min_noise_value():
+    """A noise value of -2^63 (an int64 the array samplers may return, with probability about 1e-19 per draw at
+    the largest scales) is added exactly: -5 + -2^63 is -5 - 2^63, never wrapped to 2^63 - 5."""
+    values = np.array([-5, 7], dtype=np.int64)
+    noise = np.array([-(2**63), 1], dtype=np.int64)
+    got = add_exactly(values, noise)
+    assert [int(v) for v in got] == [-5 - 2**63, 8]
+
+
+HUGE_NUMERATOR = Fraction(2**63 + 1, 2**63 - 1)  # a grid of about 1: numerator and denominator beyond int64
+
+
+@pytest.mark.parametrize(
+    "units", [pytest.param(np.zeros(0, dtype=np.int64), id="no cell"), pytest.param(np.zeros(3, dtype=np.int64),
+                                                                                  id="all cells 0")],
+)
+def test_publication_with_a_grid_numerator_beyond_int64(units):
+    """``grid_values`` and ``grid_floats`` publish cells on a grid whose numerator is beyond int64 when there is
+    no cell or every cell is 0, never an OverflowError (which under partition selection comes after the draw)."""
+    assert HUGE_NUMERATOR.numerator > 2**63
+    assert grid_values(units, HUGE_NUMERATOR).tolist() == [0] * len(units)
+    assert grid_floats(units, HUGE_NUMERATOR).tolist() == [0.0] * len(units)
+
+
+def test_no_key_selected_with_a_grid_numerator_beyond_int64_publishes_an_empty_aggregate(tmp_path, xy_spec):
+    """End to end: a sum under partition selection on grid (2^63+1)/(2^63-1) with no row upstream selects
+    nothing and publishes an empty aggregate (no ReleaseAbortedError after the draw, budget spent)."""
+    spec = xy_spec("sum", grid=f"{HUGE_NUMERATOR.numerator}/{HUGE_NUMERATOR.denominator}", bounds=(0, 10),
+                   selection=True)
+    spec = spec.model_copy(update={"budget_account": "census_adult"})
+    ledger = make_ledger(tmp_path / "ledger.db", cap="100", accountant="approx_dp")
+    key = ReleaseKey("adult_census_release", "r", "t", -1, spec.release)
+    output = run_release(spec, {"agg": []}, ledger, key, spec_hash="0" * 64).output
+    assert output["aggregates"]["agg"]["rows"] == []
+
+
+def test_interval_ends_are_the_exact_outward_roundings():
+    """``_towards`` (TwoSum) equals ``_float_towards`` on the exact Fraction for random doubles of many magnitudes
+    and half-widths, including ties and widths far below one ulp of the value."""
+    rng = np.random.default_rng(7)
+    exponents = rng.integers(-30, 60, 4000)
+    values = rng.standard_normal(4000) * np.exp2(exponents.astype(float))
+    values[:50] = np.round(values[:50])
+    widths = np.concatenate([np.exp2(rng.integers(-60, 40, 40).astype(float)), [0.5, 0.1, 1e-300, 3.0]])
+    for width in widths.tolist():
+        lower = _towards(values, width, -math.inf).tolist()
+        upper = _towards(values, width, math.inf).tolist()
+        for value, low, high in zip(values.tolist(), lower, upper):
+            assert low == _float_towards(Fraction(value) - Fraction(width), -math.inf)
+            assert high == _float_towards(Fraction(value) + Fraction(width), math.inf)
+
+
+def test_saturation_flags_come_from_noised_integers_and_public_widths_only():
+    """The side of a cell is a function of its noised integer and the public noise width (the per-value
+    ``_near_limit``), on int64 and object arrays alike."""
+    from dp_operators.release.publish import _near_limit
+
+    class Step:
+        grid = Fraction(1, 3)
+        mechanism = "discrete_laplace"
+
+        def noise_half_width_units(self, alpha):
+            return 1e6
+
+        def half_width(self, alpha):
+            return 3.0
+
+    units = [SATURATION - 10**6, SATURATION - 10**6 - 1, -SATURATION + 10**6, 0, SATURATION, -SATURATION - 7]
+    for dtype in (np.int64, object):
+        cells = count_or_sum_cells(Step(), np.array(units, dtype=dtype), 0.05, False)
+        assert cells.side.tolist() == [_near_limit(u, 1e6) for u in units]

@@ -291,3 +291,38 @@ def test_a_release_records_its_sampler_in_the_ledger_and_the_output(tmp_path, sa
     (charge,) = ledger.charges()
     assert charge["state"] == "committed"
     assert ledger.account("census_adult").spent == plan_release(spec, accountant="pure_dp").charge() == 1
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_nothing_selected_publishes_an_empty_aggregate_with_every_sampler(tmp_path, sampler, xy_spec):
+    """A count under partition selection whose only key is not selected publishes no row with every sampler, and
+    every step draws an empty array when asked for zero values."""
+    if sampler == "opendp":
+        pytest.importorskip("opendp")
+    spec = xy_spec("count", selection=True, sampler=sampler).model_copy(update={"budget_account": "census_adult"})
+    ledger = make_ledger(tmp_path / "ledger.db", cap="100", accountant="approx_dp")
+    key = ReleaseKey("adult_census_release", "r", "t", -1, spec.release)
+    output = run_release(spec, {"agg": [{"x": 0, "y": "a", "count": 1}]}, ledger, key, spec_hash="0" * 64).output
+    assert output["aggregates"]["agg"]["rows"] == []
+    assert all(step.draw(0).shape == (0,) for step in plan_release(spec, "approx_dp").steps)
+
+
+@pytest.mark.parametrize("mechanism", ["discrete_laplace", "discrete_gaussian"])
+def test_opendp_scales_are_never_below_the_plan(mechanism, xy_spec):
+    """For every step of an opendp plan (selection included), the float OpenDP draws with is at least the planned
+    scale (Laplace b >= t; Gaussian sigma^2 >= planned sigma^2), at most one ulp above it, and is the one the
+    ledger description records."""
+    pytest.importorskip("opendp")
+    document = xy_spec("sum", selection=True, sampler="opendp").model_dump(mode="json")
+    aggregate = document["aggregates"][0]
+    aggregate["mechanism"] = mechanism
+    aggregate["budget"] = {"epsilon": 1} if mechanism == "discrete_laplace" else {"epsilon": 1, "delta": 1e-7}
+    aggregate["partition_selection"]["mechanism"] = mechanism
+    spec = ReleaseSpec.model_validate(document)
+    for step in plan_release(spec, "approx_dp").steps:
+        scale = step.opendp_scale
+        exact = Fraction(scale) if step.mechanism == "discrete_laplace" else Fraction(scale) ** 2
+        assert exact >= step.scale
+        below = math.nextafter(scale, 0.0)
+        assert (Fraction(below) if step.mechanism == "discrete_laplace" else Fraction(below) ** 2) < step.scale
+        assert step.describe()["opendp_scale_grid_units"] == scale
