@@ -112,3 +112,41 @@ def test_submodules_still_import_from_the_package_and_unknown_names_fail():
     assert schema.__name__ == "dp_operators.ledger.schema"
     with pytest.raises(AttributeError, match="no attribute 'Ledgr'"):
         dp_operators.ledger.Ledgr  # noqa: B018
+
+
+#: What only the dashboard needs: a task process never serves it.
+DASHBOARD = ("dp_operators.dashboard.app", "dp_operators.dashboard.pages", "dp_operators.dashboard.charts",
+             "dp_operators.dashboard.queries", "dp_operators.dashboard.audit_status", "fastapi", "starlette",
+             "plotly")
+
+
+def task_process(*options: str) -> dict:
+    """The modules a fresh task process loads, and its CPU seconds, from ``tests/task_process_probe.py``."""
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "task_process_probe.py"), *options], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def dashboard_modules(modules: list[str]) -> list[str]:
+    return sorted(name for name in modules if name.split(".")[0] in DASHBOARD or name.startswith(DASHBOARD))
+
+
+def test_a_task_process_running_a_release_loads_none_of_the_dashboard():
+    """Loading Airflow's plugins as the task runner does, then executing a release, imports the dashboard plugin's
+    small module but not the dashboard app, FastAPI, Starlette or plotly."""
+    modules = task_process()["modules"]
+    assert "dp_operators.dashboard.plugin" in modules and "dp_operators.operators.release" in modules
+    assert dashboard_modules(modules) == []
+
+
+def test_the_api_server_still_gets_the_dashboard_app():
+    """Control: reading the plugin's ``fastapi_apps`` (what the api-server does) builds the app, so the probe sees
+    the dashboard's modules when they are loaded."""
+    setup = """from airflow.sdk.plugins_manager import integrate_macros_plugins
+    integrate_macros_plugins()
+    from dp_operators.dashboard.plugin import DPBudgetDashboardPlugin, URL_PREFIX
+    (app,) = DPBudgetDashboardPlugin().fastapi_apps
+    assert app["url_prefix"] == URL_PREFIX and DPBudgetDashboardPlugin.fastapi_apps[0] is app"""
+    found = dashboard_modules(list(loaded_modules(setup)))
+    assert "dp_operators.dashboard.app" in found and "fastapi" in found

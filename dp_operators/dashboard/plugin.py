@@ -15,30 +15,44 @@ What it adds (https://airflow.apache.org/docs/apache-airflow/stable/administrati
   a "Privacy budget" tab on every DAG run (destination ``dag_run``; the UI fills ``{DAG_ID}`` and ``{RUN_ID}``,
   percent-encoded) showing that run's charges. The hrefs are absolute paths, so the api-server must be served at
   the root of its host (``[api] base_url`` without a path).
+
+Airflow's plugin manager also imports this module in every task process (the ``airflow.plugins`` entry point is
+loaded there for macros and listeners). A task never serves the dashboard, so the module imports nothing of it:
+the app (FastAPI, plotly, the ledger queries) is built on the first read of ``fastapi_apps``, which only the
+api-server does. ``tests/test_lazy_imports.py`` checks what loading the plugins imports.
 """
 
 from __future__ import annotations
 
-from airflow.plugins_manager import AirflowPlugin
+from typing import Any
 
-from dp_operators.dashboard.app import create_app
+from airflow.sdk.plugins_manager import AirflowPlugin
 
 #: Where the api-server mounts the dashboard app.
 URL_PREFIX = "/dp-budget"
 PLUGIN_NAME = "dp_budget_dashboard"
 
 
+class _DashboardApps:
+    """The plugin's ``fastapi_apps``: built on first access (from the class or an instance) and kept, so the
+    api-server mounts one app and a task process, which never reads it, imports none of the dashboard."""
+
+    def __init__(self) -> None:
+        self._apps: list[dict[str, Any]] | None = None
+
+    def __get__(self, instance: object, owner: type | None = None) -> list[dict[str, Any]]:
+        if self._apps is None:
+            from dp_operators.dashboard.app import create_app
+
+            self._apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "DP budget dashboard"}]
+        return self._apps
+
+
 class DPBudgetDashboardPlugin(AirflowPlugin):
     """The budget dashboard: a read-only FastAPI app plus its navigation entry and DAG-run tab."""
 
     name = PLUGIN_NAME
-    fastapi_apps = [
-        {
-            "app": create_app(),
-            "url_prefix": URL_PREFIX,
-            "name": "DP budget dashboard",
-        }
-    ]
+    fastapi_apps = _DashboardApps()
     external_views = [
         {
             "name": "Privacy budget",
