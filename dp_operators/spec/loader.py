@@ -65,7 +65,7 @@ def parse_spec(text: str, *, source: str = "<string>") -> ReleaseSpec:
         for problem in error.errors():
             message = problem["msg"].removeprefix("Value error, ")
             if problem["type"] == "extra_forbidden":
-                message = "unknown field (check the spelling; see the spec reference in README.md)"
+                message = "unknown field (check the spelling; see docs/spec-reference.md)"
             lines.append(f"  {_field_path(problem['loc'], document)}: {message}")
         raise SpecError("\n".join(lines)) from None
 

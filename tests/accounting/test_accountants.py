@@ -50,7 +50,7 @@ def admitted(tmp_path, name: str, accountant: str, loss_for_release, **cap) -> i
 
 
 def test_accountant_comparison_gaussian_dp_22_zcdp_19_basic_composition_3(tmp_path):
-    """(epsilon=1, delta=1e-6), sensitivity-1 Gaussian releases with sigma=20 (the README table)."""
+    """(epsilon=1, delta=1e-6), sensitivity-1 Gaussian releases with sigma=20 (the table in docs/ledger.md)."""
     assert admitted(tmp_path, "gdp", "gaussian_dp", GAUSSIAN, epsilon=1, delta=DELTA) == 22
     assert admitted(tmp_path, "zcdp", "zcdp", GAUSSIAN, epsilon=1, delta=DELTA) == 19
     # basic composition of classically calibrated (epsilon_i, delta/k) charges; k = 3 is the best split

@@ -37,7 +37,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update"]
 VIEWPORT = {"width": 1200, "height": 800}
-#: Full-page PNGs of each page, overwritten by every run (git-ignored; the README's pictures are taken from here).
+#: Full-page PNGs of each page, overwritten by every run (git-ignored; docs/images/ holds copies).
 SCREENSHOTS = REPO / "screenshots"
 PUMS_CSV = SHARED_DATA / "pums_california_demographics_1000.csv"
 

@@ -126,8 +126,8 @@ def open_page(tab, path: str, server: DashboardServer, *, charts: list[str]) -> 
 
 
 def screenshot(tab, name: str, focus: str | None = None) -> None:
-    """The whole page, and one screen of it (from the element ``focus`` if given): the README's
-    pictures are copies of the ``-small`` ones."""
+    """The whole page, and one screen of it (from the element ``focus`` if given): docs/images/
+    holds copies of the ``-small`` ones."""
     tab.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
     if focus is not None:
         tab.locator(focus).first.scroll_into_view_if_needed()

@@ -1,5 +1,5 @@
-"""README "Using the operator" > Lineage: 'the release operators report the input (the reference's files,
-or the SQL connection's tables ...)'. The README's first source row is a task returning a URI (aggregates_task_id);
+"""docs/operators.md, "Lineage": 'the release operators report the input (the reference's files,
+or the SQL connection's tables ...)'. Its first source row is a task returning a URI (aggregates_task_id);
 lineage.py reads only ``aggregates_uri`` and ``queries``, so that input is never reported."""
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def test_a_group_by_column_named_value_keeps_its_key(env, tmp_path):
 # -- the SQL sink's table is checked for existence only -----------------------------------------------------------
 
 def test_an_existing_table_of_another_shape_is_refused_before_the_charge(env, tmp_path, monkeypatch):
-    """README: 'Before anything is reserved the operator checks that ... the SQL sink's table exists or can be
+    """docs/operators.md: 'Before anything is reserved the operator checks that ... the SQL sink's table exists or can be
     created.' ``prepare()`` checks only that a table of that name exists (``create_all(checkfirst=True)``). A table
     of the same name with another shape (an older dp_operators schema, a teammate's table) passes the check; the
     release is charged and committed, then every try fails to insert."""
@@ -169,7 +169,7 @@ def test_an_existing_table_of_another_shape_is_refused_before_the_charge(env, tm
 # -- the exact, data-derived diagnostics report published next to the release -------------------------------------
 
 def test_a_diagnostics_report_is_never_written_into_the_published_folder(env, tmp_path):
-    """``diagnostics_uri`` holds exact, data-derived counts (not DP): README and ADR 0016 say to keep it with the true
+    """``diagnostics_uri`` holds exact, data-derived counts (not DP): docs/operators.md and ADR 0016 say to keep it with the true
     aggregates. Nothing stops ``diagnostics_uri == output_uri`` (an easy copy-paste in a DAG, or one templated
     variable for both): the report is then written into the public release folder beside release.json, at
     ``<release>/<dag>/<run>/release~diagnostics.json``, where every reader of the releases finds it (and

@@ -2,7 +2,7 @@
 
 The bug: ``max_contributions_per_partition: 1e300`` validated, then planning raised a raw ZeroDivisionError or
 OverflowError, or ran for minutes; the same for ``max_partitions_contributed``. The limits and why they hold are in
-README.md ("Numeric limits"); the expected sensitivities below are worked out by hand from
+docs/spec-reference.md ("Numeric limits"); the expected sensitivities below are worked out by hand from
 Linf = ceil(max_contributions_per_partition * D / grid) (D = max(|lower|, |upper|) for a sum, half the width of the
 bounds for the centred sum of a mean or variance, its square for the sum of squares; docs/adr/0010).
 """
