@@ -13,7 +13,9 @@ An account has one accountant, fixed at creation:
 * ``gaussian_dp`` — mu-Gaussian DP for Gaussian-only accounts, composition by adding mu^2 (Dong, Roth & Su 2019),
   reported as epsilon at the account's delta with their exact conversion.
 
-See :mod:`dp_operators.accounting.accountants` for what each accepts.
+See :mod:`dp_operators.accounting.accountants` for what each accepts. Budget numbers are read once, where they enter
+the project, into the typed values of :mod:`dp_operators.accounting.values` (:class:`Epsilon`, :class:`Rho`,
+:class:`Delta`, ...; docs/adr/0028).
 """
 
 from __future__ import annotations
@@ -40,13 +42,17 @@ from dp_operators.accounting.accountants import (
 from dp_operators.accounting.conversions import largest_epsilon_within_rho, pure_epsilon_to_rho
 from dp_operators.accounting.discrete_laplace_renyi import discrete_laplace_rho
 from dp_operators.accounting.gaussian_dp import gdp_delta, gdp_epsilon, gdp_mu_squared_for_approx_dp
+from dp_operators.accounting.values import Delta, Epsilon, Grid, NoiseScale, PositiveRational, Rho, Sensitivity
 
 __all__ = [
     "ACCOUNTANTS",
     "MAX_DENOMINATOR",
     "Charge",
+    "Delta",
     "DiscreteLaplaceNoise",
+    "Epsilon",
     "GaussianNoise",
+    "Grid",
     "IncompatibleAccountantError",
     "PrivacyLoss",
     "account_charge",
@@ -58,9 +64,13 @@ __all__ = [
     "gdp_epsilon",
     "gdp_mu_squared_for_approx_dp",
     "largest_epsilon_within_rho",
+    "NoiseScale",
+    "PositiveRational",
     "pure_epsilon_to_rho",
     "exact_number",
+    "Rho",
     "round_down",
     "round_up",
+    "Sensitivity",
     "unit_of",
 ]

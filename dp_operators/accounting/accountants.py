@@ -38,6 +38,7 @@ from fractions import Fraction
 from dp_operators.accounting.budget import PrivacyLoss, round_up
 from dp_operators.accounting.conversions import pure_epsilon_to_rho
 from dp_operators.accounting.discrete_laplace_renyi import discrete_laplace_rho
+from dp_operators.accounting.values import Delta, Rho
 
 #: accountant name -> the unit its caps, charges and running totals are kept in
 ACCOUNTANTS: dict[str, str] = {
@@ -109,7 +110,7 @@ def charge_in_account_unit(loss: PrivacyLoss, accountant: str) -> Fraction:
             )
         from dp_operators.mechanisms.calibration import rho_to_epsilon
 
-        return round_up(Fraction(rho_to_epsilon(loss.amount, loss.delta)))
+        return round_up(Fraction(rho_to_epsilon(Rho.of(loss.amount), Delta.of(loss.delta))))
     if loss.unit == "epsilon" and loss.delta > 0:
         raise IncompatibleAccountantError(
             f"an approximate ({_describe(loss)}) guarantee cannot be charged to a {accountant!r} account: it implies "
@@ -169,7 +170,7 @@ def epsilon_at_delta(amount: Fraction, accountant: str, delta: Fraction | None) 
         return gdp_epsilon(amount, delta)
     from dp_operators.mechanisms.calibration import rho_to_epsilon
 
-    return rho_to_epsilon(amount, delta)
+    return rho_to_epsilon(Rho.of(amount, "amount"), Delta.of(delta))
 
 
 def _describe(loss: PrivacyLoss) -> str:

@@ -62,6 +62,12 @@ def exact_number(value: object, *, name: str = "value") -> Fraction:
     raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r}")
 
 
+def _exact(value: object, name: str) -> Fraction:
+    """``value`` when it is a ``Fraction`` already (the engine's typed values are: docs/adr/0028), else
+    :func:`exact_number` of it: the same number, without reading an exact value again."""
+    return value if isinstance(value, Fraction) else exact_number(value, name=name)
+
+
 def round_up(value: Fraction, max_denominator: int = MAX_DENOMINATOR) -> Fraction:
     """Return ``value`` unchanged if its denominator is at most ``max_denominator``, else the smallest multiple of
     ``1/max_denominator`` above it (charges are rounded up)."""
@@ -101,7 +107,7 @@ class GaussianNoise:
 
     def __post_init__(self) -> None:
         for name in ("sigma2", "l2_sensitivity_squared"):
-            value = exact_number(getattr(self, name), name=name)
+            value = _exact(getattr(self, name), name)
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
             object.__setattr__(self, name, value)
@@ -129,7 +135,7 @@ class DiscreteLaplaceNoise:
     shifts: tuple[tuple[int, int], ...]
 
     def __post_init__(self) -> None:
-        scale = exact_number(self.scale, name="scale")
+        scale = _exact(self.scale, "scale")
         if scale <= 0:
             raise ValueError(f"scale must be > 0, got {scale}")
         object.__setattr__(self, "scale", scale)
@@ -177,7 +183,7 @@ class PrivacyLoss:
             raise ValueError(f"unknown privacy-loss unit {self.unit!r}; expected 'epsilon' or 'rho'")
         if self.amount <= 0:
             raise ValueError(f"{self.unit} must be > 0, got {self.amount}")
-        delta = exact_number(self.delta, name="delta")
+        delta = _exact(self.delta, "delta")
         if not 0 <= delta < 1:
             raise ValueError(f"delta must be in [0, 1), got {self.delta}")
         object.__setattr__(self, "delta", delta)

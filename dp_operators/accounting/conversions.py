@@ -63,6 +63,7 @@ from mpmath import libmp
 from mpmath.ctx_iv import MPIntervalContext
 
 from dp_operators.accounting.budget import MAX_DENOMINATOR, exact_number, round_up
+from dp_operators.accounting.values import PositiveRational
 
 __all__ = ["largest_epsilon_within_rho", "pure_epsilon_to_rho"]
 
@@ -76,6 +77,10 @@ _BISECTION_STEPS = 200
 
 
 def _positive(value: object, name: str) -> Fraction:
+    """``value`` read and checked > 0; a typed :class:`~dp_operators.accounting.values.PositiveRational` (an
+    :class:`Epsilon`, a :class:`Rho`) was checked when it was made and is taken as it is (docs/adr/0028)."""
+    if isinstance(value, PositiveRational):
+        return value
     number = exact_number(value, name=name)
     if number <= 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")

@@ -1,18 +1,25 @@
 """Calibration between privacy budgets and noise scales, exact wherever the math is rational.
 
-Inputs may be ints, ``Fraction``/``Decimal`` or finite floats; a float is read as the decimal it was typed as
-(``0.1`` is 1/10), as everywhere in the project (:func:`dp_operators.accounting.exact_number`).
+Inputs are the typed values of :mod:`dp_operators.accounting.values` (:class:`~dp_operators.accounting.Epsilon`,
+:class:`~dp_operators.accounting.Rho`, :class:`~dp_operators.accounting.Delta`, :class:`~dp_operators.accounting.
+Sensitivity`, :class:`~dp_operators.accounting.NoiseScale`), taken as they are: the engine reads each budget once, at
+the spec (docs/adr/0028). A direct caller may pass ints, ``Fraction``/``Decimal`` or finite floats instead; they are
+read here, a float as the decimal it was typed as (``0.1`` is 1/10), as everywhere in the project
+(:func:`dp_operators.accounting.exact_number`). Results are typed too: a scale is a ``NoiseScale``, a calibrated
+budget an ``Epsilon`` or a ``Rho``.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
 
 from dp_operators.accounting.conversions import largest_epsilon_within_rho, pure_epsilon_to_rho
-from dp_operators.mechanisms._rational import as_open_unit_interval, as_positive_rational
+from dp_operators.accounting.values import Delta, Epsilon, NoiseScale, Rho, Sensitivity
+from dp_operators.mechanisms._rational import as_open_unit_interval, as_positive_rational, as_typed
 
 __all__ = [
     "discrete_gaussian_sigma2",
@@ -30,7 +37,7 @@ __all__ = [
 ]
 
 
-def discrete_laplace_scale(l1_sensitivity: Fraction | int, epsilon: Fraction | int) -> Fraction:
+def discrete_laplace_scale(l1_sensitivity: Sensitivity | int, epsilon: Epsilon | Fraction | int) -> NoiseScale:
     """Scale of discrete Laplace noise that makes a query with the given L1 sensitivity epsilon-DP (pure).
 
     Returns ``l1_sensitivity / epsilon`` exactly, in the units of the query (e.g. people). Both arguments must be
@@ -39,10 +46,11 @@ def discrete_laplace_scale(l1_sensitivity: Fraction | int, epsilon: Fraction | i
     Source: Canonne, Kamath, Steinke 2020, Section 2 (discrete Laplace: Lap_Z(t) is (Delta/t)-DP for sensitivity
     Delta); Ghosh, Roughgarden, Sundararajan 2009 (geometric mechanism).
     """
-    return as_positive_rational(l1_sensitivity, "l1_sensitivity") / as_positive_rational(epsilon, "epsilon")
+    l1 = as_typed(Sensitivity, l1_sensitivity, "l1_sensitivity")
+    return NoiseScale(l1 / as_typed(Epsilon, epsilon, "epsilon"))
 
 
-def discrete_gaussian_sigma2(l2_sensitivity_squared: Fraction | int, rho: Fraction | int) -> Fraction:
+def discrete_gaussian_sigma2(l2_sensitivity_squared: Sensitivity | int, rho: Rho | Fraction | int) -> NoiseScale:
     """sigma^2 of discrete Gaussian noise that makes a query rho-zCDP.
 
     Returns ``l2_sensitivity_squared / (2 rho)`` exactly, in squared query units. The squared sensitivity is asked
@@ -51,8 +59,8 @@ def discrete_gaussian_sigma2(l2_sensitivity_squared: Fraction | int, rho: Fracti
 
     Source: Canonne, Kamath, Steinke 2020, Theorem 14 (N_Z(0, sigma^2) is Delta^2/(2 sigma^2)-zCDP).
     """
-    l2_squared = as_positive_rational(l2_sensitivity_squared, "l2_sensitivity_squared")
-    return l2_squared / (2 * as_positive_rational(rho, "rho"))
+    l2_squared = as_typed(Sensitivity, l2_sensitivity_squared, "l2_sensitivity_squared")
+    return NoiseScale(l2_squared / (2 * as_typed(Rho, rho, "rho")), name="sigma2")
 
 
 # log(alpha - 1) is searched over this range: the optimum is near log(sqrt(ln(1/delta)/rho)), which stays inside
@@ -81,7 +89,7 @@ def _log_inverse(delta: Fraction) -> float:
     return k * math.log(2) - math.log(float(delta * 2**k))
 
 
-def rho_to_epsilon(rho: Fraction | int | float, delta: Fraction | float) -> float:
+def rho_to_epsilon(rho: Rho | Fraction | int | float, delta: Delta | Fraction | float) -> float:
     """Smallest epsilon for which rho-zCDP implies (epsilon, delta)-DP, by the tight CKS 2020 conversion.
 
     epsilon = inf over alpha > 1 of
@@ -102,11 +110,19 @@ def rho_to_epsilon(rho: Fraction | int | float, delta: Fraction | float) -> floa
 
     Source: Canonne, Kamath, Steinke 2020, Corollary 13; Bun & Steinke 2016, Proposition 1.3 (the looser bound).
     """
-    rho_q = as_positive_rational(rho, "rho")
-    rho_f = float(rho_q)
-    if rho_f < rho_q:  # rounding rho down would under-report epsilon
-        rho_f = math.nextafter(rho_f, math.inf)
-    log_inv_delta = _log_inverse(as_open_unit_interval(delta, "delta"))
+    rho_f = _float_not_below(as_typed(Rho, rho, "rho"))
+    return _cks_epsilon(rho_f, _log_inverse(as_typed(Delta, delta, "delta")))
+
+
+def _float_not_below(value: Fraction) -> float:
+    """The float nearest ``value``, or the next one up if that is below it (rounding rho down would under-report
+    epsilon)."""
+    rounded = float(value)
+    return math.nextafter(rounded, math.inf) if rounded < value else rounded
+
+
+def _cks_epsilon(rho_f: float, log_inv_delta: float) -> float:
+    """:func:`rho_to_epsilon` of a float rho (already rounded up) and ln(1/delta) (:func:`_log_inverse`)."""
 
     def bound(x: float) -> float:
         return math.fsum(_cks_epsilon_terms(x, rho_f, log_inv_delta))
@@ -141,7 +157,7 @@ def rho_to_epsilon(rho: Fraction | int | float, delta: Fraction | float) -> floa
 
 
 @lru_cache(maxsize=256)  # the components of a mean or variance share one (epsilon, delta): about 50 ms each
-def rho_for_approx_dp(epsilon: Fraction | int | float, delta: Fraction | float) -> Fraction:
+def rho_for_approx_dp(epsilon: Epsilon | Fraction | int | float, delta: Delta | Fraction | float) -> Rho:
     """The largest rho (a decimal with 12 significant digits, rounded down) such that rho-zCDP implies
     (epsilon, delta)-DP by :func:`rho_to_epsilon`.
 
@@ -153,23 +169,26 @@ def rho_for_approx_dp(epsilon: Fraction | int | float, delta: Fraction | float) 
 
     Source: Canonne, Kamath, Steinke 2020, Corollary 13 (monotone in rho, so a bisection finds the inverse).
     """
-    epsilon_f = float(as_positive_rational(epsilon, "epsilon"))
-    delta_q = as_open_unit_interval(delta, "delta")
+    epsilon_f = float(as_typed(Epsilon, epsilon, "epsilon"))
+    delta_q = as_typed(Delta, delta, "delta")
+    log_inv_delta = _log_inverse(delta_q)  # once, not at every probe
     low, high = 0.0, epsilon_f  # rho = epsilon already gives rho_to_epsilon(rho) > epsilon for any delta < 1
     for _ in range(200):
         middle = (low + high) / 2
         if middle <= low or middle >= high:
             break
-        if rho_to_epsilon(middle, delta_q) <= epsilon_f:
+        # a probe is the decimal its float prints as, as rho_to_epsilon reads a float (the search's path, and so
+        # its result, stay what they were when each probe went through rho_to_epsilon)
+        if _cks_epsilon(_float_not_below(Fraction(Decimal(repr(middle)))), log_inv_delta) <= epsilon_f:
             low = middle
         else:
             high = middle
     if low == 0.0:
         raise ValueError(f"no rho > 0 reaches epsilon={epsilon} at delta={delta}")
     exponent = math.floor(math.log10(low)) - 11
-    rho = Fraction(math.floor(Fraction(low) / Fraction(10) ** exponent)) * Fraction(10) ** exponent
+    rho = Rho(Fraction(math.floor(Fraction(low) / Fraction(10) ** exponent)) * Fraction(10) ** exponent)
     while rho_to_epsilon(rho, delta_q) > epsilon_f:  # guard the float round trip
-        rho -= Fraction(10) ** exponent
+        rho = Rho(rho - Fraction(10) ** exponent)
     return rho
 
 
@@ -308,19 +327,19 @@ def discrete_gaussian_sigma2_for_approx_dp(
     """
     from dp_operators.mechanisms.privacy_profile import analytic_gaussian_sigma, discrete_gaussian_delta
 
-    epsilon_q = as_positive_rational(epsilon, "epsilon")
-    delta_q = as_open_unit_interval(delta, "delta")
+    epsilon_q = as_typed(Epsilon, epsilon, "epsilon")
+    delta_q = as_typed(Delta, delta, "delta")
     for name, value in (("linf", linf), ("l0", l0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     l2_squared = l0 * linf * linf
-    by_zcdp = _round_up_decimal(Fraction(l2_squared) / (2 * rho_for_approx_dp(epsilon_q, delta_q)))
+    by_zcdp = NoiseScale(_round_up_decimal(Fraction(l2_squared) / (2 * rho_for_approx_dp(epsilon_q, delta_q))))
     target = float(delta_q)
     if Fraction(target) > delta_q:  # compare with a float that is not above delta
         target = math.nextafter(target, 0.0)
 
-    def candidate(sigma: float) -> Fraction:
-        return _round_up_decimal(Fraction(sigma) ** 2)
+    def candidate(sigma: float) -> NoiseScale:
+        return NoiseScale(_round_up_decimal(Fraction(sigma) ** 2), name="sigma2")
 
     def check(sigma2: Fraction) -> tuple[bool, float]:
         """(delta(sigma2) <= target, ln(delta / target)): validity from the exact comparison, the logarithm (the
@@ -399,7 +418,7 @@ def _largest_scale_within(half_width: float, accuracy, start: float) -> float:
     return low
 
 
-def epsilon_for_discrete_laplace_accuracy(half_width: float, alpha: float, l1_sensitivity: Fraction | int) -> Fraction:
+def epsilon_for_discrete_laplace_accuracy(half_width: float, alpha: float, l1_sensitivity: Sensitivity | int) -> Epsilon:
     """The smallest epsilon (12 significant digits, rounded up) whose discrete Laplace noise, for a query of the
     given L1 sensitivity, has a (1 - alpha) half-width of at most ``half_width`` (same units, e.g. grid steps).
 
@@ -411,17 +430,17 @@ def epsilon_for_discrete_laplace_accuracy(half_width: float, alpha: float, l1_se
 
     half_width_f = float(as_positive_rational(half_width, "half_width"))
     as_open_unit_interval(alpha, "alpha")
-    l1 = as_positive_rational(l1_sensitivity, "l1_sensitivity")
+    l1 = as_typed(Sensitivity, l1_sensitivity, "l1_sensitivity")
     scale = _largest_scale_within(half_width_f, lambda s: discrete_laplace_accuracy(s, alpha), half_width_f)
     epsilon = _round_up_decimal(l1 / Fraction(scale))
     while discrete_laplace_accuracy(l1 / epsilon, alpha) > half_width_f:
         epsilon = _round_up_decimal(epsilon * (1 + Fraction(1, 10**10)))
-    return epsilon
+    return Epsilon(epsilon)
 
 
 def rho_for_discrete_gaussian_accuracy(
-    half_width: float, alpha: float, l2_sensitivity_squared: Fraction | int
-) -> Fraction:
+    half_width: float, alpha: float, l2_sensitivity_squared: Sensitivity | int
+) -> Rho:
     """The smallest rho (12 significant digits, rounded up) whose discrete Gaussian noise N_Z(0, D^2/(2 rho)) has
     a (1 - alpha) half-width of at most ``half_width`` grid units.
 
@@ -433,17 +452,17 @@ def rho_for_discrete_gaussian_accuracy(
 
     half_width_f = float(as_positive_rational(half_width, "half_width"))
     as_open_unit_interval(alpha, "alpha")
-    l2_squared = as_positive_rational(l2_sensitivity_squared, "l2_sensitivity_squared")
+    l2_squared = as_typed(Sensitivity, l2_sensitivity_squared, "l2_sensitivity_squared")
     sigma2 = _largest_scale_within(half_width_f, lambda s2: discrete_gaussian_accuracy(s2, alpha), half_width_f**2)
     rho = _round_up_decimal(l2_squared / (2 * Fraction(sigma2)))
     while discrete_gaussian_accuracy(l2_squared / (2 * rho), alpha) > half_width_f:
         rho = _round_up_decimal(rho * (1 + Fraction(1, 10**10)))
-    return rho
+    return Rho(rho)
 
 
 def epsilon_for_discrete_gaussian_accuracy(
-    half_width: float, alpha: float, delta: Fraction | float, *, linf: int = 1, l0: int = 1
-) -> Fraction:
+    half_width: float, alpha: float, delta: Delta | Fraction | float, *, linf: int = 1, l0: int = 1
+) -> Epsilon:
     """The smallest epsilon (12 significant digits, rounded up) such that a discrete Gaussian calibrated by
     :func:`discrete_gaussian_sigma2_for_approx_dp` to (epsilon, delta) has a (1 - alpha) half-width of at most
     ``half_width`` grid units.
@@ -455,10 +474,11 @@ def epsilon_for_discrete_gaussian_accuracy(
 
     half_width_f = float(as_positive_rational(half_width, "half_width"))
     as_open_unit_interval(alpha, "alpha")
-    delta_q = as_open_unit_interval(delta, "delta")
+    delta_q = as_typed(Delta, delta, "delta")
 
     def accuracy(epsilon: Fraction) -> int:
-        return discrete_gaussian_accuracy(discrete_gaussian_sigma2_for_approx_dp(epsilon, delta_q, linf=linf, l0=l0), alpha)
+        sigma2 = discrete_gaussian_sigma2_for_approx_dp(Epsilon(epsilon), delta_q, linf=linf, l0=l0)
+        return discrete_gaussian_accuracy(sigma2, alpha)
 
     low, high = Fraction(0), Fraction(1)
     while accuracy(high) > half_width_f:
@@ -471,10 +491,10 @@ def epsilon_for_discrete_gaussian_accuracy(
             high = middle
         else:
             low = middle
-    return high
+    return Epsilon(high)
 
 
-def epsilon_for_rho(rho: Fraction | int) -> Fraction:
+def epsilon_for_rho(rho: Rho | Fraction | int) -> Epsilon:
     """The largest epsilon (12 significant digits, rounded down) whose pure-DP charge on a zCDP account,
     :func:`pure_epsilon_to_rho` (epsilon) = epsilon * tanh(epsilon / 2) rounded up, is at most ``rho``: a pure
     epsilon-DP mechanism at this epsilon fits a rho-zCDP budget. The exact inverse of the charge
@@ -483,7 +503,7 @@ def epsilon_for_rho(rho: Fraction | int) -> Fraction:
     Raises:
         ValueError: rho not positive finite (or below the ledger's resolution, about 1e-18).
     """
-    return largest_epsilon_within_rho(as_positive_rational(rho, "rho"))
+    return Epsilon(largest_epsilon_within_rho(as_typed(Rho, rho, "rho")))
 
 
 # -- partition selection: thresholds ------------------------------------------------------------------------------
@@ -501,7 +521,9 @@ def _discrete_laplace_upper_tail(k: int, scale: float) -> float:
     return math.exp(-k / scale) / (1 + math.exp(-1 / scale))
 
 
-def discrete_laplace_threshold(scale: Fraction | int, delta: Fraction | float, *, l0: int = 1) -> tuple[int, Fraction]:
+def discrete_laplace_threshold(
+    scale: NoiseScale | Fraction | int, delta: Delta | Fraction | float, *, l0: int = 1
+) -> tuple[int, Fraction]:
     """Threshold for partition selection with discrete Laplace noise of scale t on counts of privacy units.
 
     A key is released iff its noised count is ``>= threshold`` (an integer, the real threshold rounded up). A key
@@ -513,8 +535,8 @@ def discrete_laplace_threshold(scale: Fraction | int, delta: Fraction | float, *
     Raises ValueError for a bad scale, delta or l0. Source: Korolova et al. 2009; Wilson et al., "Differentially
     Private SQL with Bounded User Contribution" (PoPETs 2020), Section 4.
     """
-    scale_f = float(as_positive_rational(scale, "scale"))
-    delta_q = as_open_unit_interval(delta, "delta")
+    scale_f = float(as_typed(NoiseScale, scale, "scale"))
+    delta_q = as_typed(Delta, delta, "delta")
     target = float(delta_q) * (1 - 1e-9)  # margin for the float evaluation
     per_key = -math.expm1(math.log1p(-target) / l0)
     k = max(1, math.ceil(-scale_f * math.log(per_key * (1 + math.exp(-1 / scale_f)))))
@@ -526,7 +548,9 @@ def discrete_laplace_threshold(scale: Fraction | int, delta: Fraction | float, *
     return k + 1, min(spent, delta_q)
 
 
-def discrete_gaussian_threshold(sigma2: Fraction | int, delta: Fraction | float, *, l0: int = 1) -> tuple[int, Fraction]:
+def discrete_gaussian_threshold(
+    sigma2: NoiseScale | Fraction | int, delta: Delta | Fraction | float, *, l0: int = 1
+) -> tuple[int, Fraction]:
     """Threshold for partition selection with discrete Gaussian noise N_Z(0, sigma2) on counts of privacy units:
     as :func:`discrete_laplace_threshold`, with P(Y >= threshold - 1) from the discrete Gaussian's exact tail.
 
@@ -538,8 +562,8 @@ def discrete_gaussian_threshold(sigma2: Fraction | int, delta: Fraction | float,
     """
     from dp_operators.mechanisms.accuracy import discrete_gaussian_upper_tail
 
-    sigma2_q = as_positive_rational(sigma2, "sigma2")
-    delta_q = as_open_unit_interval(delta, "delta")
+    sigma2_q = as_typed(NoiseScale, sigma2, "sigma2")
+    delta_q = as_typed(Delta, delta, "delta")
     target = float(delta_q) * (1 - 1e-9)
 
     def released(k: int) -> float:

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal, localcontext
 from fractions import Fraction
 
-from dp_operators.accounting import exact_number
 from dp_operators.release.errors import ReleaseConfigError
 from dp_operators.release.upstream_types import SATURATION
 from dp_operators.spec import Aggregate
@@ -182,7 +181,7 @@ def component_bound(aggregate: Aggregate, component: str, per_partition: int) ->
         )
     grid = aggregate.grid**power
     binary64 = upstream.arithmetic == "binary64"
-    lower, upper = (exact_number(b, name="bounds") for b in aggregate.bounds)  # type: ignore[union-attr]
+    lower, upper = aggregate.exact_bounds  # type: ignore[misc]
     if binary64:
         wide_lower, wide_upper = min(lower, _nearest_binary64(lower)), max(upper, _nearest_binary64(upper))
     else:

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from dp_operators.accounting import exact_number
 from dp_operators.release import columns
 from dp_operators.release.diagnostics import AggregateDiagnostics, DiagnosticsReport, InputProblem
 from dp_operators.release.errors import ReleaseInputError
@@ -164,7 +163,7 @@ def _partition_units(aggregate: Aggregate, total: Mapping[str, Fraction], seen: 
     if aggregate.kind == "sum":
         place("sum", total["sum"], aggregate.grid, None, None)
     elif aggregate.kind in ("mean", "variance"):
-        lower, upper = (exact_number(b, name="bounds") for b in aggregate.bounds)  # type: ignore[union-attr]
+        lower, upper = aggregate.exact_bounds  # type: ignore[misc]
         middle, half = (lower + upper) / 2, (upper - lower) / 2
         count = Fraction(out["count"])
         place("sum", total["sum"] - middle * count, aggregate.grid, -half * count, half * count)

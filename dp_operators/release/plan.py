@@ -6,6 +6,11 @@ add, for each of the P - L0 partitions the privacy unit does not touch, the allo
 summation order alone can move them (L1 += (P - L0) a, L2^2 += (P - L0) a^2; :class:`Shift`, docs/adr/0017);
 calibration follows docs/mechanisms.md and docs/adr/0010 to 0013 and 0017; ``auto`` chooses by the cost on the
 account it is charged to.
+
+Numbers arrive typed (docs/adr/0028): a spec's budgets are :class:`~dp_operators.accounting.Epsilon`,
+:class:`~dp_operators.accounting.Rho` and :class:`~dp_operators.accounting.Delta` values read once at load; the
+plan types what it derives (shares of a budget, sensitivities, scales) with the constructors' checks, and the
+calibration and accounting functions take those values as they are, without reading them again.
 """
 
 from __future__ import annotations
@@ -18,10 +23,15 @@ from typing import Any
 import numpy as np
 
 from dp_operators.accounting import (
+    Delta,
     DiscreteLaplaceNoise,
+    Epsilon,
     GaussianNoise,
     IncompatibleAccountantError,
+    NoiseScale,
     PrivacyLoss,
+    Rho,
+    Sensitivity,
     charge_in_account_unit,
     delta_in_account,
     unit_of,
@@ -107,7 +117,7 @@ class Shift:
         return self.linf, self.l0 + (self.untouched_partitions if self.untouched_allowance else 0)
 
 
-def discrete_gaussian_shift_delta(sigma2: Fraction, epsilon: Fraction, shift: Shift) -> float:
+def discrete_gaussian_shift_delta(sigma2: NoiseScale, epsilon: Epsilon, shift: Shift) -> float:
     """An upper bound of the (epsilon, delta) privacy profile of i.i.d. N_Z(0, sigma2) noise for neighbours within
     ``shift``: the exact profile for equal shifts, else that of the dominating equal shifts (:class:`Shift`)."""
     linf, l0 = shift.equal_shifts or shift.dominating_shifts
@@ -121,7 +131,7 @@ def discrete_gaussian_shift_delta(sigma2: Fraction, epsilon: Fraction, shift: Sh
 _DOMINATING_PROFILE_RATIO = 4
 
 
-def discrete_gaussian_sigma2_for_shift(epsilon: Fraction, delta: Fraction, shift: Shift) -> Fraction:
+def discrete_gaussian_sigma2_for_shift(epsilon: Epsilon, delta: Delta, shift: Shift) -> NoiseScale:
     """The smallest sigma^2 found for which i.i.d. N_Z(0, sigma^2) noise is (epsilon, delta)-DP for neighbours
     within ``shift``.
 
@@ -136,7 +146,8 @@ def discrete_gaussian_sigma2_for_shift(epsilon: Fraction, delta: Fraction, shift
     equal = shift.equal_shifts
     if equal is not None:
         return discrete_gaussian_sigma2_for_approx_dp(epsilon, delta, linf=equal[0], l0=equal[1])
-    by_zcdp = _round_up_significant(discrete_gaussian_sigma2(shift.l2_squared, rho_for_approx_dp(epsilon, delta)))
+    sigma2 = discrete_gaussian_sigma2(Sensitivity(shift.l2_squared), rho_for_approx_dp(epsilon, delta))
+    by_zcdp = NoiseScale(_round_up_significant(sigma2))
     linf, l0 = shift.dominating_shifts
     if l0 * linf * linf > _DOMINATING_PROFILE_RATIO * shift.l2_squared:
         return by_zcdp
@@ -183,7 +194,7 @@ class NoiseStep:
     budget: Budget
     linf: int
     l0: int
-    scale: Fraction
+    scale: NoiseScale
     grid: Fraction
     partitions: int | None
     noise_delta: Fraction = Fraction(0)
@@ -211,17 +222,17 @@ class NoiseStep:
         return self.shift.l2_squared
 
     @property
-    def epsilon(self) -> Fraction | None:
+    def epsilon(self) -> Epsilon | None:
         """The pure epsilon of a Laplace step (L1 / t, exact); the calibrated epsilon of an approximate Gaussian."""
         if self.mechanism == "discrete_laplace":
-            return Fraction(self.l1_sensitivity) / self.scale
+            return Epsilon(Fraction(self.l1_sensitivity) / self.scale)
         return self.budget.epsilon if self.budget.form == "epsilon_delta" else None
 
     @property
-    def rho(self) -> Fraction | None:
+    def rho(self) -> Rho | None:
         """The zCDP rho of a Gaussian step: L2^2 / (2 sigma^2), exact (CKS 2020, Theorem 14)."""
         if self.mechanism == "discrete_gaussian":
-            return Fraction(self.l2_sensitivity_squared) / (2 * self.scale)
+            return Rho(Fraction(self.l2_sensitivity_squared) / (2 * self.scale))
         return None
 
     @property
@@ -435,11 +446,18 @@ class ReleasePlan:
         return [s for s in self.steps if s.aggregate == aggregate]
 
 
+#: the typed value of each budget field
+_BUDGET_TYPES = {"epsilon": Epsilon, "rho": Rho, "delta": Delta}
+
+
 def _share(budget: Budget, parts: int) -> Budget:
-    """An equal share of ``budget`` for one of ``parts`` components (basic / zCDP composition)."""
+    """An equal share of ``budget`` for one of ``parts`` components (basic / zCDP composition), typed as the
+    budget's fields are (a share of a value in its range stays in it)."""
     if parts == 1:
         return budget
-    values = {name: getattr(budget, name) / parts for name in ("epsilon", "rho", "delta") if getattr(budget, name)}
+    values = {
+        name: kind(getattr(budget, name) / parts) for name, kind in _BUDGET_TYPES.items() if getattr(budget, name)
+    }
     return Budget.model_construct(**values)
 
 
@@ -448,7 +466,7 @@ class _Calibration:
     """One candidate mechanism with its scale, the budget it is calibrated to, and its noise profile's delta."""
 
     mechanism: str
-    scale: Fraction
+    scale: NoiseScale
     budget: Budget
     noise_delta: Fraction = Fraction(0)
 
@@ -469,8 +487,8 @@ class _Calibration:
             return None
 
 
-def _laplace(budget: Budget, epsilon: Fraction, shift: Shift) -> _Calibration:
-    return _Calibration("discrete_laplace", discrete_laplace_scale(shift.l1, epsilon), budget)
+def _laplace(budget: Budget, epsilon: Epsilon, shift: Shift) -> _Calibration:
+    return _Calibration("discrete_laplace", discrete_laplace_scale(Sensitivity(shift.l1), epsilon), budget)
 
 
 def _candidates(mechanism: str, budget: Budget, shift: Shift) -> list[_Calibration]:
@@ -481,9 +499,8 @@ def _candidates(mechanism: str, budget: Budget, shift: Shift) -> list[_Calibrati
         candidates.append(_laplace(budget, epsilon, shift))
     if mechanism in ("discrete_gaussian", "auto") and budget.form != "epsilon":
         if budget.form == "rho":
-            candidates.append(
-                _Calibration("discrete_gaussian", discrete_gaussian_sigma2(shift.l2_squared, budget.rho), budget)
-            )
+            sigma2 = discrete_gaussian_sigma2(Sensitivity(shift.l2_squared), budget.rho)
+            candidates.append(_Calibration("discrete_gaussian", sigma2, budget))
         else:
             sigma2 = discrete_gaussian_sigma2_for_shift(budget.epsilon, budget.delta, shift)
             candidates.append(_Calibration("discrete_gaussian", sigma2, budget, budget.delta))
@@ -497,14 +514,14 @@ _WRITTEN_IN_ACCOUNT_UNIT = {("pure_dp", "epsilon"), ("approx_dp", "epsilon"), ("
 _RECALIBRATION_STEPS = 100
 
 
-def _within_written(sigma2: Fraction, rho: Fraction, written: Budget, shift: Shift) -> bool:
+def _within_written(sigma2: NoiseScale, rho: Fraction, written: Budget, shift: Shift) -> bool:
     """True when discrete Gaussian noise of variance parameter ``sigma2`` (rho-zCDP) still meets the written
     ``{epsilon, delta}`` budget: by the CKS 2020 Cor. 13 conversion of rho, else by the exact privacy profile
     (CKS 2020 Thm 7; more noise is not always a smaller delta for sigma below about 1, so it is checked), of the
     dominating equal shifts for a heterogeneous ``shift`` (:func:`discrete_gaussian_shift_delta`)."""
     if written.form != "epsilon_delta":
         return True
-    if rho_to_epsilon(rho, written.delta) <= written.epsilon:
+    if rho_to_epsilon(Rho(rho), written.delta) <= written.epsilon:
         return True
     return discrete_gaussian_shift_delta(sigma2, written.epsilon, shift) <= written.delta
 
@@ -521,13 +538,14 @@ def _at_cost(candidate: _Calibration, cap: Fraction, accountant: str, shift: Shi
     """
     if unit_of(accountant) != "rho":
         return None
+    rho = Rho(cap)
     if candidate.mechanism == "discrete_gaussian":
-        sigma2 = discrete_gaussian_sigma2(shift.l2_squared, cap)
-        if not _within_written(sigma2, cap, candidate.budget, shift):
+        sigma2 = discrete_gaussian_sigma2(Sensitivity(shift.l2_squared), rho)
+        if not _within_written(sigma2, rho, candidate.budget, shift):
             return None
-        return _Calibration("discrete_gaussian", sigma2, Budget.model_construct(rho=cap))
+        return _Calibration("discrete_gaussian", sigma2, Budget.model_construct(rho=rho))
     try:
-        epsilon = epsilon_for_rho(cap)
+        epsilon = epsilon_for_rho(rho)
     except ValueError:  # a cap below the ledger's resolution: no Laplace fits it
         return None
     for _ in range(_RECALIBRATION_STEPS):  # the charge rounds up; step below it if that crosses the cap
@@ -535,7 +553,7 @@ def _at_cost(candidate: _Calibration, cap: Fraction, accountant: str, shift: Shi
         cost = recalibrated.cost(accountant, shift)
         if cost is not None and cost <= cap:
             return recalibrated
-        epsilon *= 1 - Fraction(1, 10**12)
+        epsilon = Epsilon(epsilon * (1 - Fraction(1, 10**12)))
     return None
 
 
@@ -595,14 +613,14 @@ def _selection_step(aggregate: Aggregate, l0: int) -> NoiseStep:
     """The partition-selection step: noised counts of privacy units (one per unit and partition, so linf = 1)."""
     selection = aggregate.partition_selection
     budget = selection.budget  # type: ignore[union-attr]
-    noise_delta = Fraction(0)
+    noise_delta: Fraction = Fraction(0)
     if selection.mechanism == "discrete_laplace":  # type: ignore[union-attr]
-        scale = discrete_laplace_scale(l0, budget.epsilon)
+        scale = discrete_laplace_scale(Sensitivity(l0), budget.epsilon)
         threshold, threshold_delta = discrete_laplace_threshold(scale, budget.delta, l0=l0)
     else:  # half the delta for the noise's profile, half for the threshold
-        noise_delta = budget.delta / 2
+        noise_delta = Delta(budget.delta / 2)
         scale = discrete_gaussian_sigma2_for_approx_dp(budget.epsilon, noise_delta, linf=1, l0=l0)
-        threshold, threshold_delta = discrete_gaussian_threshold(scale, budget.delta - noise_delta, l0=l0)
+        threshold, threshold_delta = discrete_gaussian_threshold(scale, Delta(budget.delta - noise_delta), l0=l0)
     return NoiseStep(
         aggregate=aggregate.name,
         component="selection",
@@ -696,7 +714,7 @@ def check_sampler(spec: ReleaseSpec, steps: list[NoiseStep]) -> None:
             raise ReleaseConfigError(f"{where}: sampler 'opendp': {error}") from None
         if step.mechanism != "discrete_gaussian" or not step.noise_delta:
             continue
-        sigma2 = Fraction(scale) ** 2
+        sigma2 = NoiseScale(Fraction(scale) ** 2, name="sigma2")
         rho = Fraction(step.l2_sensitivity_squared) / (2 * sigma2)
         written = Budget.model_construct(epsilon=step.budget.epsilon, delta=step.noise_delta)
         if not _within_written(sigma2, rho, written, step.shift):

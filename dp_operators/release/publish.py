@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from dp_operators.accounting import exact_number
 from dp_operators.mechanisms.accuracy import combination_accuracy
 from dp_operators.release.columns import largest_magnitude
 from dp_operators.release.upstream_types import SATURATION
@@ -254,7 +253,7 @@ def publish_aggregate(
     vectors = [noised[(aggregate.name, component)] for component in aggregate.components]
     values: list[dict[str, Any]] = []
     if aggregate.kind in ("mean", "variance"):
-        lower, upper = (exact_number(b, name="bounds") for b in aggregate.bounds)  # type: ignore[union-attr]
+        lower, upper = aggregate.exact_bounds  # type: ignore[misc]
         middle, half = float((lower + upper) / 2), float((upper - lower) / 2)
         # The box below is only the fallback for a row whose Fieller set is empty (a miss already counted in
         # alpha, so any interval keeps the guarantee); saturation is still judged on the components at alpha / k.

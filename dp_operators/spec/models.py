@@ -1,7 +1,11 @@
-"""Pydantic models of a release spec (version 1). Field reference: README, section "Release spec reference".
+"""Pydantic models of a release spec (version 1). Field reference: docs/spec-reference.md.
 
 Every model forbids unknown keys (a typo like ``epsilion`` is an error, not a silently ignored field). Budget
-numbers are read exactly (:func:`dp_operators.accounting.exact_number`): ``0.1`` is 1/10, ``"1/3"`` is 1/3.
+numbers are read exactly (:func:`dp_operators.accounting.exact_number`): ``0.1`` is 1/10, ``"1/3"`` is 1/3. They are
+read once, here, into the typed values of :mod:`dp_operators.accounting.values` (a budget's ``epsilon`` is an
+:class:`~dp_operators.accounting.Epsilon`, its ``delta`` a :class:`~dp_operators.accounting.Delta`, a ``grid`` a
+:class:`~dp_operators.accounting.Grid`, and an aggregate's clipping bounds are kept as exact fractions in
+:attr:`Aggregate.exact_bounds`), which the engine takes as they are (docs/adr/0028).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -24,6 +29,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dp_operators.accounting import exact_number
+from dp_operators.accounting import values as typed
 from dp_operators.spec.names import NAME, GroupByColumn, check_name
 
 
@@ -33,8 +39,8 @@ GRID_RANGE = (Fraction(1, 10**12), Fraction(10**12))
 #: Bounds and replacement values beyond this magnitude are refused for the same reason.
 MAX_MAGNITUDE = 10**15
 
-# Limits on the numbers that set the noise: budgets and the numbers that drive sensitivity. The README ("Release
-# spec reference", "Numeric limits") says why each holds; docs/adr/0019 has the measurements. Together they keep
+# Limits on the numbers that set the noise: budgets and the numbers that drive sensitivity. docs/spec-reference.md
+# ("Numeric limits") says why each holds; docs/adr/0019 has the measurements. Together they keep
 # every noise scale of a plan within binary64 range and within what the half-width and reporting functions compute
 # in milliseconds: sqrt(L0) * Linf <= 1e14 grid units, and sigma <= about 1e20 grid units at the smallest budgets
 # (epsilon 1e-4 split over a variance's three components, delta 1e-300).
@@ -58,17 +64,19 @@ MAX_LINF_GRID_UNITS = 10**12
 MAX_ROWS = 10**15
 
 
-def _exact_in(low: Fraction, high: Fraction):  # noqa: ANN202 (a validator factory)
+def _exact_in(kind: type[typed.PositiveRational], low: Fraction, high: Fraction):  # noqa: ANN202 (a validator factory)
     """A validator reading an exact positive number (:func:`~dp_operators.accounting.exact_number`) in
-    [low, high]."""
+    [low, high], into the typed value ``kind`` (the one parse of that number: docs/adr/0028)."""
 
-    def check(value: object) -> Fraction:
-        number = exact_number(value, name="value")
+    def check(value: object) -> typed.PositiveRational:
+        if isinstance(value, kind) and low <= value <= high:  # a typed value (a copied model): read once already
+            return value
+        number = exact_number(value, name=kind.field)
         if number <= 0:
             raise ValueError(f"must be > 0, got {value!r}")
         if not low <= number <= high:
             raise ValueError(f"must be between {float(low):g} and {float(high):g}, got {value!r}")
-        return number
+        return kind(number)
 
     return BeforeValidator(check)
 
@@ -136,9 +144,9 @@ def _finite(value: object) -> float:
 
 _AS_TEXT = PlainSerializer(str, return_type=str)
 #: Exact rationals read from int, float, decimal string or "p/q" string, each in its range.
-Epsilon = Annotated[Fraction, _exact_in(*EPSILON_RANGE), _AS_TEXT]
-Rho = Annotated[Fraction, _exact_in(*RHO_RANGE), _AS_TEXT]
-Grid = Annotated[Fraction, _exact_in(*GRID_RANGE), _AS_TEXT]
+Epsilon = Annotated[Fraction, _exact_in(typed.Epsilon, *EPSILON_RANGE), _AS_TEXT]
+Rho = Annotated[Fraction, _exact_in(typed.Rho, *RHO_RANGE), _AS_TEXT]
+Grid = Annotated[Fraction, _exact_in(typed.Grid, *GRID_RANGE), _AS_TEXT]
 #: A finite int or float.
 FiniteNumber = Annotated[float | int, BeforeValidator(_finite)]
 
@@ -165,16 +173,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _delta(value: object) -> Fraction:
+def _delta(value: object) -> typed.Delta:
+    if isinstance(value, typed.Delta) and value >= Fraction(1, 10**300):  # read once already (a copied model)
+        return value
     number = exact_number(value, name="delta")
     if not 0 < number < 1:
         raise ValueError(f"delta must be in (0, 1), got {value!r}")
     if number < Fraction(1, 10**300):
         raise ValueError(f"delta must be at least 1e-300, got {value!r}")
-    return number
+    return typed.Delta(number)
 
 
-#: An exact delta in the open interval (0, 1).
+#: An exact delta in the open interval (0, 1), a :class:`~dp_operators.accounting.Delta`.
 Delta = Annotated[Fraction, BeforeValidator(_delta), PlainSerializer(str, return_type=str)]
 
 
@@ -317,13 +327,15 @@ class Aggregate(_Strict):
     keys: dict[str, list[KeyValue]] | None = None
     partition_selection: PartitionSelection | None = None
     bounds: tuple[FiniteNumber, FiniteNumber] | None = None
-    grid: Grid = Fraction(1)
+    grid: Grid = typed.Grid(1)
     mechanism: Literal["discrete_laplace", "discrete_gaussian", "auto"]
     budget: Budget
     contribution: ContributionBounds | None = None
     non_finite: NonFinitePolicy = NonFinitePolicy()
     out_of_range: Literal["clamp"] = "clamp"
     upstream: UpstreamSums = UpstreamSums()
+    # the bounds as exact fractions, read once when the aggregate is validated (docs/adr/0028)
+    _exact_bounds: tuple[Fraction, Fraction] | None = PrivateAttr(default=None)
 
     @field_validator("name")
     @classmethod
@@ -361,6 +373,8 @@ class Aggregate(_Strict):
                 )
         elif self.bounds is not None:
             raise ValueError("a count takes no 'bounds' (its per-contribution sensitivity is 1)")
+        if self.bounds is not None:
+            self._exact_bounds = tuple(exact_number(b, name="bounds") for b in self.bounds)  # type: ignore[assignment]
         if self.kind == "count" and self.upstream.arithmetic != "exact":
             raise ValueError(
                 "upstream.arithmetic binary64 applies to sums, means and variances; a count is an integer "
@@ -391,7 +405,7 @@ class Aggregate(_Strict):
         its sum of squares (docs/adr/0010)."""
         if component == "count":
             return Fraction(1), 0
-        lower, upper = (exact_number(b, name="bounds") for b in self.bounds)  # type: ignore[union-attr]
+        lower, upper = self.exact_bounds  # type: ignore[misc]
         if component == "sum_squares":
             return ((upper - lower) / 2) ** 2, 2
         if self.kind == "sum":
@@ -408,6 +422,12 @@ class Aggregate(_Strict):
             change, power = self.largest_change(component)
             linf[component] = math.ceil(max_contributions_per_partition * change / self.grid**power)
         return linf
+
+    @property
+    def exact_bounds(self) -> tuple[Fraction, Fraction] | None:
+        """``(lower, upper)`` of the clipping ``bounds`` as exact fractions (a float is the decimal it was written
+        as: ``0.1`` is 1/10), read once at validation; None for a count."""
+        return self._exact_bounds
 
     @property
     def components(self) -> tuple[str, ...]:
