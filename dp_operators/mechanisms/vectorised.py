@@ -33,9 +33,11 @@ Method: inverse CDF of the magnitude M = |X| on 64-bit words, plus a sign bit.
   the scalar exact geometric of CKS 2020 Algorithm 2 instead.
 
 Output: numpy int64; if a value would not fit (possible only with astronomically small probability, or for a
-huge scale), the array is an object array of Python ints. Scales above ``TABLE_SCALE_LIMIT`` (2^22) use
-``vectorised_large.sample_discrete_laplace_large`` (the geometric magnitude split into a quotient and digits, each
-drawn by the same inverse CDF on small exact tables), and above its ``LARGE_SCALE_LIMIT`` (2^60) the scalar exact
+huge scale), the array is an object array of Python ints. Laplace scales above ``TABLE_SCALE_LIMIT`` (2^14) and
+Gaussian sigma2 above ``GAUSSIAN_TABLE_SIGMA2_LIMIT`` (2^20) use ``vectorised_envelope`` (a table over blocks of
+the magnitude and an exact rejection inside a block) up to 2^56 (Laplace) and 2^60 (Gaussian); Laplace scales up to
+2^60 then use ``vectorised_large.sample_discrete_laplace_large`` (the geometric magnitude split into a quotient and
+digits, each drawn by the same inverse CDF on small exact tables), and beyond the limits the scalar exact
 sampler ``samplers.sample_discrete_laplace_vector`` (exact, slow), which returns int64 when every value fits,
 object otherwise. Randomness: OS CSPRNG only (``os.urandom``); no seed.
 """
@@ -63,13 +65,18 @@ from dp_operators.mechanisms.vectorised_bounds import (
     laplace_floor_table,
 )
 
-__all__ = ["TABLE_SCALE_LIMIT", "sample_discrete_gaussian_array", "sample_discrete_laplace_array"]
+__all__ = [
+    "GAUSSIAN_TABLE_SIGMA2_LIMIT",
+    "TABLE_SCALE_LIMIT",
+    "sample_discrete_gaussian_array",
+    "sample_discrete_laplace_array",
+]
 
-TABLE_SCALE_LIMIT = Fraction(1 << 22)  # above this scale the scalar exact sampler is used
+TABLE_SCALE_LIMIT = Fraction(1 << 14)  # above this Laplace scale: vectorised_envelope (a table would be large)
+GAUSSIAN_TABLE_SIGMA2_LIMIT = Fraction(1 << 20)  # above this sigma2: vectorised_envelope
 _MAX_TABLE = 1 << 20  # table entries (8 MiB); covers the whole 64-bit range for scales up to about 23,000
 _CHUNK = 1 << 20  # words per block: bounded temporary memory, one os.urandom call per block
 _I64_MAX = (1 << 63) - 1
-_GAUSSIAN_SIGMA2_LIMIT = Fraction(1 << 33)  # table of about 9.4 sigma < 2^20 entries
 _TAIL = -1
 
 WordSource = Callable[[int], np.ndarray]
@@ -118,7 +125,8 @@ def laplace_table(t: int, s: int) -> MagnitudeTable:
 
 @lru_cache(maxsize=16)
 def gaussian_table(num: int, den: int) -> MagnitudeTable | None:
-    """The cached table for sigma2 = num/den, or None when it would exceed the size cap (sigma2 above ~10^10)."""
+    """The cached table for sigma2 = num/den, or None when it would exceed the size cap (sigma2 above ~10^10;
+    the sampler sends sigma2 above 2^20 to ``vectorised_envelope``)."""
     floors = gaussian_floor_table(num, den, _MAX_TABLE)
     if floors is None:
         return None
@@ -249,11 +257,13 @@ def sample_discrete_laplace_array(scale: Fraction | int, size: int, *, _words: W
     """
     scale = as_positive_rational(scale, "scale")
     _check_size(size)
-    if scale > TABLE_SCALE_LIMIT:  # a geometric decomposed into small exact tables (vectorised_large), then scalar
-        from dp_operators.mechanisms.vectorised_large import LARGE_SCALE_LIMIT, sample_discrete_laplace_large
+    if scale > TABLE_SCALE_LIMIT:  # the block envelope, then the digit decomposition, then scalar
+        from dp_operators.mechanisms import vectorised_envelope, vectorised_large
 
-        if scale <= LARGE_SCALE_LIMIT:
-            return sample_discrete_laplace_large(scale, size, _words=_words)
+        if scale <= vectorised_envelope.LAPLACE_SCALE_LIMIT:
+            return vectorised_envelope.sample_discrete_laplace_envelope(scale, size, _words=_words)
+        if scale <= vectorised_large.LARGE_SCALE_LIMIT:
+            return vectorised_large.sample_discrete_laplace_large(scale, size, _words=_words)
         return _fallback(sample_discrete_laplace_vector(scale, size))
     table = laplace_table(scale.numerator, scale.denominator)
     magnitude = _magnitudes(table, size, _words)
@@ -269,15 +279,20 @@ def sample_discrete_gaussian_array(sigma2: Fraction | int, size: int, *, _words:
     The table always reaches F_K = 2^64 - 1, so every word is decided or refined; no tail step is needed.
     Exactness: the output is min{k : V < G(k)} for V uniform from the OS bits, with a fair sign for k > 0.
 
-    Returns shape (size,) int64 (object when a value does not fit). sigma2 above the table cap (about 8.6e9)
-    uses the scalar exact sampler ``samplers.sample_discrete_gaussian_vector`` (exact, slow).
+    Returns shape (size,) int64 (object when a value does not fit). sigma2 above ``GAUSSIAN_TABLE_SIGMA2_LIMIT``
+    (2^20) uses ``vectorised_envelope`` (exact, same speed), and above its limit (2^60) the scalar exact sampler
+    ``samplers.sample_discrete_gaussian_vector`` (exact, slow).
     Raises ValueError for a bad sigma2 or size, TypeError when sigma2 is not a number.
     """
     sigma2 = as_positive_rational(sigma2, "sigma2")
     _check_size(size)
-    table = gaussian_table(sigma2.numerator, sigma2.denominator) if sigma2 <= _GAUSSIAN_SIGMA2_LIMIT else None
-    if table is None:
+    if sigma2 > GAUSSIAN_TABLE_SIGMA2_LIMIT:  # the block envelope, then scalar
+        from dp_operators.mechanisms import vectorised_envelope
+
+        if sigma2 <= vectorised_envelope.GAUSSIAN_SIGMA2_LIMIT:
+            return vectorised_envelope.sample_discrete_gaussian_envelope(sigma2, size, _words=_words)
         return _fallback(sample_discrete_gaussian_vector(sigma2, size))
+    table = gaussian_table(sigma2.numerator, sigma2.denominator)
     magnitude = _magnitudes(table, size, _words)
     return np.where(_signs(size), -magnitude, magnitude)
 

@@ -286,3 +286,43 @@ def gaussian_floor_proof(num: int, den: int, max_len: int, *, start: int | None 
             if len(s_lo) >= max_len:
                 return ProvenFloors(None, first, rounds)
         precision += PRECISION_STEP
+
+
+def _block_bounds(num: int, den: int, p: int, k: int) -> tuple[list[int], list[int], int, int, int]:
+    """(b_lo, b_hi, t_lo, t_hi, one): bounds at 2^w (one = 2^w) on the running sums B_k = sum_{0<=i<=k} v_i and the
+    total T = sum_{i>=0} v_i of v_i = exp(-i^2/(2 sigma2)), sigma2 = num/den, as 2 B_k = S_k + 1 and 2 T = Z + 1 in
+    the notation of :func:`gaussian_prefix_bounds` (the factor 2 cancels in B_k / T)."""
+    w = _gaussian_guard(num, den, p, k)
+    s_lo, s_hi, z_lo, z_hi = gaussian_prefix_bounds(num, den, w, k)
+    one = 1 << w
+    return s_lo, s_hi, z_lo + one, z_hi + one, one
+
+
+def gaussian_block_cdf_bounds(num: int, den: int, k: int, p: int) -> tuple[int, int]:
+    """(lo, hi) with lo <= 2^p H(k) <= hi, H(k) = B_k / T the CDF of the index I with P(I = i) proportional to
+    exp(-i^2 / (2 sigma2)) for i >= 0 (every index weighted once, unlike the magnitude of
+    :func:`gaussian_cdf_bounds`, which weights i >= 1 twice), sigma2 = num/den."""
+    s_lo, s_hi, t_lo, t_hi, one = _block_bounds(num, den, p, k)
+    return ((s_lo[k] + one) << p) // t_hi, _ceil_div((s_hi[k] + one) << p, t_lo)
+
+
+def gaussian_block_floor_table(num: int, den: int, max_len: int) -> list[int] | None:
+    """F_k = floor(2^64 H(k)) of :func:`gaussian_block_cdf_bounds`, k = 0..K, K the first k with F_k = 2^64 - 1, each
+    proven (the floors of the lower and the upper bound agree; otherwise the attempt restarts 64 bits higher);
+    None if K >= max_len. The first attempt is at :func:`gaussian_start_precision`, as for the magnitude table."""
+    precision = gaussian_start_precision(num, den)
+    top = (1 << 64) - 1
+    while True:
+        s_lo, s_hi, t_lo, t_hi, one = _block_bounds(num, den, precision, 0)
+        floors: list[int] = []
+        for k in range(min(len(s_lo), max_len)):
+            f = ((s_lo[k] + one) << 64) // t_hi
+            if f != ((s_hi[k] + one) << 64) // t_lo:
+                break
+            floors.append(f)
+            if f == top:
+                return floors
+        else:
+            if len(s_lo) >= max_len:
+                return None
+        precision += PRECISION_STEP
