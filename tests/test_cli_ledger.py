@@ -395,6 +395,19 @@ def test_the_connections_audit_key_signs_reconcile(applied, monkeypatch):
     assert [c["id"] for c in json.loads(result.stdout)] == [expired]
 
 
+def test_the_keys_of_a_connection_named_on_the_command_line_win_over_the_environment(applied, monkeypatch):
+    """With --conn-id, the connection's keys sign and authenticate, not other keys the shell exports (as a demo's
+    environment does)."""
+    other = AuditKey.from_text("another-ledger-key-" + "x" * 45)
+    monkeypatch.setenv("DP_LEDGER_GOVERNOR_KEY", other.text)
+    monkeypatch.setenv("DP_LEDGER_AUDIT_KEY", other.text)
+    monkeypatch.setenv("AIRFLOW_CONN_OFFICER", json.dumps({"conn_type": "dp_ledger", "extra": {
+        "url": applied, "audit_key": SPEND_KEY.text, "governor_key": GOVERNOR_KEY.text}}))
+    result = dpctl("ledger", "verify", "--conn-id", "officer")
+    assert result.exit_code == 0, result.output
+    assert "every event authenticated" in result.output
+
+
 def test_changing_the_privacy_unit_of_a_charged_account_is_refused(applied, config):
     config.write_text(CONFIG.replace("privacy_unit: person", "privacy_unit: household"))
     result = dpctl("ledger", "apply", str(config), "--url", applied)

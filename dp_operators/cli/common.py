@@ -22,10 +22,11 @@ give it as ``AIRFLOW_CONN_<ID>`` in the environment, e.g. ``AIRFLOW_CONN_DP_LEDG
 ``DP_LEDGER_URL`` environment variable.
 
 Keys (docs/adr/0020; ``dpctl ledger keygen`` makes one): the *governor key* (the privacy officer's: signs
-``init`` upgrades, ``apply`` and optionally ``reconcile``) comes from ``--governor-key-file``, else
-``DP_LEDGER_GOVERNOR_KEY``, else the ``--conn-id`` connection's extra ``governor_key`` (a connection only the officer
-uses); the *spend key* (the workers') from ``--audit-key-file``, else ``DP_LEDGER_AUDIT_KEY``, else the ``--conn-id``
-connection's extra ``audit_key``. A key file holds the current key on its first line and retired keys, which
+``init`` upgrades, ``apply`` and optionally ``reconcile``) comes from ``--governor-key-file``, else the ``--conn-id``
+connection's extra ``governor_key`` (a connection only the officer uses), else ``DP_LEDGER_GOVERNOR_KEY``; the *spend
+key* (the workers') from ``--audit-key-file``, else the ``--conn-id`` connection's extra ``audit_key``, else
+``DP_LEDGER_AUDIT_KEY``. What the command line names (a file, a connection) wins over the environment, as ``--url``
+and ``--conn-id`` win over ``DP_LEDGER_URL``. A key file holds the current key on its first line and retired keys, which
 ``ledger verify`` still accepts, on later lines.
 """
 
@@ -90,7 +91,7 @@ GovernorKeyFileOption = Annotated[
     typer.Option(
         "--governor-key-file",
         help="File holding the governor key (first line; later lines: retired governor keys, for verify). "
-        f"Default: ${GOVERNOR_KEY_ENV}, else the --conn-id connection's extra governor_key.",
+        f"Default: the --conn-id connection's extra governor_key, else ${GOVERNOR_KEY_ENV}.",
     ),
 ]
 AuditKeyFileOption = Annotated[
@@ -98,7 +99,7 @@ AuditKeyFileOption = Annotated[
     typer.Option(
         "--audit-key-file",
         help="File holding the spend key (first line; later lines: retired spend keys, for verify). "
-        f"Default: ${SPEND_KEY_ENV}, else the --conn-id connection's extra audit_key.",
+        f"Default: the --conn-id connection's extra audit_key, else ${SPEND_KEY_ENV}.",
     ),
 ]
 
@@ -205,17 +206,17 @@ def _key_file(option: str, path: Path) -> list[AuditKey]:
 
 
 def _role_keys(option: str, path: Path | None, variable: str, from_connection: AuditKey | None) -> list[AuditKey]:
-    """One role's keys, current first then retired: from the key file ``path`` (every line), else environment
-    ``variable``, else the key in the ``--conn-id`` connection's extra. Empty if none is given."""
+    """One role's keys, current first then retired: from the key file ``path`` (every line), else the key in the
+    ``--conn-id`` connection's extra, else environment ``variable``. Empty if none is given."""
     if path is not None:
         return _key_file(option, path)
+    if from_connection is not None:  # named on the command line: wins over a key the shell happens to export
+        return [from_connection]
     try:
         key = key_from_environment(variable)
     except ValueError as error:
         _fail(f"${variable}: {error}")
-    if key is not None:
-        return [key]
-    return [from_connection] if from_connection is not None else []
+    return [key] if key is not None else []
 
 
 def _keys(target: _Target, governor_key_file: Path | None, audit_key_file: Path | None):
