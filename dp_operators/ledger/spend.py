@@ -496,9 +496,11 @@ class Ledger(LedgerBase):
             )
         return chain, charge
 
-    def commit(self, reservation: Reservation, output: dict, *, audit: Mapping[str, Any] | None = None) -> str:
+    def commit(self, reservation: Reservation, output: dict, *, audit: Mapping[str, Any] | None = None,
+               canonical: str | None = None) -> str:
         """Store the noised ``output`` (plain JSON) and mark the charge ``committed``. Returns its SHA-256 digest,
-        which the ``committed`` audit event records (the output itself is not in the audit log).
+        which the ``committed`` audit event records (the output itself is not in the audit log). ``canonical``:
+        ``canonical_json(output)`` when the caller has just encoded it (a large output is then encoded once).
 
         Raises:
             ChargeStateError: the reservation is not this charge's owner, or the charge is no longer ``reserved``
@@ -506,7 +508,7 @@ class Ledger(LedgerBase):
             ValueError: ``output`` is not plain, finite JSON.
         """
         self.check_schema()
-        text = canonical_json(output)
+        text = canonical_json(output) if canonical is None else canonical
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
 
         def work(conn: Connection) -> str:

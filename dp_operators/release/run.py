@@ -285,8 +285,8 @@ def run_release(
     drawn: list[str] = []
     try:
         with ledger.lease(reservation):
-            output = _noised_output(plan, prepared, drawn, key, account, charge, delta_spent, mechanisms, spec_hash,
-                                    _rows_writer(rows_store, set(filed), spec.confidence), families)
+            output, text = _noised_output(plan, prepared, drawn, key, account, charge, delta_spent, mechanisms,
+                                          spec_hash, _rows_writer(rows_store, set(filed), spec.confidence), families)
     except Exception as error:
         returned = _give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=returned) from error
@@ -294,15 +294,15 @@ def run_release(
         _give_up(ledger, reservation, drawn)
         raise
     try:
-        ledger.commit(reservation, output)
+        ledger.commit(reservation, output, canonical=text)
     except LedgerError:  # a refusal of the ledger's own (ChargeStateError: this attempt lost its lease and another
         raise  # took the release over); the charge stays spent and this output is never published
     except Exception as error:  # the noise exists: the charge stays spent, and a retry must not charge again
         _give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=False) from error
     # the committed form: what the ledger stores and every replay returns (sorted keys), so a first run and its
-    # replays publish the same bytes and the same XCom
-    return ReleaseResult(output=json.loads(canonical_json(output)), replayed=False)
+    # replays publish the same bytes and the same XCom; decoded from the text the ledger stored, not encoded again
+    return ReleaseResult(output=json.loads(text), replayed=False)
 
 
 def _replay(stored: dict[str, Any], spec_hash: str, key: ReleaseKey, rows_store: RowsStore | None) -> ReleaseResult:
@@ -353,9 +353,12 @@ def _noised_output(
     spec_hash: str,
     rows_writers: Mapping[str, Callable] | None = None,
     families: list[Any] | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], str]:
     """Draw the noise and build the published release, checked to be plain JSON (steps 5 and 6). ``families``:
-    the spec's consistent families, planned (:func:`~dp_operators.release.consistent.plan_families`)."""
+    the spec's consistent families, planned (:func:`~dp_operators.release.consistent.plan_families`).
+
+    Returns ``(output, text)``: ``text`` is the output's :func:`~dp_operators.ledger.canonical_json`, encoded once
+    here for the ledger's row and digest and for the returned form."""
     spec = plan.spec
     noised, selected = draw_noise(plan, prepared, drawn)
     consistent: dict[str, Any] = {}
@@ -398,5 +401,6 @@ def _noised_output(
         output["charge"]["delta_spent_exact"] = str(delta_spent)
     check_plain_json(output)
     # what the ledger stores and the operator writes: UTF-8 JSON (inside the permanent-failure path)
-    json.dumps(output, ensure_ascii=False, allow_nan=False).encode("utf-8")
-    return output
+    text = canonical_json(output)
+    text.encode("utf-8")
+    return output, text

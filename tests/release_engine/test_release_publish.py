@@ -32,7 +32,7 @@ from dp_operators.release.publish import _float_towards, _towards, count_or_sum_
 from dp_operators.release.run import add_exactly
 from dp_operators.spec import ReleaseSpec
 
-from support import make_ledger
+from support import make_ledger, spender
 
 ALPHA = 0.05
 U = Fraction(1, 2**53)
@@ -258,3 +258,75 @@ def test_saturation_flags_come_from_noised_integers_and_public_widths_only():
     for dtype in (np.int64, object):
         cells = count_or_sum_cells(Step(), np.array(units, dtype=dtype), 0.05, False)
         assert cells.side.tolist() == [_near_limit(u, 1e6) for u in units]
+
+
+class TestPlainJsonCheck:
+    """Invariant 9: a published document holds built-in JSON only (dict with str keys, list, str, bool, None, int,
+    finite float), checked before the ledger commit, with the path of the first offending element."""
+
+    @pytest.mark.parametrize(
+        ("document", "message"),
+        [
+            pytest.param({"rows": [{"value": 1}, {"value": np.float64(2.0)}]},
+                         r"release\.rows\[1\]\.value: float64 is not", id="numpy float in a row"),
+            pytest.param({"rows": [{"value": np.int64(3)}]}, r"release\.rows\[0\]\.value: int64 is not",
+                         id="numpy int"),
+            pytest.param({"flag": np.bool_(True)}, r"release\.flag: bool is not", id="numpy bool"),
+            pytest.param({"rows": [{"value": 1.5}, {"value": math.nan}]}, r"release\.rows\[1\]\.value: non-finite",
+                         id="NaN"),
+            pytest.param({"rows": [[1, [2.0, -math.inf]]]}, r"release\.rows\[0\]\[1\]\[1\]: non-finite",
+                         id="-inf nested in lists"),
+            pytest.param({"a": {"b": {"c": [{"d": math.inf}]}}}, r"release\.a\.b\.c\[0\]\.d: non-finite",
+                         id="inf in nested objects"),
+            pytest.param({"rows": [{"k": 1}, {2: 1}]}, r"release\.rows\[1\]: key of type int", id="int key"),
+            pytest.param({"interval": (1.0, 2.0)}, r"release\.interval: tuple is not", id="tuple"),
+            pytest.param({"value": Fraction(1, 3)}, r"release\.value: Fraction is not", id="Fraction"),
+            pytest.param({"rows": [{"value": 10**400}, {"value": math.inf}]}, r"release\.rows\[1\]\.value: non-finite",
+                         id="inf beside an int beyond the doubles"),
+        ],
+    )
+    def test_an_element_that_is_not_plain_json_is_named_by_its_path(self, document, message):
+        """Each kind of element outside plain JSON is refused, wherever it is nested, naming its path."""
+        with pytest.raises(TypeError, match=message):
+            check_plain_json(document)
+
+    def test_plain_documents_pass_whatever_their_nesting(self):
+        """Every built-in JSON type passes, nested, with empty containers and ints beyond the doubles."""
+        check_plain_json({"a": [1, 2.5, -0.0, 10**400, None, True, "x", {"b": [[1.0, None], []]}], "c": {}})
+        check_plain_json([])
+
+    def test_a_large_plain_release_is_checked_without_walking_it_value_by_value(self, monkeypatch):
+        """10^4 published rows are checked by columns: the value-by-value walk, which names an offending path,
+        runs only for a document that fails."""
+        from dp_operators.release import publish
+
+        walked = []
+        checker = publish._check_each
+        monkeypatch.setattr(publish, "_check_each", lambda value, path: walked.append(path) or checker(value, path))
+        rows = [{"k": i, "name": str(i), "value": i * 0.5, "half_width": 3.0} for i in range(10**4)]
+        check_plain_json({"aggregates": {"x": {"rows": rows}}})
+        assert walked == []
+        rows[-1]["value"] = math.nan
+        with pytest.raises(TypeError, match=r"rows\[9999\]\.value: non-finite"):
+            check_plain_json({"aggregates": {"x": {"rows": rows}}})
+        assert walked
+
+
+def test_a_release_encodes_its_output_once_for_the_ledger_and_the_returned_form(tmp_path, monkeypatch):
+    """The output is encoded to JSON once: the same text is the ledger's row, its digest and the returned form
+    (decoded, so the first run returns what every replay returns)."""
+    encoded = []
+    dumps = json.dumps
+
+    def counting(value, *args, **kwargs):
+        if isinstance(value, dict) and "aggregates" in value:
+            encoded.append(value["release"])
+        return dumps(value, *args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", counting)
+    spec = spec_of(kind="count", group_by=["k"], keys={"k": list(range(1000))})
+    output = release(spec, {"x": [{"k": 3, "count": 5}]}, tmp_path)
+    assert encoded == ["publish"]
+    ledger = spender(f"sqlite:///{tmp_path / 'publish.db'}")  # the same ledger: a replay
+    key = ReleaseKey(dag_id="adult_census_release", run_id="r", task_id="t", map_index=-1, release_name="publish")
+    assert run_release(spec, {}, ledger, key, spec_hash="0" * 64).output == output
