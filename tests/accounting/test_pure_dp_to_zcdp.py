@@ -8,7 +8,6 @@ Kullback-Leibler divergence as its alpha -> 1 limit.
 from __future__ import annotations
 
 import math
-import time
 from fractions import Fraction
 
 import mpmath
@@ -102,7 +101,7 @@ def test_negative_control_one_percent_below_the_charge_is_beaten_by_some_alpha(e
         pytest.param(Fraction(2), 0.2384, 0.3130, id="epsilon 2: 24 % below, the old charge 31 % above"),
     ],
 )
-def test_figures_of_the_issue_against_the_bun_steinke_charge(epsilon, below, old_above_new):
+def test_tight_charge_is_below_the_bun_steinke_charge_by_the_figures_worked_by_hand(epsilon, below, old_above_new):
     """Expected: 1 - tanh(eps/2) / (eps/2) and (eps/2) / tanh(eps/2) - 1, by hand: tanh(0.25) = 0.244919,
     tanh(1) = 0.761594."""
     new, old = float(pure_epsilon_to_rho(epsilon)), float(epsilon) ** 2 / 2
@@ -192,22 +191,44 @@ def test_a_zcdp_account_admits_more_laplace_releases_than_under_epsilon_squared_
     assert 5 * 2 <= 10 < 6 * 2
 
 
-def test_conversions_are_cached_and_fast():
+def test_conversions_are_computed_once_per_value():
+    """Repeated conversions of one epsilon and one rho are answered from the cache: 2,000 more calls add hits and
+    no computation (``functools.lru_cache`` statistics of the two exact searches)."""
+    from dp_operators.accounting import conversions
+
     pure_epsilon_to_rho(Fraction(3, 10)), epsilon_for_rho(Fraction(45, 1000))
-    start = time.perf_counter()
+    forward, inverse = conversions._pure_epsilon_to_rho, conversions._largest_epsilon_within_rho
+    before = forward.cache_info(), inverse.cache_info()
     for _ in range(2000):
         pure_epsilon_to_rho(Fraction(3, 10))
         epsilon_for_rho(Fraction(45, 1000))
-    assert time.perf_counter() - start < 0.5  # uncached, 2000 inversions would take seconds
+    after = forward.cache_info(), inverse.cache_info()
+    assert [a.misses - b.misses for a, b in zip(after, before)] == [0, 0]
+    assert [a.hits - b.hits for a, b in zip(after, before)] == [2000, 2000]
 
 
-def test_inverse_at_the_ledger_resolution():
+def test_inverse_at_the_ledger_resolution(monkeypatch):
     """Every charge is rounded up to a multiple of 1e-18: rho below that buys nothing, and just above it the
-    largest fitting epsilon is found quickly (the charge is 1e-18 for every epsilon up to sqrt(2e-18))."""
+    largest fitting epsilon is found in at most 100 exact charge evaluations (galloping, then bisection, over the
+    12-digit decimals; the charge is 1e-18 for every epsilon up to sqrt(2e-18), so stepping one decimal at a time
+    would take billions)."""
+    from dp_operators.accounting import conversions
+
     with pytest.raises(ValueError, match="too small"):
         largest_epsilon_within_rho(Fraction(1, 10**19))
-    start = time.perf_counter()
-    epsilon = largest_epsilon_within_rho(Fraction(15, 10**19))
-    assert time.perf_counter() - start < 1.0
+    evaluations = []
+    charge = conversions._pure_epsilon_to_rho
+
+    def counting_charge(epsilon):
+        evaluations.append(epsilon)
+        if len(evaluations) > 1000:  # stop a one-step-at-a-time search at once
+            raise AssertionError("the inverse steps through the decimals one at a time")
+        return charge(epsilon)
+
+    monkeypatch.setattr(conversions, "_pure_epsilon_to_rho", counting_charge)
+    epsilon = conversions._largest_epsilon_within_rho.__wrapped__(Fraction(15, 10**19))  # uncached: counted
+    monkeypatch.undo()
+    assert 0 < len(evaluations) <= 100, len(evaluations)
+    assert epsilon == largest_epsilon_within_rho(Fraction(15, 10**19))
     assert pure_epsilon_to_rho(epsilon) == Fraction(1, 10**18)
     assert pure_epsilon_to_rho(epsilon + Fraction(1, 10**20)) == Fraction(2, 10**18)

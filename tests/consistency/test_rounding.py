@@ -15,42 +15,9 @@ from scipy.optimize import lsq_linear
 
 from dp_operators.consistency import wls
 from dp_operators.consistency.rounding import controlled_rounding, nonnegative_fit
-from dp_operators.consistency.structure import Family, Member, base_codes, member_to_base
+from dp_operators.consistency.structure import Family, Member
 
-
-def product_family(shape, kept, variances=None, names=None) -> Family:
-    """A family over axes c0, c1, ... of the given sizes; ``kept[m]`` the axes member m keeps (the base first)."""
-    columns = [f"c{i}" for i in range(len(shape))]
-    keys = {c: [f"{c}_{k}" for k in range(n)] for c, n in zip(columns, shape)}
-    codes = base_codes(shape)
-    variances = variances or [1.0] * len(kept)
-    members = []
-    for m, axes in enumerate(kept):
-        columns_kept = [columns[a] for a in axes]
-        to_base, kept_axes = member_to_base(columns, keys, columns_kept, keys, {}, codes)
-        name = names[m] if names else ("x".join(columns_kept) or "total")
-        members.append(Member(name, math.prod(shape[a] for a in axes), to_base, variances[m], "discrete_gaussian",
-                              0.0, kept_axes))
-    return Family(tuple(members), tuple(shape))
-
-
-def all_margins(axes: int) -> list[tuple[int, ...]]:
-    """Every subset of the axes, the full set (the base) first and the empty one (the total) last."""
-    return [s for k in range(axes, -1, -1) for s in itertools.combinations(range(axes), k)]
-
-
-def hierarchy_family(variances=None) -> Family:
-    """Ages 0..5 x sex, with age band x sex, age band, sex, the total and age alone (age band > age)."""
-    band = {0: "0-1", 1: "0-1", 2: "2-3", 3: "2-3", 4: "4-5", 5: "4-5"}
-    keys = {"age": list(range(6)), "sex": ["F", "M"], "band": ["0-1", "2-3", "4-5"]}
-    groupings = [["age", "sex"], ["band", "sex"], ["band"], ["sex"], [], ["age"]]
-    variances = variances or [1.0] * len(groupings)
-    members = []
-    for m, columns in enumerate(groupings):
-        to_base, kept = member_to_base(["age", "sex"], keys, columns, keys, {"band": ("age", band)})
-        members.append(Member("_".join(columns) or "total", math.prod(len(keys[c]) for c in columns), to_base,
-                              variances[m], "discrete_gaussian", 0.0, kept))
-    return Family(tuple(members), (6, 2))
+from .family_models import all_margins, hierarchy_family, noised, product_family
 
 
 ADULT_NAMES = ["education_sex", "education", "sex", "total"]
@@ -58,7 +25,7 @@ ADULT_NAMES = ["education_sex", "education", "sex", "total"]
 FAMILIES = {
     "3x2 table, rows, columns, total": lambda: product_family((3, 2), all_margins(2), [1.0, 4.0, 2.5, 9.0]),
     "16x2 like Adult education x sex": lambda: product_family((16, 2), all_margins(2), [4.0, 2.0, 8.0, 1.0],
-                                                              ADULT_NAMES),
+                                                              names=ADULT_NAMES),
     "4x3x2 cube with every margin": lambda: product_family((4, 3, 2), all_margins(3),
                                                            [1.0, 2.0, 0.5, 3.0, 1.5, 4.0, 0.7, 2.5]),
     "age > age band hierarchy x sex": lambda: hierarchy_family([1.0, 2.0, 3.0, 0.5, 4.0, 1.5]),
@@ -87,10 +54,6 @@ def gradient(family: Family, observations, x: np.ndarray) -> np.ndarray:
 def dense_wls(family: Family, observations) -> np.ndarray:
     a, w = design(family)
     return np.linalg.solve(a.T @ (w[:, None] * a), a.T @ (w * np.concatenate(observations)))
-
-
-def noised(family: Family, truth: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
-    return [family.margin(m, truth) + rng.normal(0.0, math.sqrt(m.variance), m.cells) for m in family.members]
 
 
 def kkt_violation(family: Family, observations, x: np.ndarray) -> float:
@@ -351,7 +314,7 @@ def test_adult_education_by_sex_is_nonnegative_integer_and_adds_up(adult_csv):
     table = pd.crosstab(data["education"], data["sex"])
     assert table.shape == (16, 2)
     truth = table.to_numpy(dtype=float).ravel()
-    family = product_family((16, 2), all_margins(2), [900.0] * 4, ADULT_NAMES)
+    family = product_family((16, 2), all_margins(2), [900.0] * 4, names=ADULT_NAMES)
     rng = np.random.default_rng(2024)
     negative_observed = negative_fitted = 0
     for _ in range(100):
@@ -367,3 +330,37 @@ def test_adult_education_by_sex_is_nonnegative_integer_and_adds_up(adult_csv):
         education, sex, total = published[1], published[2], published[3]
         assert education.sum() == sex.sum() == total[0] == rounded.sum()
     assert negative_observed > 0 and negative_fitted > 0, "negative control: the inputs had negative cells"
+
+
+def test_two_way_controlled_rounding_keeps_every_margin():
+    """docs: 'For two-way tables with their margins such a rounding always exists and is found at once': random
+    tables (duplicated margins, fractions 1/3 and 1/2, remainders within 1e-7 of an integer) keep every member."""
+    rng = np.random.default_rng(13)
+    for _ in range(120):
+        shape = (int(rng.integers(2, 12)), int(rng.integers(2, 12)))
+        kept = all_margins(2) + ([(0,), ()] if rng.random() < 0.3 else [])
+        family = product_family(shape, kept, [1.0] * len(kept))
+        fractions = rng.choice([[0, 1 / 3, 2 / 3, 0.5], [0, 1e-7, 1 - 1e-7, 0.5], [0.1, 0.3, 0.7, 0.9]][
+            int(rng.integers(0, 3))], family.base_cells)
+        base = rng.integers(0, 5, family.base_cells) + fractions
+        rounded, kept_names = controlled_rounding(family, base)
+        assert kept_names == family.names
+        assert np.all(np.abs(rounded - base) < 1)
+
+
+
+def test_controlled_rounding_of_a_large_two_way_table_does_not_depend_on_the_time_limit(monkeypatch):
+    """ADR 0027: 'Both are deterministic (the integer program is bounded by a node limit, not by time)'. The
+    totally unimodular program of a large two-way table is solved without a time limit (with the 120 s safety
+    limit, a 1000x1000 table took 85 s for its one program, so a slower worker would drop the margins' guarantee
+    and publish other values): on a 200x200 table with the limit lowered to 0.05 s the guarantee holds and the
+    published base is the same."""
+    from dp_operators.consistency import rounding
+
+    family = product_family((200, 200), all_margins(2), [1.0] * 4)
+    base = np.random.default_rng(14).uniform(0, 5, family.base_cells)
+    reference, kept_reference = rounding.controlled_rounding(family, base)
+    assert kept_reference == family.names  # control: with the full limit every margin keeps its guarantee
+    monkeypatch.setattr(rounding, "MILP_TIME_LIMIT", 0.05)
+    rounded, kept = rounding.controlled_rounding(family, base)
+    assert kept == family.names and np.array_equal(rounded, reference), kept

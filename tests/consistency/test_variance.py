@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from scipy.stats import chi2, norm
 
-from consistency.test_wls import FAMILIES, all_margins, hierarchy_family, noised, plain_family
 from dp_operators.consistency import variance, wls
 from dp_operators.consistency.structure import Family, Member, member_to_base
 from dp_operators.mechanisms.accuracy import discrete_gaussian_variance, discrete_laplace_variance
 from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array, sample_discrete_laplace_array
+
+from .family_models import FAMILIES, all_margins, hierarchy_family, linear_map, noised, product_family
 
 RELEASES = 4000
 ALPHA = 0.05
@@ -29,19 +30,6 @@ PRODUCT_FAMILIES = {name: build for name, build in FAMILIES.items() if build().p
 def with_biases(family: Family, biases) -> Family:
     return Family(tuple(Member(m.name, m.cells, m.to_base, m.variance, m.mechanism, b, m.kept_axes)
                         for m, b in zip(family.members, biases)), family.base_shape, family.grid)
-
-
-def linear_map(family: Family) -> np.ndarray:
-    """P, the published values of all members (stacked) as a linear function of all observations, column by
-    column: the fit of every unit observation (the fit is linear)."""
-    columns = []
-    for m, member in enumerate(family.members):
-        for cell in range(member.cells):
-            unit = [np.zeros(other.cells) for other in family.members]
-            unit[m][cell] = 1.0
-            fitted = wls.fit(family, unit)
-            columns.append(np.concatenate([family.margin(other, fitted) for other in family.members]))
-    return np.array(columns).T
 
 
 def stacked(arrays) -> np.ndarray:
@@ -105,7 +93,7 @@ def simulate(family: Family, truth: np.ndarray, draw, releases: int = RELEASES) 
 
 
 def test_simulated_releases_have_the_predicted_variances_and_not_the_raw_ones():
-    family = plain_family((3, 2), all_margins(2), [1.0, 4.0, 4.0, 9.0])
+    family = product_family((3, 2), all_margins(2), [1.0, 4.0, 4.0, 9.0])
     rng = np.random.default_rng(11)
     truth = np.array([120.0, 80.0, 35.0, 41.0, 7.0, 0.0])
     errors = simulate(family, truth, lambda f, t: noised(f, t, rng))
@@ -168,7 +156,7 @@ COVERAGE_CASES = {
                                                    for name, case in COVERAGE_CASES.items()])
 def test_intervals_cover_the_truth_at_their_level(mechanism, parameters):
     law_variance = discrete_laplace_variance if mechanism == "discrete_laplace" else discrete_gaussian_variance
-    family = plain_family((3, 2), all_margins(2), [law_variance(p) for p in parameters], mechanism)
+    family = product_family((3, 2), all_margins(2), [law_variance(p) for p in parameters], mechanism)
     rng = np.random.default_rng(13)
     truth = np.array([120.0, 80.0, 35.0, 41.0, 7.0, 0.0])
     errors = simulate(family, truth, discrete_releases(rng, parameters))
@@ -255,7 +243,7 @@ def test_closed_form_refuses_a_hierarchy_family():
 
 
 def test_closed_form_is_instant_on_a_hundred_thousand_cells():
-    family = plain_family((100, 100, 10), all_margins(3), [4.0, 2.0, 2.0, 8.0, 1.0, 3.0, 0.5, 16.0],
+    family = product_family((100, 100, 10), all_margins(3), [4.0, 2.0, 2.0, 8.0, 1.0, 3.0, 0.5, 16.0],
                           biases=[0.5] * 8)
     accuracies = variance.accuracy(family)
     assert [a.standard_deviation.shape for a in accuracies] == [(m.cells,) for m in family.members]

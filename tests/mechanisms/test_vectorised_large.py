@@ -6,8 +6,8 @@ each with a negative control 2 % off that the same test must reject; each factor
 read back from the output; a two-sample test against the scalar exact sampler; refinement driven with chosen
 words; dtypes; refused parameters.
 
-Speed (not a test): ``.venv/bin/python tests/mechanisms/test_vectorised_large.py`` prints samples/s at 10^6 draws
-for scales 10^7 and 10^9, with the scalar exact sampler's rate in the same process as the baseline.
+Speed is measured apart, never asserted: ``benchmarks/samplers.py`` prints samples/s at scales up to 2^50 as a
+ratio to the scalar exact sampler in the same process.
 """
 
 from __future__ import annotations
@@ -324,17 +324,3 @@ def test_digit_split_keeps_tables_small():
     for k in range(0, 62):
         sizes = vl.digit_split(k)
         assert sum(sizes) == k and all(1 <= d <= 20 for d in sizes) and len(sizes) == -(-k // 20)
-
-
-if __name__ == "__main__":  # speed figure, not a test: samples/s at 10^6 draws, scalar sampler as the baseline
-    import time
-
-    for scale in [Fraction(10**7), Fraction(10**9)]:
-        vl.large_scale_plan(scale.numerator, scale.denominator)  # table build, timed apart
-        start = time.perf_counter()
-        vl.sample_discrete_laplace_large(scale, 10**6)
-        ours = 10**6 / (time.perf_counter() - start)
-        start = time.perf_counter()
-        sample_discrete_laplace_vector(scale, 2 * 10**4)
-        scalar = 2 * 10**4 / (time.perf_counter() - start)
-        print(f"scale {scale}: large-scale vectorised {ours:,.0f}/s; scalar exact {scalar:,.0f}/s; ratio {ours / scalar:.0f}x")

@@ -1,40 +1,61 @@
-"""Consistent releases end to end (issue 14): ``config/releases/adult_education_sex.yaml`` on the true UCI Adult
+"""Consistent releases end to end: ``config/releases/adult_education_sex.yaml`` on the true UCI Adult
 counts through :func:`run_release` with a real SQLite ledger. Every published margin is the sum of its cells exactly;
 the post-processed half-widths shrink; the charge is the same with and without post-processing; a replay returns
 the stored release; the post-processing sees noised values only, and what an observer sees besides them does not
 depend on one person; a family that may be saturated, or whose post-processing fails after the noise is drawn, is
-published as released; a large member's rows file adds up; a key hierarchy (age band > age) adds up the same way."""
+published as released; a large member's rows file adds up; a key hierarchy (age band > age) adds up the same way.
+Upstream values of other types, many-way tables after the charge, and families refused before the reservation (and at
+the DAG import) complete the user's view."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import itertools
 import json
 import logging
 import math
 import random
+import re
+from collections import Counter
+from decimal import Decimal
 from fractions import Fraction
 from functools import cache
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
+import dp_operators.consistency.rounding as rounding
 import dp_operators.release.consistent as consistent_module
+from dp_operators.cli import app
 from dp_operators.ledger import ReleaseKey
 from dp_operators.consistency import half_widths
-from dp_operators.release import LocalRowsStore, SATURATION, ReleasePlan, plan_release, run_release
+from dp_operators.release import (
+    SATURATION,
+    LocalRowsStore,
+    ReleaseAbortedError,
+    ReleaseConfigError,
+    ReleaseInputError,
+    ReleasePlan,
+    plan_release,
+    run_release,
+)
 from dp_operators.release.consistent import make_consistent
-from dp_operators.spec import ReleaseSpec
+from dp_operators.spec import ReleaseSpec, SpecError, load_spec
 from dp_operators.spec.families import consistent_families
 from dp_operators.spec.yaml12 import load_yaml
 
+from adult_families import BANDS, count, document, example_with, write
+from adult_families import EXAMPLE as SPEC_PATH
+from adult_families import age_spec as age_spec_file
 from support import REPO, make_ledger
 
 DAG = "adult_consistent_release"
 ACCOUNT = "census_adult_tables"
-SPEC_PATH = REPO / "config" / "releases" / "adult_education_sex.yaml"
 BASE, BY_EDUCATION, BY_SEX, TOTAL = FAMILY = ("people_by_education_sex", "people_by_education", "people_by_sex",
                                              "people")
 #: what the published consistency block of a post-processed member holds
@@ -74,8 +95,8 @@ EXAMPLE = {"consistent": True, "nonnegative": True, "integer": True}
 CONSISTENT_ONLY = {"consistent": True}
 
 
-def new_ledger(path, account: str = ACCOUNT):
-    return make_ledger(path, cap="10", dags=(DAG,), account=account)
+def new_ledger(path, account: str = ACCOUNT, cap: str = "10"):
+    return make_ledger(path, cap=cap, dags=(DAG,), account=account)
 
 
 def key(run: str = "run-1", release: str = "adult_education_sex_table") -> ReleaseKey:
@@ -607,8 +628,6 @@ def test_a_large_member_writes_a_rows_file_whose_values_add_up(counts, tmp_path,
 # -- a key hierarchy: age band > age ---------------------------------------------------------------------------------
 
 AGES = list(range(17, 91))
-BANDS = {"17-24": range(17, 25), "25-34": range(25, 35), "35-44": range(35, 45), "45-54": range(45, 55),
-         "55-64": range(55, 65), "65-74": range(65, 75), "75+": range(75, 91)}
 
 
 @pytest.fixture(scope="session")
@@ -625,19 +644,20 @@ def age_counts(adult_csv) -> dict:
 
 
 def age_spec(postprocess: dict | None) -> ReleaseSpec:
-    def count(name, **keys):
+    def age_count(name, **keys):
         entry = {"name": name, "kind": "count", "mechanism": "discrete_gaussian", "budget": {"rho": 0.01}}
         if keys:
             entry.update(group_by=list(keys), keys=keys)
         return entry
 
-    document = {"version": 1, "release": "adult_age_bands", "budget_account": ACCOUNT, "privacy_unit": "person",
-                "aggregates": [count("people_by_age", age=AGES), count("people_by_age_band", age_band=list(BANDS)),
-                               count("people")]}
+    spec = {"version": 1, "release": "adult_age_bands", "budget_account": ACCOUNT, "privacy_unit": "person",
+                "aggregates": [age_count("people_by_age", age=AGES),
+                               age_count("people_by_age_band", age_band=list(BANDS)),
+                               age_count("people")]}
     if postprocess is not None:
         hierarchy = {"parent": "age_band", "child": "age", "groups": {b: list(a) for b, a in BANDS.items()}}
-        document["postprocess"] = {**postprocess, "hierarchies": [hierarchy]}
-    return ReleaseSpec.model_validate(document)
+        spec["postprocess"] = {**postprocess, "hierarchies": [hierarchy]}
+    return ReleaseSpec.model_validate(spec)
 
 
 @pytest.mark.parametrize("postprocess", [pytest.param(EXAMPLE, id="nonnegative integer"),
@@ -673,3 +693,376 @@ def test_a_hierarchy_family_publishes_bands_that_are_sums_of_ages(age_counts, tm
     for name in ("people_by_age_band", "people"):
         (raw_width,) = {w for _, w in cells(plain, name).values()}
         assert float(least_squares[name].max()) < raw_width, name
+
+
+# -- the example and other families as a user writes them -------------------------------------------------------
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="session")
+def adult(adult_csv) -> pd.DataFrame:
+    return pd.read_csv(adult_csv, skipinitialspace=True)
+
+
+def states(ledger) -> list[str]:
+    return [charge["state"] for charge in ledger.charges()]
+
+
+def assert_example_adds_up(output: dict) -> None:
+    """The example's margins are the exact (Python int) sums of its cells, however large."""
+    base = {k: v for k, (v, _) in cells(output, BASE).items()}
+    education, sex = Counter(), Counter()
+    for (e, s_), value in base.items():
+        education[e] += value
+        sex[s_] += value
+    assert {k[0]: v for k, (v, _) in cells(output, BY_EDUCATION).items()} == dict(education)
+    assert {k[0]: v for k, (v, _) in cells(output, BY_SEX).items()} == dict(sex)
+    assert output["aggregates"][TOTAL]["value"] == sum(base.values())
+
+
+def beyond_2_53(counts: dict) -> dict:
+    """The example's counts with 10^16 more people in HS-grad x Male (and in its margins): a data value."""
+    big = 10**16
+
+    def more(rows: list[dict], **where) -> list[dict]:
+        return [dict(r, count=r["count"] + (big if all(r[c] == v for c, v in where.items()) else 0)) for r in rows]
+
+    return {BASE: more(counts[BASE], education="HS-grad", sex="Male"),
+            BY_EDUCATION: more(counts[BY_EDUCATION], education="HS-grad"),
+            BY_SEX: more(counts[BY_SEX], sex="Male"),
+            TOTAL: counts[TOTAL] + big}
+
+
+def _underflowing_spec(tmp_path):
+    """The example with rho 1000 on people_by_sex: a valid document whose member's noise variance is 0."""
+    text = SPEC_PATH.read_text()
+    tail = text[text.index("  - name: people_by_sex"):]
+    return write(tmp_path, text.replace(tail, tail.replace("budget: {rho: 0.01}", "budget: {rho: 1000}"), 1))
+
+
+def test_the_example_is_charged_its_planned_rho_and_publishes_the_documented_half_width(counts, tmp_path):
+    """The example publishes non-negative integer cells that add up, is charged rho 4/100 exactly, keeps every
+    member's controlled-rounding guarantee, and publishes the total's half-width 12.29 of README and
+    docs/consistency.md."""
+    ledger = new_ledger(tmp_path / "ledger.db")
+    spec = load_spec(SPEC_PATH)
+    output = release(spec, counts, ledger)
+    assert_example_adds_up(output)
+    values = [r["value"] for r in output["aggregates"]["people_by_education_sex"]["rows"]]
+    assert all(type(v) is int and v >= 0 for v in values)
+    assert Fraction(output["charge"]["rho_exact"]) == Fraction(4, 100) == ledger.account(ACCOUNT).spent
+    block = output["aggregates"]["people"]["consistency"]
+    assert block["applied"] and block["base"] == "people_by_education_sex" and block["variance"] == "exact"
+    assert block["controlled_rounding"] == list(block["family"])  # a two-way table: every member keeps its guarantee
+    # least squares 11.29 (q sd = 10.98 plus the continuity correction), plus 1 for the controlled rounding: 12.29
+    # (README, docs/consistency.md)
+    assert output["aggregates"]["people"]["half_width"] == pytest.approx(12.2917, abs=1e-4)
+
+
+@pytest.mark.parametrize("convert", [
+    pytest.param(lambda c: {**c, "people": np.int64(c["people"]),
+                            "people_by_sex": [dict(r, count=np.int64(r["count"])) for r in c["people_by_sex"]]},
+                 id="numpy ints"),
+    pytest.param(lambda c: {name: ([dict(r, count=Decimal(r["count"])) for r in value] if isinstance(value, list)
+                                   else Decimal(value)) for name, value in c.items()}, id="Decimal"),
+])
+def test_upstream_numpy_ints_and_decimals_are_released_consistent(counts, tmp_path, convert):
+    """Upstream counts given as numpy ints or Decimals are released like Python ints, margins adding up."""
+    output = release(load_spec(SPEC_PATH), convert(counts), new_ledger(tmp_path / "ledger.db"))
+    assert_example_adds_up(output)
+
+
+@pytest.mark.parametrize(("convert", "message"), [
+    pytest.param(lambda c, t: {**c, "people_by_sex": t["sex"].value_counts()}, "got Series", id="a pandas Series"),
+    pytest.param(lambda c, t: {**c, "people": pd.Series([len(t)])}, "holds a pandas.Series", id="a Series total"),
+    pytest.param(lambda c, t: {**c, "people_by_sex": t.groupby("sex").size().rename("count").reset_index()},
+                 "to_dict('records')", id="a DataFrame"),
+])
+def test_upstream_pandas_objects_are_refused_before_any_charge(counts, adult, tmp_path, convert, message):
+    """A pandas Series or DataFrame given as upstream counts is refused with the conversion to use, before any
+    reservation."""
+    ledger = new_ledger(tmp_path / "ledger.db")
+    with pytest.raises(ReleaseInputError, match=re.escape(message)):
+        release(load_spec(SPEC_PATH), convert(counts, adult), ledger)
+    assert states(ledger) == []
+
+
+def test_hours_per_week_by_sex_and_in_total_add_up_as_whole_non_negative_hours(adult, tmp_path):
+    """A sum family (hours per week by sex and in total) with ``nonnegative`` and ``integer`` publishes whole
+    non-negative hours that add up, charged rho 2/100."""
+    aggregates = [{"name": "hours_by_sex", "kind": "sum", "group_by": ["sex"], "keys": {"sex": ["Female", "Male"]},
+                   "bounds": [1, 99], "mechanism": "discrete_gaussian", "budget": {"rho": 0.01}},
+                  {"name": "hours_total", "kind": "sum", "bounds": [1, 99], "mechanism": "discrete_gaussian",
+                   "budget": {"rho": 0.01}}]
+    spec = load_spec(write(tmp_path, document("hours", aggregates, {
+        "consistent": [["hours_by_sex", "hours_total"]], "nonnegative": True, "integer": True})))
+    hours = adult["hours_per_week"].clip(1, 99)
+    upstream = {"hours_by_sex": [{"sex": s, "sum": int(v)} for s, v in hours.groupby(adult["sex"]).sum().items()],
+                "hours_total": int(hours.sum())}
+    output = release(spec, upstream, new_ledger(tmp_path / "ledger.db"))
+    rows = output["aggregates"]["hours_by_sex"]["rows"]
+    assert all(type(r["value"]) is int and r["value"] >= 0 for r in rows)
+    assert output["aggregates"]["hours_total"]["value"] == sum(r["value"] for r in rows)
+    assert Fraction(output["charge"]["rho_exact"]) == Fraction(2, 100)
+
+
+def test_odd_keys_unicode_huge_ints_and_empty_text_round_trip_and_add_up(tmp_path):
+    """Keys 1, unicode text, 10**30, empty and blank text come back with their types and the margin adds up."""
+    keys = [1, "ü", "日本", 10**30, "", " "]
+    spec = load_spec(write(tmp_path, document("odd", [
+        count("by_k_s", {"k": keys, "s": ["F", "M"]}), count("by_k", {"k": keys}), count("total")],
+        {"consistent": True, "integer": True})))
+    true = {(k, s): 1000 * (i + 1) + 7 * j for i, k in enumerate(keys) for j, s in enumerate("FM")}
+    upstream = {"by_k_s": [{"k": k, "s": s, "count": c} for (k, s), c in true.items()],
+                "by_k": [{"k": k, "count": true[(k, "F")] + true[(k, "M")]} for k in keys],
+                "total": sum(true.values())}
+    output = release(spec, upstream, new_ledger(tmp_path / "ledger.db"))
+    base = cells(output, "by_k_s")
+    margin = cells(output, "by_k")
+    assert list(margin) == [(k,) for k in keys]  # types kept: 1 and 10**30 stay ints
+    for (k,), (value, _) in margin.items():
+        assert value == base[(k, "F")][0] + base[(k, "M")][0]
+
+
+@pytest.mark.slow
+def test_a_hundred_thousand_cell_table_with_margins_through_the_python_api(tmp_path):
+    """A 500 x 200 table with its margins and total is released consistent through ``run_release``."""
+    a_keys, b_keys = [f"a{i}" for i in range(500)], list(range(200))
+    spec = load_spec(write(tmp_path, document("big", [
+        count("by_ab", {"a": a_keys, "b": b_keys}), count("by_a", {"a": a_keys}), count("by_b", {"b": b_keys}),
+        count("total")], {"consistent": True})))
+    cells = np.random.default_rng(14).poisson(3, size=(500, 200))
+    upstream = {"by_ab": [{"a": a, "b": b, "count": int(cells[i, j])} for i, a in enumerate(a_keys)
+                          for j, b in enumerate(b_keys)],
+                "by_a": [{"a": a, "count": int(cells[i].sum())} for i, a in enumerate(a_keys)],
+                "by_b": [{"b": b, "count": int(cells[:, j].sum())} for j, b in enumerate(b_keys)],
+                "total": int(cells.sum())}
+    output = release(spec, upstream, new_ledger(tmp_path / "ledger.db"))
+    base = np.array([r["value"] for r in output["aggregates"]["by_ab"]["rows"]]).reshape(500, 200)
+    assert [r["value"] for r in output["aggregates"]["by_a"]["rows"]] == [sum(row.tolist()) for row in base]
+    assert output["aggregates"]["total"]["consistency"]["applied"] is True
+
+
+@pytest.mark.parametrize("case", ["example counts", "revenue sums"])
+def test_an_integer_family_with_a_cell_beyond_2_53_is_released_with_exact_integer_margins(counts, tmp_path, case):
+    """An ``integer: true`` family (the example's counts, or revenue sums) with a cell beyond 2^53 is rounded
+    exactly and released, committed, margins adding up as integers (DESIGN.md 2.4: a data value never raises
+    after the charge)."""
+    if case == "example counts":
+        spec, upstream = load_spec(SPEC_PATH), beyond_2_53(counts)
+    else:
+        bounds = [0, 10**9]  # e.g. revenue per person in cents; Linf 1e9 grid units is within the limits
+        spec = load_spec(write(tmp_path, document("revenue", [
+            {"name": "revenue_by_sex", "kind": "sum", "group_by": ["sex"], "keys": {"sex": ["Female", "Male"]},
+             "bounds": bounds, "mechanism": "discrete_gaussian", "budget": {"rho": 0.01}},
+            {"name": "revenue_total", "kind": "sum", "bounds": bounds, "mechanism": "discrete_gaussian",
+             "budget": {"rho": 0.01}}], {"consistent": [["revenue_by_sex", "revenue_total"]], "integer": True})))
+        upstream = {"revenue_by_sex": [{"sex": "Female", "sum": 10**16}, {"sex": "Male", "sum": 7 * 10**15}],
+                    "revenue_total": 17 * 10**15}
+    ledger = new_ledger(tmp_path / "ledger.db")
+    try:
+        output = release(spec, upstream, ledger)
+    except ReleaseAbortedError as aborted:
+        pytest.fail(f"the release was charged ({states(ledger)}; spent {ledger.account(ACCOUNT).spent}) and then "
+                    f"failed on a data value: {aborted.__cause__!r}")
+    assert states(ledger) == ["committed"]
+    for aggregate in spec.aggregates:
+        assert output["aggregates"][aggregate.name]["consistency"]["applied"] is True, aggregate.name
+    if case == "example counts":
+        assert_example_adds_up(output)  # Python ints: exact, however large
+        assert max(r["value"] for r in output["aggregates"]["people_by_education_sex"]["rows"]) > 2**53
+    else:
+        rows = output["aggregates"]["revenue_by_sex"]["rows"]
+        assert all(type(r["value"]) is int for r in rows) and max(r["value"] for r in rows) > 2**53
+        assert output["aggregates"]["revenue_total"]["value"] == sum(r["value"] for r in rows)
+
+
+def test_a_band_is_published_near_its_true_count_and_a_base_missing_one_of_its_ages_is_refused(age_counts, tmp_path):
+    """With every age listed, the 45-54 band's interval holds its true count; with age 50 missing from the base
+    (the miss that put the band ~6 half-widths off) the spec is refused at load: no release, no charge."""
+    truth = {r["age_band"]: r["count"] for r in age_counts["people_by_age_band"]}
+    output = release(load_spec(age_spec_file(tmp_path)), age_counts, new_ledger(tmp_path / "ledger.db"))
+    value, width = cells(output, "people_by_age_band")[("45-54",)]
+    # 3 half-widths: a correct release misses by that much with probability ~1e-9
+    assert abs(value - truth["45-54"]) <= 3 * width, (value, width, truth["45-54"])
+    with pytest.raises(SpecError, match=r"\b50\b"):
+        load_spec(age_spec_file(tmp_path, base_ages=[a for a in range(17, 91) if a != 50]))
+
+
+def _underflowing_spec(tmp_path: Path) -> Path:
+    text = SPEC_PATH.read_text()
+    tail = text[text.index("  - name: people_by_sex"):]
+    return write(tmp_path, text.replace(tail, tail.replace("budget: {rho: 0.01}", "budget: {rho: 1000}"), 1))
+
+
+def test_a_member_whose_noise_variance_underflows_is_refused_before_any_reservation(counts, tmp_path):
+    """rho 1000 on people_by_sex: its variance is 0 in binary64. The document is valid (spec load checks the
+    document); planning the families refuses it with ReleaseConfigError naming the aggregate and the fix, before the
+    ledger reserves anything."""
+    ledger = new_ledger(tmp_path / "ledger.db", cap="10000")
+    spec = load_spec(_underflowing_spec(tmp_path))
+    with pytest.raises(ReleaseConfigError) as refused:
+        release(spec, counts, ledger)
+    message = str(refused.value)
+    assert "'people_by_sex'" in message and "noise variance" in message and "smaller budget" in message, message
+    assert states(ledger) == [] and ledger.account(ACCOUNT).spent == 0
+    # control: the example, with rho 0.01 everywhere, is released from the same ledger
+    release(load_spec(SPEC_PATH), counts, ledger)
+    assert states(ledger) == ["committed"]
+
+
+def test_dpctl_plan_prints_the_refusal_of_such_a_spec_without_a_traceback(tmp_path):
+    """``dpctl spec plan`` and ``spec validate`` refuse a family member whose noise variance underflows with the
+    aggregate and the fix, without a traceback; the example plans."""
+    path = _underflowing_spec(tmp_path)
+    planned = runner.invoke(app, ["spec", "plan", str(path), "--accountant", "zcdp"])
+    assert planned.exception is None or isinstance(planned.exception, SystemExit), repr(planned.exception)
+    assert planned.exit_code != 0, planned.output
+    text = " ".join(planned.output.split())
+    assert "Traceback" not in text and "'people_by_sex'" in text and "smaller budget" in text, text
+    # validate plans the families too (dp_operators/cli/spec.py), refusing what the release would
+    validated = runner.invoke(app, ["spec", "validate", str(path)])
+    text = " ".join(validated.output.split())
+    assert validated.exit_code != 0 and "'people_by_sex'" in text and "smaller budget" in text, validated.output
+    # control: plan prints the example's families
+    assert runner.invoke(app, ["spec", "plan", str(SPEC_PATH), "--accountant", "zcdp"]).exit_code == 0
+
+
+@pytest.mark.parametrize("integer", [pytest.param(True, id="integer: +1"), pytest.param(False, id="no integer: +0")])
+def test_plan_half_widths_are_the_least_squares_part_of_the_published_ones(counts, tmp_path, integer):
+    """``dpctl spec plan --json`` prints the least-squares half-widths; the release publishes them plus 1 where
+    controlled rounding holds (``integer: true``), and the plan's text says so."""
+    path = SPEC_PATH if integer else write(tmp_path, example_with(integer="false"))
+    planned = runner.invoke(app, ["spec", "plan", str(path), "--accountant", "zcdp", "--json"])
+    assert planned.exit_code == 0, planned.output
+    family = json.loads(planned.output)["consistent_families"][0]["half_widths"]
+    output = release(load_spec(path), counts, new_ledger(tmp_path / "ledger.db"))
+    for name, width in family.items():
+        published = output["aggregates"][name]
+        rows = published["rows"] if published["group_by"] else [published]
+        if integer:  # every member keeps its controlled-rounding guarantee here: exactly 1 more
+            assert name in published["consistency"]["controlled_rounding"]
+        assert max(r["half_width"] for r in rows) == pytest.approx(width + (1 if integer else 0), abs=1e-6), name
+    text = " ".join(runner.invoke(app, ["spec", "plan", str(path), "--accountant", "zcdp"]).output.split())
+    assert ("integer rounding adds up to 1 more" in text) is integer, text
+
+
+# -- many-way tables after the charge, and families every run refuses ----------------------------------------------
+
+
+def _count_of(name: str, group_by: list[str], keys: dict | None, rho: float | str = "1/100") -> dict:
+    aggregate = {"name": name, "kind": "count", "mechanism": "discrete_gaussian", "budget": {"rho": rho}}
+    if group_by:
+        aggregate.update(group_by=group_by, keys=keys)
+    return aggregate
+
+
+def _many_way(size: int, columns: int, postprocess: dict) -> dict:
+    """A ``size``^``columns`` table of counts and every one of its margins down to the total (2^columns counts)."""
+    names = "abcdefgh"[:columns]
+    keys = {c: [f"{c}{i}" for i in range(size)] for c in names}
+    aggregates = [_count_of("by_" + "".join(kept) if kept else "total", list(kept), {c: keys[c] for c in kept})
+                  for r in range(columns, -1, -1) for kept in itertools.combinations(names, r)]
+    return {"version": 1, "release": "many_way", "budget_account": ACCOUNT, "privacy_unit": "person",
+            "aggregates": aggregates, "postprocess": postprocess}
+
+
+def _true_counts(spec: ReleaseSpec, seed: int = 1) -> dict:
+    """Upstream counts of the table and its margins, consistent (every margin the sum of the table's cells)."""
+    rng = np.random.default_rng(seed)
+    base = spec.aggregates[0]
+    table = list(itertools.product(*(base.keys[c] for c in base.group_by)))
+    values = dict(zip(table, rng.integers(0, 30, len(table)).tolist()))
+    upstream = {}
+    for aggregate in spec.aggregates:
+        positions = [base.group_by.index(c) for c in aggregate.group_by]
+        sums: dict[tuple, int] = {}
+        for cell, value in values.items():
+            projected = tuple(cell[p] for p in positions)
+            sums[projected] = sums.get(projected, 0) + value
+        if not aggregate.group_by:
+            upstream[aggregate.name] = sums[()]
+        else:
+            upstream[aggregate.name] = [dict(zip(aggregate.group_by, k), count=v) for k, v in sums.items()]
+    return upstream
+
+
+def _recording_milp(monkeypatch, ledger=None) -> list[dict]:
+    """Record every integer program of the controlled rounding: the charge states when it ran, HiGHS's message,
+    the branch-and-bound nodes it used and whether it found a solution."""
+    programs: list[dict] = []
+    solve = rounding.milp
+
+    def recording(*args, **kwargs):
+        states_ = [row["state"] for row in ledger.charges()] if ledger is not None else None
+        result = solve(*args, **kwargs)
+        programs.append({"charge": states_, "message": result.message, "solved": result.x is not None,
+                         "nodes": getattr(result, "mip_node_count", 0)})
+        return result
+
+    monkeypatch.setattr(rounding, "milp", recording)
+    return programs
+
+
+def test_controlled_rounding_after_the_charge_is_decided_by_the_node_limit_not_the_clock(tmp_path, monkeypatch):
+    """A 3^5 table of counts with its 31 margins (``integer: true``), with the real limits: every integer program
+    runs after the reservation and ends within MILP_NODE_LIMIT branch-and-bound nodes, none on the time limit, so
+    the published values do not depend on the machine's speed (rounding.py). Counted: at most two programs (two
+    chains of nested margins), where one program after another ran to the time limit before."""
+    spec = ReleaseSpec.model_validate(_many_way(3, 5, EXAMPLE))
+    ledger = new_ledger(tmp_path / "ledger.db", cap="1000")
+    programs = _recording_milp(monkeypatch, ledger)
+    output = release(spec, _true_counts(spec), ledger)
+    assert output["aggregates"]["total"]["consistency"]["applied"] is True
+    assert programs and all(p["charge"] == ["reserved"] for p in programs)  # all of it after the reservation
+    clocked = [p["message"][:40] for p in programs if "Time limit" in p["message"]]
+    assert clocked == [], f"{len(clocked)} of {len(programs)} rounding programs stopped on the time limit"
+    assert all(p["nodes"] <= rounding.MILP_NODE_LIMIT for p in programs), programs
+    assert len(programs) <= 2, [p["message"][:40] for p in programs]
+
+
+def test_post_processing_a_six_way_table_with_its_margins_solves_at_most_two_integer_programs(monkeypatch):
+    """A 3^6 table (729 cells) with its 63 margins, noised like a release, post-processed with the real limits:
+    at most two integer programs, each solved within the node limit (before: 36 programs, each to the 120 s time
+    limit, over an hour after the charge)."""
+    spec = ReleaseSpec.model_validate(_many_way(3, 6, EXAMPLE))
+    plan = plan_release(spec, accountant="zcdp")
+    (planned,) = consistent_module.plan_families(plan)
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 30, planned.family.base_cells)
+    noised = {(m.name, "count"): (np.bincount(m.to_base, weights=base, minlength=m.cells)
+                                  + rng.normal(0, 7, m.cells)).round().astype(np.int64)
+              for m in planned.family.members}
+    programs = _recording_milp(monkeypatch)
+    result = make_consistent(plan, planned, noised, 0.05)
+    assert result.description["integer"] is True
+    assert 0 < len(programs) <= 2 and all(p["solved"] and "Time limit" not in p["message"] for p in programs)
+    assert all(p["nodes"] <= rounding.MILP_NODE_LIMIT for p in programs), programs
+
+
+def test_a_family_that_every_run_refuses_fails_the_dag_import(tmp_path):
+    """A member at rho 30 (noise variance 1.9e-13 grid units^2, below the floor) is refused before the reservation
+    by every run, and so the operator's ``load_planned_spec`` (the DAG import) refuses the spec too."""
+    from dp_operators.operators.gate import load_planned_spec
+
+    document_ = _many_way(2, 1, {"consistent": True})
+    document_["aggregates"][0]["budget"] = {"rho": 30}
+    path = tmp_path / "spec.yaml"
+    path.write_text(json.dumps(document_))  # JSON is YAML
+    spec = ReleaseSpec.model_validate(document_)
+    ledger = new_ledger(tmp_path / "ledger.db", cap="1000")
+    with pytest.raises(ReleaseConfigError, match="noise variance"):
+        release(spec, {"by_a": [{"a": "a0", "count": 1}], "total": 1}, ledger)
+    assert not list(ledger.charges())  # refused before anything was reserved
+    with pytest.raises(SpecError, match="noise variance"):
+        load_planned_spec(str(path))
+
+
+def test_the_refused_family_is_a_budget_question_not_a_structure_one():
+    """The control of the test above: the same family at rho 1/100 is planned, so the refusal is about the budget
+    alone, which the DAG import knows."""
+    spec = ReleaseSpec.model_validate(_many_way(2, 1, {"consistent": True}))
+    (planned,) = consistent_module.plan_families(plan_release(spec, accountant="zcdp"))
+    assert planned.family.names == ("by_a", "total")
+    assert Fraction(spec.aggregates[0].budget.rho) == Fraction(1, 100)

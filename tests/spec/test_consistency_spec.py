@@ -1,11 +1,17 @@
 """``postprocess.consistent``, ``nonnegative``, ``integer`` and ``hierarchies`` at load time: every family that
 cannot be made consistent is refused the way a user meets it (YAML text through :func:`parse_spec`), with the field
 path and the aggregate in the message; the accepted shapes load; and post-processing never changes the plan or the
-charge (issue 14: "the budget charged is identical with and without post-processing")."""
+charge ("the budget charged is identical with and without post-processing"). The refusals a user meets editing the
+example or writing Adult's age bands say what to fix."""
 
 from __future__ import annotations
 
 import copy
+import os
+import re
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 
 import pytest
@@ -17,6 +23,12 @@ from dp_operators.spec import ReleaseSpec, SpecError, load_spec, parse_spec
 from dp_operators.spec.families import DENSE_BASE_CELLS, consistent_families
 from dp_operators.spec.yaml12 import load_yaml
 
+from adult_families import BANDS as ADULT_BANDS
+from adult_families import age_spec as adult_age_spec
+from adult_families import count as adult_count
+from adult_families import document as adult_document
+from adult_families import example_with
+from adult_families import write as adult_write
 from support import REPO
 
 CONSISTENT_SPEC = REPO / "config" / "releases" / "adult_education_sex.yaml"
@@ -272,6 +284,50 @@ def test_a_sum_family_with_a_hierarchy_is_limited_to_the_dense_size():
     assert consistent_families(parse_spec(dump(smaller)))[0].members == ("by_cell", "by_half")
 
 
+_PLAN_IN_A_CHILD = textwrap.dedent("""
+    import resource, sys
+    resource.setrlimit(resource.RLIMIT_AS, (__LIMIT__, __LIMIT__))
+    from dp_operators.release import plan_release
+    from dp_operators.release.consistent import plan_families
+    from dp_operators.spec import ReleaseSpec
+    columns = [f"q{i}" for i in range(__COLUMNS__)]
+    document = {"version": 1, "release": "survey", "budget_account": "acct", "privacy_unit": "person",
+                "aggregates": [
+                    {"name": "answers", "kind": "count", "group_by": columns, "keys": {c: ["no", "yes"] for c in columns},
+                     "mechanism": "discrete_gaussian", "budget": {"rho": "1/100"}},
+                    {"name": "respondents", "kind": "count", "mechanism": "discrete_gaussian", "budget": {"rho": "1/100"}}],
+                "postprocess": {"consistent": True}}
+    spec = ReleaseSpec.model_validate(document)
+    plan = plan_release(spec, accountant="zcdp")
+    try:
+        plan_families(plan)
+    except MemoryError:
+        print("MemoryError")
+        sys.exit(3)
+    print("planned")
+""")
+
+
+def _plan_in_a_child(columns: int, limit_bytes: int) -> subprocess.CompletedProcess:
+    code = _PLAN_IN_A_CHILD.replace("__LIMIT__", str(limit_bytes)).replace("__COLUMNS__", str(columns))
+    environment = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=environment, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_family_base_of_more_than_ten_columns_is_refused_before_planning_runs_out_of_memory():
+    """A family whose base groups by more than MAX_BASE_COLUMNS (10) columns is refused at load with a clear error,
+    never planned into an out-of-memory kill: 15 yes/no columns (32,768 cells) and the total would build a
+    2^15 x 2^15 float64 matrix (8.6 GB; the cost is 4^columns, not the number of cells). Run in a child limited to
+    4 GB of address space; the control (10 columns) plans within the same limit."""
+    limit = 4 * 2**30
+    small = _plan_in_a_child(10, limit)
+    assert small.returncode == 0 and "planned" in small.stdout, small.stderr[-2000:]
+    large = _plan_in_a_child(15, limit)
+    assert large.returncode != 0 and "MemoryError" not in large.stderr, large.stderr[-2000:]
+    assert "groups by 15 columns; at most 10 are supported" in large.stderr, large.stderr[-2000:]
+
+
 def _without_postprocess(document_: dict) -> dict:
     return {k: v for k, v in document_.items() if k != "postprocess"}
 
@@ -317,3 +373,150 @@ def test_postprocessing_never_changes_the_plan_or_the_charge(change, noise, acco
     assert [s.describe() for s in post_plan.steps] == [s.describe() for s in plain_plan.steps]
     assert post_plan.charge(accountant) == plain_plan.charge(accountant) > 0
     assert post_plan.delta(accountant) == plain_plan.delta(accountant)
+
+
+# -- refusals a user meets editing the example or writing Adult's age bands ---------------------------------------
+
+
+@pytest.mark.parametrize(("postprocess", "aggregates", "expected"), [
+    pytest.param({"consistent": True}, [adult_count("people_by_education", {"education": ["Bachelors", "HS-grad"]}),
+                                        adult_count("people_by_sex", {"sex": ["Female", "Male"]}),
+                                        adult_count("people")],
+                 ["no aggregate of the family", "add that table"], id="a family without the cross table"),
+    pytest.param({"consistent": True}, [
+        adult_count("people_by_education_sex", {"education": ["Bachelors", "HS-grad", "Masters"],
+                                                "sex": ["Female", "Male"]}),
+        adult_count("people_by_education", {"education": ["Bachelors", "HS-grad"]})],
+        ["'people_by_education'", "missing 'Masters'"], id="a margin missing a key"),
+    pytest.param({"consistent": [["hours_by_sex", "hours_mean"]]}, [
+        {"name": "hours_by_sex", "kind": "sum", "group_by": ["sex"], "keys": {"sex": ["Female", "Male"]},
+         "bounds": [1, 99], "mechanism": "discrete_gaussian", "budget": {"rho": 0.01}},
+        {"name": "hours_mean", "kind": "mean", "bounds": [1, 99], "mechanism": "discrete_gaussian",
+         "budget": {"rho": 0.01}}], ["'hours_mean' is a mean", "release its sum and count"], id="a mean member"),
+    pytest.param({"consistent": [["hours_by_sex", "hours_total"]]}, [
+        {"name": "hours_by_sex", "kind": "sum", "group_by": ["sex"], "keys": {"sex": ["Female", "Male"]},
+         "bounds": [1, 99], "mechanism": "discrete_gaussian", "budget": {"rho": 0.01}},
+        {"name": "hours_total", "kind": "sum", "bounds": [0, 99], "mechanism": "discrete_gaussian",
+         "budget": {"rho": 0.01}}], ["'hours_by_sex' and 'hours_total' differ in bounds"], id="sums with other bounds"),
+    pytest.param({"consistent": [["hours_by_sex", "hours_total"]], "integer": True}, [
+        {"name": "hours_by_sex", "kind": "sum", "group_by": ["sex"], "keys": {"sex": ["Female", "Male"]},
+         "bounds": [1, 99], "grid": 0.5, "mechanism": "discrete_gaussian", "budget": {"rho": 0.01}},
+        {"name": "hours_total", "kind": "sum", "bounds": [1, 99], "grid": 0.5, "mechanism": "discrete_gaussian",
+         "budget": {"rho": 0.01}}], ["grid 1/2", "use grid 1 or drop integer"], id="integer with a grid"),
+])
+def test_family_mistakes_are_refused_at_load_with_the_aggregate_and_the_fix(tmp_path, postprocess, aggregates,
+                                                                             expected):
+    """A family without its cross table, a margin missing a key, a mean member, sums with other bounds and integer
+    with a grid are refused at load under ``postprocess.consistent``, naming the aggregate and the fix."""
+    with pytest.raises(SpecError) as refused:
+        load_spec(adult_write(tmp_path, adult_document("mistake", aggregates, postprocess)))
+    message = str(refused.value)
+    assert "postprocess.consistent" in message
+    for part in expected:
+        assert part in message, message
+
+
+def test_hierarchy_mistakes_in_keys_are_refused_at_load(tmp_path):
+    """A hierarchy that places no parent for a base key, or lists a band no base key maps to, is refused at load
+    with the keys named; the right groups load."""
+    groups = {band: list(ages) for band, ages in ADULT_BANDS.items()}
+    groups["75+"].remove(90)
+    with pytest.raises(SpecError, match=r"'age_band' > 'age' places no parent for the 'age' key\(s\) 90 that the "
+                                        r"family's base 'people_by_age' lists"):
+        load_spec(adult_age_spec(tmp_path, groups=groups))
+    groups = {band: list(ages) for band, ages in ADULT_BANDS.items()}
+    groups["75 +"] = groups.pop("75+")
+    with pytest.raises(SpecError, match=r"'people_by_age_band' lists 'age_band' keys \W*'75\+'\W* no base key maps to, "
+                                        r"and misses \W*'75 \+'"):
+        load_spec(adult_age_spec(tmp_path, groups=groups))
+    assert load_spec(adult_age_spec(tmp_path)).postprocess.hierarchies  # control: the right groups load
+
+
+@pytest.mark.parametrize("flag", ["consistent", "nonnegative", "integer"])
+@pytest.mark.parametrize(("written", "expected"), [("yes", True), ("Yes", True), ("on", True), ("no", False)])
+def test_postprocess_flags_read_yes_and_no_as_booleans_like_every_boolean_field(tmp_path, flag, written, expected):
+    """tests/spec/test_spec_yaml_traps.py::test_a_boolean_field_still_takes_yes_and_no: where a boolean is expected,
+    'yes' and 'no' mean what the author meant; ``consistent`` reads them too."""
+    others = {"nonnegative": "false", "integer": "false"} if (flag, expected) == ("consistent", False) else {}
+    spec = load_spec(adult_write(tmp_path, example_with(**{flag: written}, **others)))
+    assert getattr(spec.postprocess, flag) is expected
+    if flag == "consistent":
+        example = load_spec(CONSISTENT_SPEC)
+        assert consistent_families(spec) == (consistent_families(example) if expected else [])
+
+
+@pytest.mark.parametrize(("flag", "message"), [
+    pytest.param("consistent", r"postprocess.consistent: must be true, false or a list of families.*'maybe'",
+                 id="consistent"),
+    pytest.param("nonnegative", r"postprocess.nonnegative: .*valid boolean", id="nonnegative"),
+    pytest.param("integer", r"postprocess.integer: .*valid boolean", id="integer"),
+])
+def test_postprocess_flags_refuse_other_text(tmp_path, flag, message):
+    """``consistent``, ``nonnegative`` and ``integer`` refuse text other than a YAML boolean (``maybe``)."""
+    with pytest.raises(SpecError, match=message):
+        load_spec(adult_write(tmp_path, example_with(**{flag: "maybe"})))
+
+
+def test_a_hierarchy_child_key_the_base_does_not_list_is_refused_at_load(tmp_path):
+    """The base forgets age 50, the hierarchy puts 50 in 45-54: the band counts people the cells cannot hold."""
+    path = adult_age_spec(tmp_path, base_ages=[a for a in range(17, 91) if a != 50])
+    with pytest.raises(SpecError, match=r"'age' key\(s\) 50 under parents the family releases, but the base "
+                                        r"'people_by_age' does not list them.*add the key\(s\) to the base's keys"):
+        load_spec(path)
+
+
+def test_a_flat_list_of_names_says_to_write_a_list_of_families(tmp_path):
+    """``consistent: [a, b, c]`` is refused with a message showing a list of families (``[[a, b, ...]]``)."""
+    text = CONSISTENT_SPEC.read_text().replace("  consistent: true ",
+                                       "  consistent: [people_by_education_sex, people_by_sex, people] ")
+    with pytest.raises(SpecError) as refused:
+        load_spec(adult_write(tmp_path, text))
+    message = str(refused.value)
+    assert "famil" in message and "[[" in message, message  # e.g. "a list of families: [[a, b, ...]]"
+
+
+@pytest.mark.parametrize(("columns", "typo"), [
+    pytest.param({"parent_column": "ageband"}, "ageband", id="parent"),
+    pytest.param({"child_column": "agee"}, "agee", id="child"),
+])
+def test_a_typo_in_a_hierarchy_column_is_named(tmp_path, columns, typo):
+    """A misspelt parent or child column of a hierarchy is named in the refusal, with ``hierarchies[0]``."""
+    with pytest.raises(SpecError) as refused:
+        load_spec(adult_age_spec(tmp_path, **columns))
+    message = str(refused.value)
+    # was: "no aggregate of the family ... groups by every column ...: add that table", the hierarchy unnamed
+    assert typo in message and "hierarchies[0]" in message, message
+
+
+def test_an_unrelated_count_under_consistent_true_suggests_listing_the_families(tmp_path):
+    """A count that belongs to no family under ``consistent: true`` is refused with the advice to list the
+    families."""
+    text = CONSISTENT_SPEC.read_text().replace("postprocess:", (
+        "  - {name: people_by_race, kind: count, group_by: [race], keys: {race: [White, Black, Other]}, "
+        "mechanism: discrete_gaussian, budget: {rho: 0.01}}\npostprocess:"))
+    with pytest.raises(SpecError) as refused:
+        load_spec(adult_write(tmp_path, text))
+    message = str(refused.value)
+    assert re.search(r"list (the |its )?families|consistent: \[\[", message), message
+
+
+@pytest.mark.parametrize("where", ["margin", "hierarchy"])
+def test_int_and_text_keys_are_distinct_keys_of_a_family(tmp_path, where):
+    """docs/consistency.md: refused at load, 'margin keys that differ from the base's'; the engine elsewhere keeps
+    1 and '1' apart (int rows never match text keys). Control: the same family with keys of one type loads."""
+    def margin_spec(margin_keys: list) -> Path:
+        return adult_write(tmp_path, adult_document("strint", [adult_count("by_k_s", {"k": [1, 2, 3], "s": ["F", "M"]}),
+                                                   adult_count("by_k", {"k": margin_keys}), adult_count("total")],
+                                        {"consistent": True}))
+
+    def hierarchy_spec(as_text: bool) -> Path:
+        groups = {band: list(ages) for band, ages in ADULT_BANDS.items()}
+        if as_text:
+            groups["17-24"] = [str(a) for a in groups["17-24"]]
+        return adult_age_spec(tmp_path, groups=groups)
+
+    build = margin_spec if where == "margin" else hierarchy_spec
+    mixed, same = (["1", "2", "3"], [1, 2, 3]) if where == "margin" else (True, False)
+    with pytest.raises(SpecError, match=r"'1', '2', '3'|17, 18, 19"):
+        load_spec(build(mixed))
+    assert load_spec(build(same)).postprocess.consistent is True
