@@ -396,8 +396,7 @@ def test_the_connections_audit_key_signs_reconcile(applied, monkeypatch):
 
 
 def test_the_keys_of_a_connection_named_on_the_command_line_win_over_the_environment(applied, monkeypatch):
-    """With --conn-id, the connection's keys sign and authenticate, not other keys the shell exports (as a demo's
-    environment does)."""
+    """With --conn-id, the connection's keys are used, not other keys the shell exports (as scripts/demo_env.sh)."""
     other = AuditKey.from_text("another-ledger-key-" + "x" * 45)
     monkeypatch.setenv("DP_LEDGER_GOVERNOR_KEY", other.text)
     monkeypatch.setenv("DP_LEDGER_AUDIT_KEY", other.text)

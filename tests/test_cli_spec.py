@@ -19,7 +19,7 @@ runner = CliRunner()
 
 @pytest.fixture(autouse=True)
 def piped_output_without_columns(monkeypatch):
-    """Plans print as to a pipe with no COLUMNS (some test runners' workers set COLUMNS=80, which folds tables)."""
+    """Plans print as to a pipe without COLUMNS (pytest-xdist workers have COLUMNS=80, which folds tables)."""
     _plan_console(monkeypatch, None)
 
 
@@ -162,8 +162,7 @@ aggregates:
 
 
 def test_command_line_options_win_over_the_ledger_in_the_environment(tmp_path, monkeypatch):
-    """DP_LEDGER_URL (as scripts/demo_env.sh sets it) names the ledger only when no option says what to plan for:
-    --accountant and --ledger-config win over it, --url replaces it."""
+    """--accountant, --ledger-config and --url win over DP_LEDGER_URL (as scripts/demo_env.sh exports it)."""
     from support import REPO
 
     make_ledger(tmp_path / "env.db", cap="1")  # census_adult: zcdp
@@ -187,8 +186,7 @@ def test_command_line_options_win_over_the_ledger_in_the_environment(tmp_path, m
 
 
 def test_plan_shows_a_means_half_width_as_a_function_of_its_private_count(monkeypatch):
-    """A mean's half-width is W / n for n rows (the count is private): W without --rows, W / n with it, and W / n
-    bounds the half-width the release publishes for a noised count near n."""
+    """A mean's half-width is planned as W / n (its count is private), and bounds what publication computes."""
     from dp_operators.release import plan_release
     from dp_operators.release.publish import _fieller_mean_interval, _half_width_around, fieller_table
     from dp_operators.spec import load_spec

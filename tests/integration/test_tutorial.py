@@ -60,8 +60,7 @@ def tutorial_blocks(text: str) -> list[Block]:
 
 
 def test_the_page_follows_its_own_conventions():
-    """The tutorial has runnable steps, saves its files, expects the refusal, and every bash block has a known
-    attribute (a typo would silently turn a checked step into an unchecked one)."""
+    """Every block uses a known attribute (a typo would turn a checked step into an unchecked one)."""
     blocks = tutorial_blocks(TUTORIAL.read_text())
     assert sum(block.runs for block in blocks) >= 10
     assert {block.attributes["file"] for block in blocks if "file" in block.attributes} == {
@@ -75,8 +74,7 @@ def test_the_page_follows_its_own_conventions():
 
 
 def test_every_command_of_the_tutorial_runs_as_written(tmp_path, adult_csv):
-    """Run in a fresh folder, the tutorial's commands release, read, verify, exhaust the budget (the fourth run
-    fails with the refusal and publishes nothing), and after the officer raises the cap a run succeeds again."""
+    """Every command of docs/tutorial.md exits and prints as the page says, the budget's refusal included."""
     home = tmp_path / "tutorial"
     # the shell session between blocks: its exported variables and its current folder
     variables, folder = tmp_path / "variables.sh", tmp_path / "folder"
@@ -111,4 +109,5 @@ def test_every_command_of_the_tutorial_runs_as_written(tmp_path, adult_csv):
             assert text in flat, f"expected {text!r}; {where}"
         ran += 1
     assert ran >= 10
-    assert len(list((home / "releases").rglob("release.json"))) == 4  # runs 1-3 and 5: the refused run published nothing
+    # runs 1-3 and 5 published; the refused fourth run published nothing
+    assert len(list((home / "releases").rglob("release.json"))) == 4
