@@ -6,7 +6,9 @@ budget charge and inside the ledger lease, so its cost at the spec's limits matt
 discrete Laplace. For each scale, with every cache cleared before each repeat: the best of ``--repeats`` first-draw
 times of the vectorised sampler, that time as a ratio to the first draw at sigma2 = 1 (scale 1) of the same run,
 the proof's rounds from the chosen start and from the old fixed 64-bit start, and one draw of the scalar CKS
-sampler (no table, no precision) for comparison.
+sampler (no table, no precision) for comparison. Then the first draw above the tables' limits (the block envelope of
+``vectorised_envelope``: a block table and certified brackets), and the discrete Laplace floor table of 2^20 entries
+at scale 10^6 proven from 128-bit limb products against the step-by-step proof (same floors), as a ratio.
 
 Run:  .venv/bin/python benchmarks/sampler_first_draw.py [--repeats 5]
 """
@@ -20,14 +22,19 @@ from fractions import Fraction
 from dp_operators.mechanisms import samplers as scalar
 from dp_operators.mechanisms import vectorised as vec
 from dp_operators.mechanisms import vectorised_bounds as vb
+from dp_operators.mechanisms import vectorised_envelope as ve
+from dp_operators.mechanisms import vectorised_large as vl
 
 GAUSSIAN_SIGMA2 = [Fraction(1, 10**4), Fraction(1, 3000), Fraction(1, 100), Fraction(1), Fraction(10**6)]
 LAPLACE_SCALES = [Fraction(1, 100), Fraction(1, 2), Fraction(1), Fraction(10), Fraction(10**4)]
+ENVELOPE_LAPLACE = [Fraction(2**14 + 1), Fraction(10**6), Fraction(2**30), Fraction(2**50)]
+ENVELOPE_GAUSSIAN = [Fraction(2**20 + 1), Fraction(2**33), Fraction(2**40), Fraction(2**50), Fraction(2**60)]
 TABLE = 1 << 20  # vectorised._MAX_TABLE
 
 
 def clear_caches() -> None:
-    for cached in (vec.gaussian_table, vec.laplace_table, vb.gaussian_prefix_bounds, vb.exp_neg_bounds):
+    for cached in (vec.gaussian_table, vec.laplace_table, vb.gaussian_prefix_bounds, vb.exp_neg_bounds,
+                   ve.laplace_envelope, ve.gaussian_envelope, vl.geometric_table):
         cached.cache_clear()
 
 
@@ -77,6 +84,19 @@ def main() -> None:
         scalar.sample_discrete_laplace,
         args.repeats,
     )
+    print(f"\nabove the tables: first draw through the block envelope, best of {args.repeats}")
+    for kind, params, draw in [
+        ("discrete Laplace (scale)", ENVELOPE_LAPLACE, vec.sample_discrete_laplace_array),
+        ("discrete Gaussian (sigma2)", ENVELOPE_GAUSSIAN, vec.sample_discrete_gaussian_array),
+    ]:
+        for p in params:
+            print(f"{kind:<28}{str(p):>22}{best_time(lambda p=p: draw(p, 1), args.repeats):>10.3f} s")
+    t, s = 10**6, 1
+    limbs = best_time(lambda: vb.laplace_floor_proof(t, s, TABLE), args.repeats)
+    stepwise = best_time(lambda: vb.laplace_floor_proof(t, s, TABLE, start=vb.laplace_start_precision(t, s)), 1)
+    same = vb.laplace_floor_proof(t, s, TABLE).floors == vb.laplace_floor_proof(t, s, TABLE, start=64).floors
+    print(f"\ndiscrete Laplace floor table, 2^20 entries at scale 10^6: limb products {limbs:.3f} s, step by step "
+          f"{stepwise:.3f} s ({stepwise / limbs:.1f} times), same floors: {same}")
 
 
 if __name__ == "__main__":
