@@ -46,9 +46,9 @@ def test_adult_reaches_k10(adult):
 
 
 def test_a_larger_suppression_allowance_never_raises_the_loss_on_adult(adult):
-    """Issue 13, item 3: withholding rows before partitioning raised NCP with the allowance (UCI Adult, k = 50:
-    0.0444 at 0 %, 0.0543 at 1 %, 0.0552 at 5 %). Now only classes still missing a target after generalisation are
-    suppressed, and strict Mondrian leaves none."""
+    """Only classes still missing a target after generalisation are suppressed (strict Mondrian leaves none), so
+    a larger allowance never raises NCP (withholding rows before partitioning raised it on UCI Adult, k = 50:
+    0.0444 at 0 %, 0.0543 at 1 %, 0.0552 at 5 %)."""
     results = [mondrian(adult, ADULT_QIS, k=50, max_suppression=fraction) for fraction in (0.0, 0.01, 0.05)]
     ncps = [r.ncp for r in results]
     assert ncps[0] >= ncps[1] >= ncps[2]
@@ -202,7 +202,7 @@ def test_property_output_meets_the_targets_loses_no_row_and_covers_the_original(
             assert label == "*" or str(value) in members
 
 
-# --- input faults (issue 13, item 6) -------------------------------------------------------------------------------
+# --- input faults ---------------------------------------------------------------------------------------------------
 
 
 def test_boolean_qi_is_categorical():

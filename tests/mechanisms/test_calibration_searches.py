@@ -1,5 +1,5 @@
-"""The searches behind planning are fast at the spec limits and return what the slow searches returned (issue 8,
-item 5: "planning raises a raw error or runs for minutes" must never happen; docs/adr/0019).
+"""The searches behind planning are fast at the spec limits and return what the slow searches returned (planning
+must never raise a raw error or run for minutes; docs/adr/0019).
 
 * the Gaussian partition-selection threshold bisects where it stepped one unit at a time (5.1 million steps at
   epsilon 1e-4, L0 10^4; a minute at sigma 10^4): the old stepping search is kept below as the reference;

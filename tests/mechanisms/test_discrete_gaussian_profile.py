@@ -1,5 +1,5 @@
 """The discrete Gaussian's (epsilon, delta) profile for vectors at small delta, and the calibration's search for the
-smallest valid sigma where the profile is not monotone (issue 8, item 8; docs/adr/0011).
+smallest valid sigma where the profile is not monotone (docs/adr/0011).
 
 References are computed independently of the module: from the definition delta = sum over s of
 (P[S = s] - e^eps P[S = s - l0 D])_+ with S the sum of l0 discrete Gaussians, in mpmath (30-40 digits) for l0 <= 2

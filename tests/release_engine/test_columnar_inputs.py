@@ -161,7 +161,7 @@ def test_the_key_domain_is_not_materialised():
     assert prepared.values[("agg", "count")][-1] == 7
 
 
-# -- NULLs in every layout (from the review of the replay authentication and NULL fixes) ---------------------------
+# -- NULLs in every layout -----------------------------------------------------------------------------------------
 
 def _null_table(rng, kind: str, value_type: str, dictionary: bool, chunks: int, sliced: bool, huge: bool):
     """Random rows with NULLs in the value (20 %) and in both keys (10 % each), keys outside the domain too."""

@@ -1,5 +1,5 @@
-"""Issue 14's acceptance on UCI Adult: counts by education x sex, by education, by sex and in total, Gaussian noise
-(``config/releases/adult_education_sex.yaml``), made consistent by the engine's own post-processing.
+"""Consistent tables on UCI Adult, statistically: counts by education x sex, by education, by sex and in total,
+Gaussian noise (``config/releases/adult_education_sex.yaml``), made consistent by the engine's own post-processing.
 
 2,000 releases are simulated through the engine's pieces without the ledger: ``plan_release`` (public plan),
 ``prepare_inputs`` (the true counts of ``dags/adult_consistent_release.py``), ``draw_noise`` (the real exact samplers,

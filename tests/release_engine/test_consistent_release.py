@@ -304,7 +304,7 @@ def _charge_fields(ledger) -> list[dict]:
 
 
 def test_the_budget_charged_is_identical_with_and_without_post_processing(counts, tmp_path):
-    """Issue 14's acceptance test: post-processing spends nothing."""
+    """Post-processing spends nothing: the ledger charges the same with and without it."""
     charged = {}
     outputs = {}
     for label, postprocess in (("plain", None), ("consistent", CONSISTENT_ONLY), ("example", ...)):

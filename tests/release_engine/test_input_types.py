@@ -1,9 +1,9 @@
 """Every type an upstream task commonly returns, as a key and as a value, under public keys and partition
-selection: each is either released correctly or refused before any budget is reserved (issue 8, item 4).
+selection: each is either released correctly or refused before any budget is reserved.
 
-The issue's example: a partition-selection key of type ``numpy.str_`` (as ``numpy.unique`` returns) passed the
-input checks, noise was drawn, then the output check raised ``TypeError`` after the reservation; Airflow retried
-(TypeError is not permanent) and charged again each time: epsilon 6 spent, nothing published.
+The case that shaped this module: a partition-selection key of type ``numpy.str_`` (as ``numpy.unique`` returns)
+passed the input checks, noise was drawn, then the output check raised ``TypeError`` after the reservation; Airflow
+retried (TypeError is not permanent) and charged again each time: epsilon 6 spent, nothing published.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_a_key_of_a_common_type_is_published_as_plain_json_under_partition_selec
     upstream_key, published, build_spec, approx_ledger, release_key
 ):
     """10,000 units with the key pass the threshold (28) with certainty; the key is published as a plain str, int
-    or None (the issue's numpy.str_ failed the output check after the reservation)."""
+    or None (a numpy.str_ key must never fail the output check after the reservation)."""
     output = run_release(build_spec(selection=True), {"x": [{"k": upstream_key, "count": 10_000}]}, approx_ledger,
                          release_key(), spec_hash="0" * 64).output
     (row,) = output["aggregates"]["x"]["rows"]
@@ -300,8 +300,8 @@ def test_every_accepted_type_together_is_released_and_committed(selection, build
     assert [charge["state"] for charge in approx_ledger.charges()] == ["committed"]
 
 
-def test_the_issue_example_numpy_unique_keys_are_released_once_and_charged_once(build_spec, approx_ledger,
-                                                                                  release_key):
+def test_numpy_unique_keys_are_released_once_and_charged_once(build_spec, approx_ledger, release_key):
+    """Keys and counts straight from ``numpy.unique`` (numpy.str_, numpy.int64) are released once and charged once."""
     cities = np.array(["Oslo", "Oslo", "Bergen"] * 5_000)
     keys, counts = np.unique(cities, return_counts=True)  # numpy.str_ keys and numpy.int64 counts
     rows = [{"k": k, "count": c} for k, c in zip(keys, counts)]
@@ -393,7 +393,7 @@ def test_a_midnight_timestamp_is_its_date():
 def test_a_key_no_release_can_publish_ignores_its_row_and_is_never_refused(upstream_key, selection, build_spec,
                                                                              approx_ledger, release_key):
     """Deciding by the value would make a refusal depend on one row (DESIGN.md 2.4), and letting the value through
-    fails at the ledger's commit, after the noise (the review found a charge per retry): the row is ignored like a
+    fails at the ledger's commit, after the noise (a charge per retry): the row is ignored like a
     key outside the domain, and counted in the diagnostics."""
     rows = [{"k": 1, "count": 5}, {"k": upstream_key, "count": 7}]
     reports = []
@@ -422,8 +422,7 @@ def test_a_failure_of_the_commit_after_the_noise_is_permanent_and_keeps_the_char
 
 def test_a_nan_key_in_a_text_column_is_the_null_group_not_an_int(build_spec, approx_ledger, release_key):
     """pandas puts a float NaN where a text key is missing (read_csv, groupby(dropna=False)): a float decides no key
-    type, so the neighbour with one such row is released like the dataset without it (the second review found it
-    refused as 'int keys')."""
+    type, so the neighbour with one such row is released like the dataset without it (never refused as 'int keys')."""
     spec = build_spec()
     spec = spec.model_copy(update={"aggregates": [spec.aggregates[0].model_copy(update={"keys": {"k": ["a", "b"]}})]})
     for rows in ([{"k": "a", "count": 3}], [{"k": "a", "count": 3}, {"k": float("nan"), "count": 1}]):

@@ -1,4 +1,4 @@
-"""The opt-in diagnostics report (issue 8, item 1): exact data-quality numbers for data owners, never logged;
+"""The opt-in diagnostics report: exact data-quality numbers for data owners, never logged;
 ``check_aggregates`` for the upstream task; the ``diagnostics`` callback of ``run_release``."""
 
 from __future__ import annotations

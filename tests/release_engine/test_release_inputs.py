@@ -1,6 +1,5 @@
-"""Reading upstream values: unit counts rounded down under partition selection (issue 8, item 9), binary float
-sums refused or read exactly (item 2, input side), and no data-derived number in logs or exception texts on
-neighbouring inputs (item 1)."""
+"""Reading upstream values: unit counts rounded down under partition selection, binary float sums refused or
+read exactly, and no data-derived number in logs or exception texts on neighbouring inputs."""
 
 from __future__ import annotations
 
@@ -66,7 +65,7 @@ def test_rounded_down_unit_counts_keep_the_thresholds_delta(build_spec):
     pytest.param(0.49999999999999994, id="0.49999999999999994 (rounds to 0)"),
     pytest.param(1.5, id="1.5 (rounds to 2)"),
 ])
-def test_the_issues_float_neighbours_are_refused_alike_under_exact_arithmetic(total, build_spec, observe):
+def test_float_neighbours_two_grid_units_apart_are_refused_alike_under_exact_arithmetic(total, build_spec, observe):
     """Casacuberta et al. (CCS 2022): bounds [0, 1], grid 1, neighbouring float sums 0.49999999999999994 and 1.5
     are 2 grid units apart when 1 is planned. Under the default exact arithmetic both are refused before any
     reservation, with the same text: the refusal depends on the type only."""

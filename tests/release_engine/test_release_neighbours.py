@@ -1,4 +1,4 @@
-"""What an observer sees must not depend on one person beyond the noised values (DESIGN.md 2.8, issue 8 item 1).
+"""What an observer sees must not depend on one person beyond the noised values (DESIGN.md 2.8).
 
 Each case runs the engine on two neighbouring inputs (``base`` and ``base`` plus one privacy unit) with the same
 spec and a fresh ledger each, and compares everything an observer can see except the noised values: every log record
@@ -240,7 +240,7 @@ def test_neighbours_look_the_same_under_a_second_live_try(tmp_path, caplog, grou
 
 
 def test_the_comparison_catches_a_data_derived_log_line(tmp_path, caplog, monkeypatch):
-    """Negative control: a log line that counts dropped rows (what the engine did before issue 8) must be caught."""
+    """Negative control: a log line that counts dropped rows (a data-derived number) must be caught."""
     import dp_operators.release.run as engine
 
     original = engine.prepare_inputs

@@ -1,7 +1,7 @@
-"""The release plan (issue 8): float-sum sensitivity allowance and plan-time refusals (item 2), saturation refused
-at plan time (item 3), L0 capped by the number of partitions (item 6), ``auto`` chosen by the cost on the account
-(item 7). Expected values come from the reasoning in each docstring (Higham 2002 for float sums, the analytic
-Gaussian for sigma), never from the plan's own output."""
+"""The release plan: float-sum sensitivity allowance and plan-time refusals, saturation refused at plan time, L0
+capped by the number of partitions, ``auto`` chosen by the cost on the account. Expected values come from the
+reasoning in each docstring (Higham 2002 for float sums, the analytic Gaussian for sigma), never from the plan's own
+output."""
 
 from __future__ import annotations
 
@@ -87,8 +87,8 @@ def test_neighbours_one_unit_apart_round_two_grid_units_apart_and_the_binary64_p
     ],
 )
 def test_the_exact_path_keeps_todays_linf(aggregate, component, linf):
-    """Exact upstream sums (integers, Decimal, Fraction) carry no float error: Linf = ceil(c * D / grid), as
-    before issue 8 (docs/mechanisms.md), with or without a declared row bound."""
+    """Exact upstream sums (integers, Decimal, Fraction) carry no float error: Linf = ceil(c * D / grid)
+    (docs/mechanisms.md), with or without a declared row bound."""
     assert plan_release(spec_of(**aggregate)).step("x", component).linf == linf
     bounded = spec_of(**aggregate, upstream={"arithmetic": "exact", "max_rows": 10**6})
     assert plan_release(bounded).step("x", component).linf == linf

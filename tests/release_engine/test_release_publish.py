@@ -1,7 +1,7 @@
-"""The published form (issue 8): half-widths that cover the true, unrounded value (item 9: the grid rounding and
-the float error bound are inside the interval), and saturation that is never silent (item 3). Expected values
-come from the OpenDP reference formulas, the discrete Gaussian's pmf (Canonne, Kamath, Steinke 2020) and the
-reasoning in each docstring."""
+"""The published form: half-widths that cover the true, unrounded value (the grid rounding and the float error
+bound are inside the interval), saturation that is never silent, and exact integers beyond int64 on the way out.
+Expected values come from the OpenDP reference formulas, the discrete Gaussian's pmf (Canonne, Kamath, Steinke 2020)
+and the reasoning in each docstring."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def release(spec: ReleaseSpec, upstream: dict, tmp_path, accountant="pure_dp") -
     return run_release(spec, upstream, ledger, key, spec_hash="0" * 64).output
 
 
-# -- item 9: half-widths include the rounding and the float error --------------------------------------------------
+# -- half-widths include the rounding and the float error --------------------------------------------------
 @pytest.mark.parametrize(
     ("aggregate", "component", "expected"),
     [
@@ -91,8 +91,8 @@ def test_a_published_sum_carries_the_widened_half_width(tmp_path):
 
 
 def coverage(spec: ReleaseSpec, truth: Fraction, keys: int, repetitions: int) -> tuple[float, float]:
-    """Share of released values within their published half-width of ``truth``, and within the half-width the
-    engine published before issue 8 (the noise's alone)."""
+    """Share of released values within their published half-width of ``truth``, and within the noise's half-width
+    alone (without the rounding and the float error: the negative control)."""
     plan = plan_release(spec)
     prepared = prepare_inputs(spec, {"x": [{"k": k, "sum": truth} for k in range(keys)]})
     step = plan.step("x", "sum")

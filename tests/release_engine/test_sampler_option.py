@@ -1,4 +1,4 @@
-"""The spec's ``sampler`` option (issue 11, item 1): the vectorised exact samplers are the default noise source of
+"""The spec's ``sampler`` option: the vectorised exact samplers are the default noise source of
 releases, ``scalar`` and ``opendp`` route to the CKS 2020 rejection samplers and to OpenDP's, OpenDP's float scale
 is never below the planned exact one, and a spec that OpenDP cannot serve is refused before any budget is spent
 (docs/adr/0022)."""

@@ -1,4 +1,4 @@
-"""``dpctl spec validate`` / ``dpctl spec plan`` on the issue 8 examples: YAML 1.1 traps and out-of-range
+"""``dpctl spec validate`` / ``dpctl spec plan`` on YAML 1.1 traps and out-of-range
 sensitivity numbers end as a one-line-per-problem message and exit code 1, never a Python traceback."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Issue 8, item 10: a spec's keys are what the author typed; ambiguous YAML 1.1 scalars are refused, not guessed.
+"""A spec's keys are what the author typed; ambiguous YAML 1.1 scalars are refused, not guessed.
 
-The bug: PyYAML (YAML 1.1) reads ``keys: {married: [yes, no]}`` as ``[True, False]``; upstream rows ``"yes"`` and
+The trap: PyYAML (YAML 1.1) reads ``keys: {married: [yes, no]}`` as ``[True, False]``; upstream rows ``"yes"`` and
 ``"no"`` then fall outside the key domain and the release publishes noised zeros while spending budget. Expected
 readings come from the YAML 1.2.2 core schema (section 10.3.2), see tests/spec/test_yaml12.py.
 """
@@ -62,7 +62,7 @@ def test_key_values_are_the_text_the_author_typed(written, keys):
 
 
 def test_string_rows_yes_and_no_land_in_their_partitions():
-    """The issue's example end to end up to the noise: rows keyed "yes"/"no" are inside the public domain, so the
+    """End to end up to the noise: rows keyed "yes"/"no" are inside the public domain, so the
     true counts reach the mechanism (with YAML 1.1 keys they were dropped as outside it, and 0, 0 was noised)."""
     spec = parse_spec(spec_text("[yes, no]"))
     rows = [{"married": "yes", "count": 7}, {"married": "no", "count": 3}]
