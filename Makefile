@@ -19,12 +19,18 @@ demo: $(VENV)/.installed
 demo-reset:
 	rm -rf .demo
 
+# One pytest-xdist worker per core; an idle worker steals queued tests from a busy one. Each worker has its own
+# Airflow home, PostgreSQL databases and roles, temporary files and ports (tests/conftest.py, tests/ledger_backends.py).
+# PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= auto
+PARALLEL = -n $(PYTEST_WORKERS) --dist worksteal
+
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 # The same suite without the slow statistical and scale tests (CI always runs them).
 test-fast: $(VENV)/.installed
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PARALLEL) -m "not slow" $(PYTEST_ARGS)
 
 benchmarks: $(VENV)/.installed
 	$(BIN)/python benchmarks/noise_efficiency.py

@@ -6,8 +6,14 @@ import os
 import tempfile
 from pathlib import Path
 
-# Airflow reads its home at first import: give the test session a throwaway one, never ~/airflow.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="dp-operators-airflow-"))
+# Airflow reads its home at first import: give the test session a throwaway one, never ~/airflow. A pytest-xdist
+# worker inherits the controller's environment, so it always takes its own: two workers sharing one home would share
+# its SQLite metadata database.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER:
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix=f"dp-operators-airflow-{_WORKER}-")
+else:
+    os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="dp-operators-airflow-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 import pytest  # noqa: E402

@@ -71,10 +71,19 @@ def ensure_pycanon_python() -> Path:
         RegistryUnreachable: pip could not reach the registry (the caller may skip).
         RuntimeError: the environment could not be built for another reason (with pip's output).
     """
+    from filelock import FileLock
+
     python = venv_python()
     probe = "import importlib.metadata as m; assert m.version('pycanon') == '1.3.6'"
-    if python.exists() and subprocess.run([python, "-c", probe], capture_output=True).returncode == 0:
-        return python
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    # parallel test workers (pytest-xdist) share the cache: one builds it, the others wait and then find it built
+    with FileLock(VENV.parent / "pycanon-venv.lock"):
+        if python.exists() and subprocess.run([python, "-c", probe], capture_output=True).returncode == 0:
+            return python
+        return _build_pycanon_venv(python)
+
+
+def _build_pycanon_venv(python: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True, capture_output=True)
     install = subprocess.run(
         [python, "-m", "pip", "install", "--disable-pip-version-check", PYCANON],

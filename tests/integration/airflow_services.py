@@ -58,6 +58,24 @@ def wait_for(condition: Callable[[], T], *, timeout: float, what: str, every: fl
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}") from last
 
 
+def wait_while_progressing(condition: Callable[[], T], progress: Callable[[], object], *, idle: float, what: str,
+                           every: float = 0.25) -> T:
+    """Call ``condition`` until it returns a truthy value (returned), as long as the work moves: ``TimeoutError``
+    naming ``what`` once ``progress()`` (any comparable snapshot of the work's state, read after each call) has not
+    changed for ``idle`` seconds. A loaded machine makes the work slower, not stuck, so only a hang trips it."""
+    last, since = progress(), time.monotonic()
+    while True:
+        value = condition()
+        if value:
+            return value
+        now = progress()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > idle:
+            raise TimeoutError(f"{what}: nothing changed for {idle:.0f} s (last state: {last!r})")
+        time.sleep(every)
+
+
 @dataclass
 class PostgresScratch:
     """Databases and roles made for one test session on the server of ``PG_URL``, all named ``dp_it_<hex>_*``

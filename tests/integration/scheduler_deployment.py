@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from dp_operators.ledger import Ledger
+from dp_operators.ledger import ChargeStateError, Ledger, ReleaseKey, Reservation
 from dp_operators.release import plan_release
 from dp_operators.spec import load_spec
 
@@ -34,10 +34,18 @@ PUBLISH_RUN = "publish_fails_once"
 #: release name of each DAG's spec, the name of its asset (``default_asset``)
 RELEASES = {RACE_DAG: "it_people_by_sex", KILLED_DAG: "it_people_by_sex_retried",
             PUBLISH_DAG: "it_people_by_sex_republished"}
-LEASE_SECONDS = 30  # the stalled try's ledger lease (a loaded machine starts try 2 ~20 s after the kill)
+#: The stalled try's ledger lease. The test keeps it alive until a later try was refused for it, so its length only
+#: sets how long the take-over waits after that refusal, whatever the machine's load.
+LEASE_SECONDS = 30
 HEARTBEAT_TIMEOUT = 20  # [scheduler] task_instance_heartbeat_timeout
+#: What the run loop tolerates without any task instance changing state before it calls the deployment hung: the
+#: longest quiet stretches of a healthy run are a heartbeat timeout and a lease running out, with tries starting
+#: several times slower than on a quiet machine.
+IDLE_LIMIT = 3 * (LEASE_SECONDS + HEARTBEAT_TIMEOUT)
 #: what the operator logs when the release key was already committed
 REPLAYED = "already committed for this task instance: replaying it"
+#: what the operator logs when a live try of the same release holds its lease
+LEASE_HELD = r"holds (the budget|its) lease"
 
 
 def plan_charge(spec: str) -> Fraction:
@@ -109,8 +117,13 @@ class Deployment:
                  officer_url: str, api: str):
         self.home, self.services, self.metadata_dsn, self.api = home, services, metadata_dsn, api
         self.ledger = Ledger(ledger_url)  # read-only use, as the tables' owner
+        # renews a killed try's lease, as that try's keeper thread would have, had it lived
+        self.lease_keeper = Ledger(ledger_url, audit_key=SPEND_KEY, lease_seconds=LEASE_SECONDS)
         self.officer_url = officer_url
         self.killed: dict[str, float] = {}  # run id -> monotonic time of the SIGKILL
+        self.kept: dict[str, tuple[Reservation, float]] = {}  # run id -> (killed try's reservation, last renewal)
+        self.lease_kept_until: dict[str, str] = {}  # run id -> why the test stopped renewing its lease
+        self.progress: tuple = ()  # the task instances' (dag, run, task, map index, try, state), last seen
         self.cleared: dict[tuple[str, str], Cleared] = {}  # (dag id, run id) -> before the clear
         self.run_states: dict[tuple[str, str], str] = {}
         self.tries: dict[tuple[str, str, str], dict[int, str]] = {}
@@ -125,15 +138,42 @@ class Deployment:
             return db.execute(sql, params).fetchall()
 
     def kill_stalled_first_tries(self) -> None:
-        """SIGKILL each killed run's stalled first try as soon as its pid file appears."""
+        """SIGKILL each killed run's stalled first try as soon as its pid file appears, and take over renewing its
+        lease (:meth:`keep_leases`)."""
         for run_id, targets in KILLED_RUNS.items():
             pid_file = self.home / "pids" / f"{run_id}.pid"
             if run_id in self.killed or not pid_file.exists():
                 continue
+            held = json.loads(pid_file.with_suffix(".reservation.json").read_text())
+            reservation = Reservation(
+                charge_id=held["charge_id"], key=ReleaseKey(*held["key"]), account=held["account"],
+                amount=Fraction(held["amount"]), attempt=held["attempt"], delta=Fraction(held["delta"]),
+                token=held["token"])
             task_pid, supervisor_pid = map(int, pid_file.read_text().split())
             for target in targets:
                 os.kill(task_pid if target == "task" else supervisor_pid, signal.SIGKILL)
             self.killed[run_id] = time.monotonic()
+            self.kept[run_id] = (reservation, float("-inf"))
+        self.keep_leases()
+
+    def keep_leases(self) -> None:
+        """Renew each killed try's lease every third of :data:`LEASE_SECONDS` until a later try of its run was
+        refused for it; from then on the lease runs out and a later try takes the release over. How soon Airflow
+        starts the next try depends on the machine's load; this way that try always meets a live lease."""
+        for run_id, (reservation, renewed) in list(self.kept.items()):
+            refused = [number for number, text in self.task_logs(KILLED_DAG, run_id).items()
+                       if number > 1 and re.search(LEASE_HELD, text)]
+            if refused:
+                del self.kept[run_id]
+                self.lease_kept_until[run_id] = f"try {min(refused)} was refused for the lease"
+            elif time.monotonic() - renewed >= LEASE_SECONDS / 3:
+                try:
+                    self.lease_keeper.renew(reservation)
+                except ChargeStateError as error:  # the lease ran out first: the test's assertions will say so
+                    del self.kept[run_id]
+                    self.lease_kept_until[run_id] = f"renewal refused: {error}"
+                    continue
+                self.kept[run_id] = (reservation, time.monotonic())
 
     def release_try(self, dag_id: str, run_id: str) -> tuple[int, str]:
         """The release task instance's current try number and state."""
@@ -177,6 +217,9 @@ class Deployment:
         again if it was a clear's target (a clear queues its run again)."""
         self.services.check_alive()
         self.kill_stalled_first_tries()
+        self.progress = tuple(self.query(
+            "SELECT dag_id, run_id, task_id, map_index, try_number, state FROM task_instance "
+            "ORDER BY dag_id, run_id, task_id, map_index"))
         rows = self.query("SELECT dag_id, run_id, state FROM dag_run")
         self.run_states = {(dag_id, run_id): state for dag_id, run_id, state in rows}
         cleared = self.clear_succeeded_releases()
@@ -214,7 +257,8 @@ class Deployment:
         logs = "\n".join(f"----- {dag_id} {run_id} release try {number} -----\n{text[-4000:]}"
                          for number, text in self.task_logs(dag_id, run_id).items())
         tries = {key: value for key, value in self.tries.items() if key[:2] == (dag_id, run_id)}
-        return f"{self.services.tails()}\ntries: {tries}\n{logs}"
+        kept = self.lease_kept_until.get(run_id, "never renewed by the test")
+        return f"{self.services.tails()}\ntries: {tries}\nlease kept until: {kept}\n{logs}"
 
     def published(self, dag_id: str, run_id: str) -> list[Path]:
         """The JSON files under the output root whose release key is this run's (found by content: the layout is

@@ -13,14 +13,18 @@ where the JSON file goes), so the try fails after the commit and announces nothi
 Environment (set by the test for every Airflow service):
     DP_IT_ADULT_CSV: the UCI Adult table.
     DP_IT_OUTPUT_URI: the folder releases are published to.
-    DP_IT_PID_DIR: where a stalled first try writes ``<run_id>.pid`` (``<task pid> <supervisor pid>``).
+    DP_IT_PID_DIR: where a stalled first try writes ``<run_id>.reservation.json`` (its reservation, for the test to
+        keep its lease alive as the dead try's lease keeper would have), then ``<run_id>.pid``
+        (``<task pid> <supervisor pid>``).
     DP_IT_LEASE_SECONDS: the stalled try's ledger lease, seconds (short, so that a retry can take over soon).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +32,7 @@ import pendulum
 
 from airflow.sdk import dag, task
 from dp_operators.hooks.ledger import DPLedgerHook
-from dp_operators.ledger import Ledger, ReleaseKey
+from dp_operators.ledger import Ledger, ReleaseKey, Reservation
 from dp_operators.operators.locations import release_file
 from dp_operators.operators.release import DPReleaseOperator, PublishedRelease
 from dp_operators.release import run_release
@@ -45,20 +49,29 @@ def count_people_by_sex(csv_path: str) -> dict[str, Any]:
 
 
 class StallingLedger(Ledger):
-    """A spender's ledger whose :meth:`commit` never returns: it writes ``<task pid> <supervisor pid>`` to
-    ``pid_file`` and sleeps, so the reservation stays ``reserved`` (noise drawn, nothing committed) until the test
-    kills the process and the lease expires."""
+    """A spender's ledger whose :meth:`commit` never returns: it writes its reservation (with the token that renews
+    its lease) beside ``pid_file``, then ``<task pid> <supervisor pid>`` to ``pid_file``, and sleeps, so the
+    reservation stays ``reserved`` (noise drawn, nothing committed) until the test kills the process and the lease
+    expires."""
 
     def __init__(self, *args: Any, pid_file: Path, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pid_file = pid_file
 
-    def commit(self, reservation: Any, output: dict, **kwargs: Any) -> str:
-        partial = self.pid_file.with_suffix(".tmp")
-        partial.write_text(f"{os.getpid()} {os.getppid()}\n")
-        partial.rename(self.pid_file)  # atomic: the test never reads half a line
+    def commit(self, reservation: Reservation, output: dict, **kwargs: Any) -> str:
+        held = {"charge_id": reservation.charge_id, "key": list(astuple(reservation.key)),
+                "account": reservation.account, "amount": str(reservation.amount), "attempt": reservation.attempt,
+                "delta": str(reservation.delta), "token": reservation.token}
+        _write_atomically(self.pid_file.with_suffix(".reservation.json"), json.dumps(held))
+        _write_atomically(self.pid_file, f"{os.getpid()} {os.getppid()}\n")  # last: the test reads both then
         while True:
             time.sleep(60)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(text)
+    partial.rename(path)  # the test never reads half a file
 
 
 class ReleaseKilledOnFirstTry(DPReleaseOperator):
