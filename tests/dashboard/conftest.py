@@ -1,11 +1,24 @@
 """Fixtures of the dashboard tests: every test taking ``ledger_url`` runs on SQLite and on PostgreSQL; the
-``auth_manager`` fixture is Airflow's simple auth manager signing the tests' JWTs (``dashboard_auth.mint``)."""
+``auth_manager`` fixture is Airflow's simple auth manager signing the tests' JWTs (``dashboard_auth.mint``), and
+``token`` a viewer's JWT from it; ``hostile`` is a ledger whose every DAG-author-controlled string is hostile
+(``hostile_names``); ``chromium`` is Debian's Chromium driven by Playwright (skipped where it cannot run)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dashboard_auth import JWT_SECRET, ROLE, SIMPLE_AUTH_MANAGER, USER
+from dashboard_apps import integration_support, reserve
+from dashboard_auth import JWT_SECRET, ROLE, SIMPLE_AUTH_MANAGER, USER, mint
+from hostile_names import (
+    HOSTILE_ACCOUNT,
+    HOSTILE_DAG,
+    HOSTILE_MECHANISMS,
+    HOSTILE_OUTPUT,
+    HOSTILE_RELEASE,
+    HOSTILE_RUN,
+    HOSTILE_TASK,
+)
+from ledger_backends import account_config, ledger_with
 from ledger_backends import ledger_url, pg_database  # noqa: F401  (fixtures)
 
 
@@ -41,3 +54,39 @@ def auth_manager(tmp_path_factory):
     yield init_auth_manager()
     reset()
     patch.undo()
+
+
+@pytest.fixture
+def token(auth_manager):
+    """A JWT of the viewer :data:`~dashboard_auth.USER`, as Airflow's login mints it."""
+    return mint(auth_manager)
+
+
+@pytest.fixture
+def hostile(ledger_url):
+    """A ledger whose every DAG-author-controlled string is hostile: account ``census`` (and a hostile-named
+    account) with a committed release publishing :data:`~hostile_names.HOSTILE_OUTPUT`, and ordinary committed
+    charges of DAG ``d``, runs ``r1..r3``."""
+    ledger = ledger_with(
+        ledger_url,
+        census=account_config("pure_dp", epsilon="10", dags=("d", HOSTILE_DAG)),
+        **{HOSTILE_ACCOUNT: account_config("pure_dp", epsilon="3", dags=(HOSTILE_DAG,))},
+    )
+    for run in ("r1", "r2", "r3"):
+        ledger.commit(reserve(ledger, "census", run), {"run": run})
+    for number, account in enumerate(("census", HOSTILE_ACCOUNT)):  # two tasks of the same run
+        ledger.commit(reserve(ledger, account, HOSTILE_RUN, dag=HOSTILE_DAG, task=HOSTILE_TASK + "#" * number,
+                              release=HOSTILE_RELEASE, mechanisms=HOSTILE_MECHANISMS), HOSTILE_OUTPUT)
+    return ledger
+
+
+@pytest.fixture
+def chromium():
+    """Debian's Chromium launched by Playwright with the integration tests' flags."""
+    support = integration_support()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(support.CHROMIUM), args=support.CHROMIUM_ARGS)
+        yield browser
+        browser.close()

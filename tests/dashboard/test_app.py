@@ -95,11 +95,6 @@ def client(auth_manager, fake_queries, opened):
         yield test_client
 
 
-@pytest.fixture
-def token(auth_manager):
-    return mint(auth_manager)
-
-
 # ---- authentication -------------------------------------------------------------------------------------------
 
 

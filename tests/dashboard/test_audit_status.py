@@ -1,18 +1,24 @@
-"""The dashboard's audit-chain status: ``verify_ledger`` in the background, cached, refreshed when stale, and a
-tampered ledger shown as such."""
+"""The dashboard's audit-chain status: ``verify_ledger`` in the background, cached, refreshed when stale, a
+tampered ledger shown as such, and one check at a time per app."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import sqlite3
 import threading
+import time
 from fractions import Fraction
 
 import pytest
 import sqlalchemy as sa
+from fastapi.testclient import TestClient
 
+from dp_operators.dashboard import app as dashboard_app
+from dp_operators.dashboard import audit_status
 from dp_operators.dashboard.audit_status import SHOWN_PROBLEMS, AuditChainStatus
 from dp_operators.ledger import Ledger, ReleaseKey, schema
+from dashboard_auth import bearer
 from ledger_backends import account_config, ledger_with
 
 
@@ -203,3 +209,98 @@ def test_recheck_makes_a_failed_check_stale_at_once_but_not_a_passed_one(ledger_
     assert status.wait(timeout=60)["state"] == "ok" and len(calls) == 2  # no clock advance needed
     status.recheck()
     assert status.status()["running"] is False and len(calls) == 2
+
+
+# ---- one check at a time, per app ------------------------------------------------------------------------------
+def _verify_children() -> list[multiprocessing.Process]:
+    """The audit-check child processes alive now."""
+    return [p for p in multiprocessing.active_children() if p.name == "dp-budget-verify" and p.is_alive()]
+
+
+def test_a_flood_of_requests_runs_one_audit_check_at_a_time(hostile, token, monkeypatch):
+    """Requests from many clients while checks are stale start checks one after another, never two at once."""
+    running, most, started = [0], [0], [0]
+    lock = threading.Lock()
+    real = audit_status._verify_in_child
+
+    def counted(url):
+        with lock:
+            running[0] += 1
+            started[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            return real(url)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(audit_status, "_verify_in_child", counted)
+    app = dashboard_app.create_app(lambda: hostile, verify_interval=0)
+    children = []
+    stop = threading.Event()
+    earlier = _verify_children()  # checks other tests' apps left running are not this app's
+    for child in earlier:
+        child.join(120)
+
+    def sample():
+        while not stop.is_set():
+            children.append(len(_verify_children()))
+            time.sleep(0.01)
+
+    with TestClient(app, headers=bearer(token)) as client:
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+
+        deadline = time.monotonic() + 120  # bounds a hang only
+
+        def hammer():
+            # at least 15 rounds, and on until checks have started again and again, however slow the machine
+            rounds = 0
+            while rounds < 15 or (started[0] < 3 and time.monotonic() < deadline):
+                client.get("/api/audit-chain")
+                client.get("/accounts/census")
+                rounds += 1
+
+        threads = [threading.Thread(target=hammer) for _ in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        stop.set()
+        sampler.join()
+        status = app.state.verify._status
+        status._interval = 3600  # no further check: the last one ends with the test
+        status.wait(timeout=120)
+    assert started[0] >= 3  # the flood did start checks again and again
+    assert most[0] == 1, most[0]
+    assert max(children) <= 1, max(children)
+
+
+def test_each_app_instance_runs_its_own_check(hostile, token, monkeypatch):
+    """The one-at-a-time lock is per app: four apps run four checks at once."""
+    # A limit of the design, pinned: the api-server runs one app per worker process ([api] workers, 4 by default), so a
+    # deployment runs up to that many checks at once.
+    gate, inside, most = threading.Event(), [0], [0]
+    entered = threading.Condition()
+
+    def slow(url):
+        with entered:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            entered.notify_all()
+        gate.wait(120)
+        with entered:
+            inside[0] -= 1
+        return {"state": "ok"}
+
+    monkeypatch.setattr(audit_status, "_verify_in_child", slow)
+    apps = [dashboard_app.create_app(lambda: hostile, verify_interval=0) for _ in range(4)]
+    clients = [TestClient(app, headers=bearer(token)) for app in apps]
+    for client in clients:
+        client.get("/api/audit-chain")
+    with entered:  # every app's check inside at once, or the deadline (which only bounds a hang) passes
+        entered.wait_for(lambda: inside[0] == len(apps), timeout=120)
+    gate.set()
+    for app in apps:
+        app.state.verify._status.wait(timeout=120)
+    assert most[0] == len(apps)

@@ -25,11 +25,11 @@ from fastapi.testclient import TestClient
 from dp_operators.dashboard import app as dashboard_app
 from dp_operators.dashboard import charts, pages, queries
 from dp_operators.ledger import ReleaseKey
+from dashboard_apps import PREFIX, AuditStandIn, dashboard
 from dashboard_auth import bearer, mint
 from dashboard_data import BAD_CHARGE_FILTERS
 from ledger_backends import account_config, ledger_with
 
-PREFIX = "/dp-budget"
 # Names with markup, quotes and URL syntax. No "%" followed by two hex digits: Starlette's TestClient decodes the
 # path twice (https://github.com/Kludex/starlette/issues/2587), which a real server does not.
 WEIRD_ACCOUNT = "acct <script>alert(\"a\")</script> 'q' + : / % 50% é ✓ ?x=1#top"
@@ -172,34 +172,6 @@ def filled(ledger_url):
     reserve(ledger, "census", "r6", "1/70")
     ledger.commit(reserve(ledger, WEIRD_ACCOUNT, WEIRD_RUN, "1/3", dag=WEIRD_DAG, release="w"), WEIRD_OUTPUT)
     return ledger
-
-
-class AuditStandIn:
-    """Stands for ``app.state.verify``: answers a fixed status."""
-
-    def __init__(self, **status) -> None:
-        self.result = {"state": "ok", "checked_at": "2025-03-01T12:00:00+00:00", "authenticated": False,
-                       "problem_count": 0, "problems": [], "events": 14, "charges": 7, "accounts": 2,
-                       "seconds": 0.25, "error": None, **status}
-
-    def status(self) -> dict:
-        return self.result
-
-
-@pytest.fixture
-def token(auth_manager):
-    return mint(auth_manager)
-
-
-def dashboard(ledger, audit: AuditStandIn | None = None, opened: list | None = None) -> FastAPI:
-    def factory():
-        if opened is not None:
-            opened.append(ledger)
-        return ledger
-
-    app = dashboard_app.create_app(factory)
-    app.state.verify = audit or AuditStandIn()
-    return app
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from dp_operators.dashboard import queries
 from dp_operators.dashboard.audit_status import AuditChainStatus
 from dp_operators.ledger import Ledger, LedgerConfig, LedgerGovernor, ReleaseKey, schema
 from dp_operators.ledger.roles import apply_roles
+from dashboard_apps import wait_for_check
 from dashboard_auth import bearer, mint
 from dashboard_data import MECHANISMS, OUTPUT
 from ledger_backends import account_config, pg_roles  # noqa: F401  (pg_roles: a fixture)
@@ -214,11 +214,7 @@ def test_the_app_answers_reads_and_has_no_write(deployment, auth_manager, role):
         assert answers["/api/accounts"].json() == queries.accounts_overview(owner)
         assert answers["/api/accounts/a/charges"].json() == queries.account_charges(owner, "a")
         assert answers[f"/api/releases/{committed}"].json() == queries.release_detail(owner, committed)
-        deadline = time.monotonic() + 60
-        chain = client.get("/api/audit-chain", headers=headers).json()
-        while chain["state"] == "pending" and time.monotonic() < deadline:
-            time.sleep(0.05)
-            chain = client.get("/api/audit-chain", headers=headers).json()
+        chain = wait_for_check(client, headers)
         assert (chain["state"], chain["error"]) == ("ok", None)
 
         writes = {}
