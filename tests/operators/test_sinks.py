@@ -379,3 +379,33 @@ def test_a_connection_that_is_not_sql_is_refused(monkeypatch, output, tmp_path):
         {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{tmp_path / 'x.db'}"}}))
     with pytest.raises(AirflowFailException, match="not a SQL hook"):
         SQLTableSink("dp_sink_not_sql", "releases").write(output)
+
+
+def test_the_json_file_is_the_standard_librarys_indented_text_character_for_character():
+    """``release_json`` writes exactly ``json.dumps(output, indent=2, sort_keys=True)`` plus a newline, whatever
+    the nesting, the rows (flat dicts, one C call) or the strings (quotes, braces, newlines, non-ASCII) hold."""
+    import random
+
+    from dp_operators.operators.sinks import release_json
+
+    rng = random.Random(23)
+
+    def scalar():
+        return rng.choice([None, True, False, rng.randint(-10**30, 10**30), rng.random() * 10**rng.randint(-9, 30),
+                           -0.0, 1e-5, 1e16, "é\n\"}, {x", "", "a}", "},\n      {", "\u2028"])
+
+    def document(depth):
+        draw = rng.random()
+        if depth > 3 or draw < 0.4:
+            return scalar()
+        if draw < 0.6:
+            return {rng.choice(["b", "a", "é", "x y", "}"]) + str(i): document(depth + 1)
+                    for i in range(rng.randint(0, 4))}
+        if draw < 0.8:
+            return [{rng.choice(["k", "v}", "{"]) + str(j): scalar() for j in range(rng.randint(1, 4))}
+                    for _ in range(rng.randint(1, 5))]
+        return [document(depth + 1) for _ in range(rng.randint(0, 4))]
+
+    for _ in range(3000):
+        output = {"aggregates": document(0), "rows": document(1)}
+        assert release_json(output) == json.dumps(output, indent=2, sort_keys=True) + "\n"
