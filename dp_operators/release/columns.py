@@ -55,9 +55,10 @@ def is_table(value: Any) -> bool:
 
 def _domain_kind(values: list) -> type | None:
     """``int`` or ``str`` when every public value of a column is of that type (and ints fit in int64)."""
-    if all(type(v) is str for v in values):
+    kinds = set(map(type, values))
+    if kinds <= {str}:
         return str
-    if all(type(v) is int and -_I64 <= v < _I64 for v in values):
+    if kinds == {int} and -_I64 <= min(values) and max(values) < _I64:
         return int
     return None
 
@@ -166,7 +167,15 @@ def _codes(column: pa.ChunkedArray, domain: list) -> np.ndarray:
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
     if pa.types.is_integer(column.type):
-        column, value_set = column.cast(pa.int64()), pa.array(domain, type=pa.int64())
+        column = column.cast(pa.int64())
+        low, high = domain[0], domain[-1]
+        if high - low + 1 == len(domain) and domain == list(range(low, high + 1)):
+            # a range of keys (0..n-1, as vector_release's index): the position is the value's offset, without
+            # a hash table of the domain; the same positions index_in finds
+            values = column.fill_null(low - 1 if low > -_I64 else high + 1).to_numpy()
+            inside = (values >= low) & (values <= high)
+            return np.where(inside, values - low, -1).astype(np.int64, copy=False)
+        value_set = pa.array(domain, type=pa.int64())
     else:
         value_set = pa.array(domain, type=column.type)
     return pc.index_in(column, value_set=value_set).fill_null(-1).to_numpy().astype(np.int64, copy=False)

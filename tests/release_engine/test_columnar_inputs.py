@@ -435,3 +435,20 @@ def test_layouts_read_as_the_row_reader_reads_them(name, table, xy_spec):
     fast, slow, fast_seen, slow_seen = read_both(xy_spec("sum"), table)
     assert np.array_equal(fast, slow), name
     assert fast_seen == slow_seen, name
+
+
+@pytest.mark.parametrize("low", [0, -5, 2**62, -(2**63), 2**63 - 20], ids=lambda low: f"from {low}")
+def test_a_range_of_integer_keys_gives_the_positions_a_lookup_in_the_domain_gives(low):
+    """Keys listed as a range (``vector_release``'s index) are positioned by offset, without a hash table of the
+    domain: every value, NULL and value outside the range gets the position ``pyarrow.compute.index_in`` gives."""
+    import pyarrow.compute as pc
+
+    rng = np.random.default_rng(abs(low) % 1000)
+    domain = list(range(low, low + 15))
+    values = [None if rng.random() < 0.2 else low + int(rng.integers(-3, 18)) for _ in range(40)]
+    values = [v if v is None or -(2**63) <= v < 2**63 else None for v in values]
+    column = pa.chunked_array([pa.array(values[:15], type=pa.int64()), pa.array(values[15:], type=pa.int64())])
+    expected = pc.index_in(column, value_set=pa.array(domain, type=pa.int64())).fill_null(-1).to_numpy()
+    assert columns._codes(column, domain).tolist() == expected.tolist()
+    assert columns._codes(column, domain[::-1]).tolist() == pc.index_in(  # not a rising range: the lookup itself
+        column, value_set=pa.array(domain[::-1], type=pa.int64())).fill_null(-1).to_numpy().tolist()
