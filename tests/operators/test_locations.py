@@ -1,4 +1,4 @@
-"""Published locations: collision-free, reversible, and never outside the output URI (issue 10, item 2)."""
+"""Published locations: collision-free, reversible, and never outside the output URI."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def test_every_run_id_character_is_kept_apart_and_reversible():
         assert not component.startswith(".")
 
 
-def test_the_issue_s_colliding_run_ids_get_separate_folders(tmp_path):
+def test_run_ids_that_once_collided_get_separate_folders(tmp_path):
+    """``2026-01:eu`` and ``2026-01+eu`` get separate release files."""
     base = f"file://{tmp_path}"
     first, second = (release_file(base, key(run_id=r), "json") for r in ("2026-01:eu", "2026-01+eu"))
     assert first != second

@@ -1,6 +1,6 @@
-"""Attacks on published locations and asset events of DPReleaseOperator (red-team review of issue 10): names too
-long for a file, planted symbolic links, a DAG author's outlets, a try that dies between commit and success.
-Each test failed against the code before its fix."""
+"""Attacks on published locations and asset events of DPReleaseOperator: names too long for a file, planted
+symbolic links, a DAG author's outlets, a try that dies between commit and success. Each test asserts the defence
+that holds."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from dp_operators.operators.release import RELEASE_ALIAS, DPReleaseOperator
 from airflow_fakes import FakeAssetEvents, FakeTaskInstance, context_for, run_tries
 from support import make_ledger
 
-DAG = "review_dag"
-ACCOUNT = "review_account"
-RELEASE = "review_release"
+DAG = "publication_dag"
+ACCOUNT = "publication_account"
+RELEASE = "publication_release"
 
 SPEC = f"""\
 version: 1
@@ -50,11 +50,11 @@ def env(tmp_path: Path, monkeypatch):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     path = tmp_path / "ledger.db"
-    ledger = make_ledger(path, cap="10", accountant="pure_dp", dags=(DAG, "Review_DAG"), account=ACCOUNT)
+    ledger = make_ledger(path, cap="10", accountant="pure_dp", dags=(DAG, "Publication_DAG"), account=ACCOUNT)
     from support import SPEND_KEY
 
     monkeypatch.setenv(
-        "AIRFLOW_CONN_DP_LEDGER_REVIEW",
+        "AIRFLOW_CONN_DP_LEDGER_PUBLICATION",
         json.dumps({"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}),
     )
     return spec, ledger
@@ -63,7 +63,7 @@ def env(tmp_path: Path, monkeypatch):
 def make_operator(spec: Path, out: str, task_id: str = "release", **kwargs) -> DPReleaseOperator:
     return DPReleaseOperator(
         task_id=task_id, spec_path=spec, aggregates_task_id="compute", output_uri=out,
-        ledger_conn_id="dp_ledger_review", **kwargs,
+        ledger_conn_id="dp_ledger_publication", **kwargs,
     )
 
 

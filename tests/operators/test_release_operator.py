@@ -340,7 +340,7 @@ def test_a_try_after_a_dead_tries_lease_expired_takes_the_release_over(tmp_path,
 
 
 def test_run_ids_that_used_to_collide_or_escape_publish_to_their_own_files(tmp_path, ledger_conn, adult_aggregates):
-    """`2026-01:eu` and `2026-01+eu` once shared a folder, `..` wrote outside the release folder (issue 10)."""
+    """`2026-01:eu` and `2026-01+eu` once shared a folder, `..` wrote outside the release folder."""
     outputs = {}
     for run_id in ("2026-01:eu", "2026-01+eu"):
         outputs[run_id] = operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, run_id=run_id)))

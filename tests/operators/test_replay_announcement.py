@@ -24,9 +24,9 @@ from dp_operators.operators.release import DPReleaseOperator
 from airflow_fakes import AliasEvents, FakeTaskInstance
 from support import SPEND_KEY, make_ledger
 
-DAG = "review2_dag"
-ACCOUNT = "review2_account"
-RELEASE = "review2_release"
+DAG = "announce_dag"
+ACCOUNT = "announce_account"
+RELEASE = "announce_release"
 SPEC = f"""\
 version: 1
 release: {RELEASE}
@@ -85,14 +85,14 @@ def env(tmp_path: Path, monkeypatch):
     spec.write_text(SPEC)
     path = tmp_path / "ledger.db"
     ledger = make_ledger(path, cap="100", accountant="pure_dp", dags=(DAG,), account=ACCOUNT)
-    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_REVIEW2", json.dumps(
+    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_ANNOUNCE", json.dumps(
         {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
     return spec, ledger
 
 
 def operator(spec: Path, out: Path, **kwargs) -> DPReleaseOperator:
     return DPReleaseOperator(task_id="release", spec_path=spec, aggregates_task_id="compute",
-                             output_uri=f"file://{out}", ledger_conn_id="dp_ledger_review2", **kwargs)
+                             output_uri=f"file://{out}", ledger_conn_id="dp_ledger_announce", **kwargs)
 
 
 def real_context(op: DPReleaseOperator, ti) -> dict:
@@ -120,7 +120,7 @@ def test_a_cleared_task_stays_silent_when_the_worker_clock_runs_ahead(env, tmp_p
     """Try 1 releases and succeeds; the API server (whose clock is 3 s behind the worker's: ordinary drift between
     a Celery/Kubernetes worker and the API server) stamps its event 3 s before the worker's ``released_at``. The task
     is cleared: the replay asks for events ``after(released_at)``, misses try 1's, and announces the same release a
-    second time, re-triggering every asset-scheduled consumer (issue 10, item 4)."""
+    second time, re-triggering every asset-scheduled consumer; it must not."""
     spec, ledger = env
     server = ApiServer(clock_offset=dt.timedelta(seconds=-3))
     monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", server, raising=False)
@@ -173,7 +173,7 @@ def test_a_replay_of_an_old_run_does_not_download_the_assets_whole_history(env, 
 # -- 3. inlets given by the DAG author drop the release asset -------------------------------------------------------
 
 def test_inlets_given_by_the_dag_author_keep_the_release_asset(env, tmp_path):
-    """``inlets`` is only defaulted (``kwargs.setdefault``), as ``outlets`` was before the last review. A DAG author
+    """``inlets`` is only defaulted (``kwargs.setdefault``), like ``outlets``. A DAG author
     declaring their input for lineage (``inlets=[Asset("raw_census")]``) drops the release asset: it is no longer
     registered at parse time (the concurrent-creation race the comment in __init__ describes returns) and
     ``_announced`` gets a KeyError, answers True, so a release whose first try died after the commit is never
@@ -215,8 +215,8 @@ def test_a_release_mapped_over_its_spec_reads_its_own_asset_events(env, tmp_path
     from airflow.sdk import DAG as Dag
 
     spec, _ = env
-    with Dag("review2_mapped", schedule=None, start_date=datetime.datetime(2026, 1, 1)):
+    with Dag("announce_mapped", schedule=None, start_date=datetime.datetime(2026, 1, 1)):
         mapped = DPReleaseOperator.partial(task_id="release", aggregates_task_id="compute",
-                                           ledger_conn_id="dp_ledger_review2").expand(spec_path=[str(spec)])
+                                           ledger_conn_id="dp_ledger_announce").expand(spec_path=[str(spec)])
     runtime = mapped.unmap({"spec_path": str(spec)})  # what the task runner executes for map index 0
     assert runtime.release_asset in runtime.inlets, f"runtime inlets: {runtime.inlets}"

@@ -22,12 +22,12 @@ from dp_operators.spec import SpecError, load_spec_with_hash
 from airflow_fakes import FakeTaskInstance, context_for, run_tries
 from support import SPEND_KEY, make_ledger
 
-DAG = "review2_dag"
-ACCOUNT = "review2_account"
+DAG = "replay_bytes_dag"
+ACCOUNT = "replay_bytes_account"
 
 MIXED_SPEC = f"""\
 version: 1
-release: review2_mixed
+release: replay_bytes_mixed
 budget_account: {ACCOUNT}
 privacy_unit: person
 aggregates:
@@ -72,7 +72,7 @@ MIXED_AGGREGATES = {
 def env(tmp_path: Path, monkeypatch):
     path = tmp_path / "ledger.db"
     ledger = make_ledger(path, cap="100", accountant="approx_dp", dags=(DAG,), account=ACCOUNT)
-    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_REVIEW2", json.dumps(
+    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_REPLAY_BYTES", json.dumps(
         {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
     return ledger
 
@@ -83,7 +83,7 @@ def test_a_replay_rewrites_every_file_byte_for_byte(env, tmp_path):
     out = tmp_path / "out"
     op = DPReleaseOperator(task_id="release", spec_path=spec, aggregates_task_id="compute",
                            output_uri=f"file://{out}", output_formats=("json", "csv", "parquet"),
-                           ledger_conn_id="dp_ledger_review2")
+                           ledger_conn_id="dp_ledger_replay_bytes")
     ti = FakeTaskInstance(upstream=MIXED_AGGREGATES, dag_id=DAG)
     first = op.execute(context_for(ti))
     rows = release_rows(first)
@@ -105,7 +105,7 @@ def test_a_replay_rewrites_every_file_byte_for_byte(env, tmp_path):
 
 SHADOW_SPEC = f"""\
 version: 1
-release: review2_shadow
+release: replay_bytes_shadow
 budget_account: {ACCOUNT}
 privacy_unit: person
 aggregates:
@@ -151,15 +151,15 @@ def test_an_existing_table_of_another_shape_is_refused_before_the_charge(env, tm
     of the same name with another shape (an older dp_operators schema, a teammate's table) passes the check; the
     release is charged and committed, then every try fails to insert."""
     sink_db = tmp_path / "sink.db"
-    monkeypatch.setenv("AIRFLOW_CONN_REVIEW2_SINK", json.dumps({"conn_type": "sqlite", "host": str(sink_db)}))
+    monkeypatch.setenv("AIRFLOW_CONN_REPLAY_BYTES_SINK", json.dumps({"conn_type": "sqlite", "host": str(sink_db)}))
     engine = sa.create_engine(f"sqlite:///{sink_db}")
-    with engine.begin() as conn:  # the pre-issue-10 table: a ';'-joined key, no spec_hash
+    with engine.begin() as conn:  # an older sink table: a ';'-joined key, no spec_hash
         conn.exec_driver_sql("CREATE TABLE dp_rows (dag_id TEXT, run_id TEXT, task_id TEXT, map_index INT, "
                              "release_name TEXT, aggregate TEXT, key TEXT, value REAL)")
     spec = tmp_path / "shadow.yaml"
     spec.write_text(SHADOW_SPEC.replace("group_by: [value]", "group_by: [band]").replace("{value:", "{band:"))
     op = DPReleaseOperator(task_id="release", spec_path=spec, aggregates_task_id="compute",
-                           sql_sink=SQLTableSink("review2_sink", "dp_rows"), ledger_conn_id="dp_ledger_review2")
+                           sql_sink=SQLTableSink("replay_bytes_sink", "dp_rows"), ledger_conn_id="dp_ledger_replay_bytes")
     ti = FakeTaskInstance(upstream={"by_band": [{"band": "low", "count": 3}]}, dag_id=DAG)
     outcomes = run_tries(op, ti)  # as Airflow's retries would
     charged = env.account(ACCOUNT).spent > 0
@@ -180,7 +180,7 @@ def test_a_diagnostics_report_is_never_written_into_the_published_folder(env, tm
     out = f"file://{tmp_path / 'public'}"
     try:
         op = DPReleaseOperator(task_id="release", spec_path=spec, aggregates_task_id="compute", output_uri=out,
-                               diagnostics_uri=out, ledger_conn_id="dp_ledger_review2")
+                               diagnostics_uri=out, ledger_conn_id="dp_ledger_replay_bytes")
     except ValueError:
         return  # refused at construction: fixed
     ti = FakeTaskInstance(upstream={"by_band": [{"band": "low", "count": 3}, {"band": "nope", "count": 1}]},

@@ -1,4 +1,4 @@
-"""File sources under the DP review of issue 10: what is a reference (a string value must never be echoed as a
+"""File sources and what an observer may learn from them: what is a reference (a string value must never be echoed as a
 "URI"), CSV refused without a public key domain (decided by the spec, before any read), integer CSV keys read in
 bounded time, and the empty ungrouped aggregate (no row is not a refusal: whether a row exists can depend on one
 person)."""

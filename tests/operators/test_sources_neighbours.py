@@ -1,6 +1,6 @@
-"""DP review of issue 10's sources (dp_operators/operators/sources.py, file_tables.py): run the readers and the
-operator on neighbouring inputs and compare what an observer sees. Each test failed against the code before its
-fix; the numbered weaknesses below are the ones found (all fixed: see dp_operators/operators/file_tables.py).
+"""Neighbouring inputs through the file sources (dp_operators/operators/sources.py, file_tables.py): run the readers
+and the operator on neighbouring inputs and compare what an observer sees. Each numbered weakness below is one the
+tests guard against (see dp_operators/operators/file_tables.py).
 
 1. CSV decimal text is read as an exact Decimal, so a binary float sum printed by pandas passes ``arithmetic:
    exact``, which the XCom/JSON/Parquet paths refuse for a non-integral float: neighbouring float sums land two grid
@@ -13,10 +13,14 @@ fix; the numbered weaknesses below are the ones found (all fixed: see dp_operato
    hours (the time taken is then a function of a data value; the task sits until ``execution_timeout``).
 4. An ungrouped SQL aggregate whose query returns no row (``... WHERE sex = 'F' GROUP BY sex``, or ``HAVING``) is
    refused, so the refusal depends on whether one person is present.
+
+The last section compares outcomes only (read, refused or crashed): one person's key in another encoding, a date
+beyond Python's range, a float sum under ``exact``; neighbours must have the same outcome.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import multiprocessing
 import sqlite3
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from dp_operators.operators.release import DPReleaseOperator
 from dp_operators.operators.sources import query_aggregates, read_reference
 from dp_operators.release import ReleaseInputError
@@ -36,11 +40,11 @@ from airflow_fakes import FakeTaskInstance as PlainTaskInstance
 from airflow_fakes import NoXComTaskInstance, context_for
 from support import SPEND_KEY, make_ledger
 
-DAG = "review_dp_sources"
+DAG = "neighbours_dp_sources"
 
 SUM_SPEC = """
 version: 1
-release: review_float_sum
+release: neighbours_float_sum
 budget_account: acct
 privacy_unit: person
 contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
@@ -54,7 +58,7 @@ aggregates:
 
 MEAN_SPEC = """
 version: 1
-release: review_mean_by_sex
+release: neighbours_mean_by_sex
 budget_account: acct
 privacy_unit: person
 contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
@@ -70,7 +74,7 @@ aggregates:
 
 AGE_SPEC = """
 version: 1
-release: review_ages
+release: neighbours_ages
 budget_account: acct
 privacy_unit: person
 contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
@@ -85,7 +89,7 @@ aggregates:
 
 COUNT_SPEC = """
 version: 1
-release: review_women
+release: neighbours_women
 budget_account: acct
 privacy_unit: person
 contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
@@ -142,7 +146,7 @@ def test_whether_a_csv_release_runs_does_not_depend_on_a_data_value(tmp_path, mo
     spec_path = tmp_path / "mean.yaml"
     spec_path.write_text(MEAN_SPEC)
     make_ledger(tmp_path / "ledger.db", cap="100", accountant="pure_dp", dags=(DAG,), account="acct")
-    monkeypatch.setenv("AIRFLOW_CONN_REVIEW_LEDGER", json.dumps(
+    monkeypatch.setenv("AIRFLOW_CONN_NEIGHBOURS_LEDGER", json.dumps(
         {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{tmp_path / 'ledger.db'}",
                                              "audit_key": SPEND_KEY.text}}))
     people = {"with her": pd.DataFrame({"sex": ["F", "M", "M"], "hours": [40, 30, 50]}),
@@ -156,7 +160,7 @@ def test_whether_a_csv_release_runs_does_not_depend_on_a_data_value(tmp_path, mo
         grouped.rename_axis("sex").reset_index().to_csv(path, index=False, na_rep="N/A")
         operator = DPReleaseOperator(
             task_id="release", spec_path=spec_path, aggregates_uri=f"file://{path}",
-            output_uri=f"file://{tmp_path / 'out'}", ledger_conn_id="review_ledger",
+            output_uri=f"file://{tmp_path / 'out'}", ledger_conn_id="neighbours_ledger",
         )
         ti = FakeTaskInstance(run_id=f"manual__{name.replace(' ', '_')}")
         try:
@@ -197,12 +201,12 @@ def test_an_integer_key_cell_is_read_in_bounded_time(tmp_path):
     context = multiprocessing.get_context("spawn")
     process = context.Process(target=_read_ages, args=(str(path),))
     process.start()
-    process.join(30)
+    process.join(120)  # bounds a hang only: the expansion takes hours, the read a fraction of a second
     finished = not process.is_alive()
     if not finished:
         process.kill()
         process.join()
-    assert finished, "reading a 4-row CSV did not finish in 30 s: one key cell '1e9999999' is being expanded to an int"
+    assert finished, "reading a 4-row CSV did not finish: one key cell '1e9999999' is being expanded to an int"
     assert process.exitcode == 0
 
 
@@ -243,19 +247,19 @@ def test_an_ungrouped_query_without_a_row_is_not_refused_by_the_data(tmp_path):
 def test_a_count_returned_as_a_string_is_not_echoed_in_the_task_error(tmp_path, monkeypatch, capsys):
     """An upstream returning its aggregates as strings (``{"women": str(total)}``, a common way to get a Decimal
     through XCom) is taken by ``is_reference`` for a mapping of file URIs; ``_located`` then fails with the "URI" in
-    the message: the true count lands in the task log and the Airflow UI. Before issue 10 the engine refused the same
-    value as "field 'count' holds a str" without echoing it (DESIGN.md 2.8)."""
+    the message: the true count lands in the task log and the Airflow UI. The engine refuses the same value as
+    "field 'count' holds a str" without echoing it (DESIGN.md 2.8)."""
     spec_path = tmp_path / "women.yaml"
     spec_path.write_text(COUNT_SPEC)
     make_ledger(tmp_path / "ledger.db", cap="100", accountant="pure_dp", dags=(DAG,), account="acct")
-    monkeypatch.setenv("AIRFLOW_CONN_REVIEW_LEDGER", json.dumps(
+    monkeypatch.setenv("AIRFLOW_CONN_NEIGHBOURS_LEDGER", json.dumps(
         {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{tmp_path / 'ledger.db'}",
                                              "audit_key": SPEND_KEY.text}}))
 
     upstream = {"women": "8675309.25"}  # the true sum/count, stringified for XCom
 
     operator = DPReleaseOperator(task_id="release", spec_path=spec_path, aggregates_task_id="compute",
-                                 ledger_conn_id="review_ledger")
+                                 ledger_conn_id="neighbours_ledger")
     with pytest.raises(Exception) as failed:
         operator.execute(context_for(PlainTaskInstance(upstream, run_id="manual__1", dag_id=DAG)))
     seen = str(failed.value) + capsys.readouterr().out
@@ -266,7 +270,7 @@ def test_a_count_returned_as_a_string_is_not_echoed_in_the_task_error(tmp_path, 
 
 SELECTION_SPEC = """
 version: 1
-release: review_selected_ages
+release: neighbours_selected_ages
 budget_account: acct
 privacy_unit: person
 contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
@@ -312,3 +316,141 @@ def test_the_published_key_set_does_not_reveal_one_person_with_a_null_key(tmp_pa
     assert published["without"] == published["with a NULL age"], (
         f"published keys: {published} (5000 people per age; one person with a missing age changes every key)"
     )
+
+
+# -- 7. neighbours' outcomes: read, refused or crashed ------------------------------------------------------------
+
+CITY_SPEC = """
+version: 1
+release: kinds_cities
+budget_account: acct
+privacy_unit: person
+contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
+aggregates:
+  - name: people_by_city
+    kind: count
+    group_by: [city]
+    keys: {city: [Zürich, Genève]}
+    mechanism: discrete_laplace
+    budget: {epsilon: 1}
+"""
+
+DAY_SPEC = """
+version: 1
+release: kinds_days
+budget_account: acct
+privacy_unit: person
+contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
+aggregates:
+  - name: visits_by_day
+    kind: count
+    group_by: [day]
+    keys: {day: ['2026-01-01', '2026-01-02']}
+    mechanism: discrete_laplace
+    budget: {epsilon: 1}
+"""
+
+HOURS_SPEC = """
+version: 1
+release: kinds_hours
+budget_account: acct
+privacy_unit: person
+contribution: {max_partitions_contributed: 1, max_contributions_per_partition: 1}
+aggregates:
+  - name: hours
+    kind: sum
+    bounds: [0, 99]
+    grid: 0.5
+    mechanism: discrete_laplace
+    budget: {epsilon: 1}
+"""
+
+
+def outcome(spec_text: str, reference: str) -> str:
+    spec = parse_spec(spec_text, source="spec")
+    try:
+        prepare_inputs(spec, read_reference(reference, spec))
+        return "read"
+    except (AirflowFailException, ReleaseInputError) as error:
+        return f"refused ({type(error).__name__})"
+    except Exception as error:  # noqa: BLE001 - what the operator turns into a retryable "unexpected" failure
+        return f"crashed ({type(error).__name__})"
+
+
+# -- CSV: one person's key in another encoding ----------------------------------------------------------------------
+
+def test_one_key_cell_in_latin1_does_not_refuse_the_csv(tmp_path):
+    """A key cell in Latin-1 (one person's) gives a CSV the same outcome as its neighbour without that person."""
+    # Decoded with surrogateescape, such a key is one no release can publish (normalise_key: UNPUBLISHABLE).
+    without = tmp_path / "without.csv"
+    without.write_bytes("city,count\nZürich,120\nGenève,80\n".encode("utf-8"))
+    with_her = tmp_path / "with.csv"
+    with_her.write_bytes("city,count\nZürich,120\nGenève,80\n".encode("utf-8") + "Zürich,1\n".encode("latin-1"))
+    outcomes = {name: outcome(CITY_SPEC, f"file://{path}") for name, path in
+                (("without", without), ("with", with_her))}
+    assert outcomes["with"] == outcomes["without"], f"neighbouring CSV files, different outcomes: {outcomes}"
+
+
+# -- Parquet: a date key beyond Python's date range -----------------------------------------------------------------
+
+def _days_parquet(path: Path, extra: list) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    days = [dt.date(2026, 1, 1), dt.date(2026, 1, 2)]
+    counts = [40, 50]
+    table = pa.table({"day": pa.array([(d - dt.date(1970, 1, 1)).days for d in days] + extra, type=pa.int32())
+                      .cast(pa.date32()), "count": pa.array(counts + [1] * len(extra), type=pa.int64())})
+    pq.write_table(table, path)
+
+
+def test_a_date_key_beyond_year_9999_does_not_crash_the_parquet_read(tmp_path):
+    """A Parquet date key beyond year 9999 (one person's typo) gives the same outcome as the neighbour without it."""
+    # date32 holds dates up to year ~5.8 million, Python's date stops at 9999: such a key is read as unpublishable.
+    without, with_him = tmp_path / "without.parquet", tmp_path / "with.parquet"
+    _days_parquet(without, [])
+    _days_parquet(with_him, [(dt.date(9999, 12, 31) - dt.date(1970, 1, 1)).days + 1])  # 10000-01-01
+    outcomes = {"without": outcome(DAY_SPEC, f"file://{without}"), "with": outcome(DAY_SPEC, f"file://{with_him}")}
+    assert outcomes["with"] == outcomes["without"], f"neighbouring Parquet files, different outcomes: {outcomes}"
+
+
+def test_the_operator_releases_despite_a_date_key_beyond_year_9999(tmp_path, monkeypatch):
+    """Through the operator, a date key beyond year 9999 is no failure at all (not even a retryable one)."""
+    spec = tmp_path / "days.yaml"
+    spec.write_text(DAY_SPEC)
+    make_ledger(tmp_path / "ledger.db", cap="100", accountant="pure_dp", dags=(DAG,), account="acct")
+    monkeypatch.setenv("AIRFLOW_CONN_KINDS_LEDGER", json.dumps(
+        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{tmp_path / 'ledger.db'}",
+                                             "audit_key": SPEND_KEY.text}}))
+    data = tmp_path / "with.parquet"
+    _days_parquet(data, [3_000_000])
+    op = DPReleaseOperator(task_id="release", spec_path=spec, aggregates_uri=f"file://{data}",
+                           ledger_conn_id="kinds_ledger")
+    try:
+        op.execute(context_for(NoXComTaskInstance(dag_id=DAG)))
+        result = "released"
+    except AirflowFailException:
+        result = "refused"
+    except AirflowException as error:
+        result = f"retryable: {error}"
+    assert result == "released", result
+
+
+# -- CSV / Parquet float sums under the default `exact` arithmetic (refused by their type, docs/adr/0017) ----------
+
+@pytest.mark.parametrize("fmt", [
+    "csv",  # every float cell (30.0 as well as 70.5) is a float sum: refused with or without him
+    "parquet",  # refused by the column's type (double) under `exact`, with or without him
+])
+def test_a_half_hour_float_sum_has_the_same_outcome_with_or_without_one_person(tmp_path, fmt):
+    """Under ``exact`` a float sum is refused by its type whatever its value: both neighbours, same outcome."""
+    # Hours in half-hour steps summed by pandas: 70.5 with the person who worked 40.5 h, 30.0 without (docs/adr/0017).
+    import pandas as pd
+
+    outcomes = {}
+    for name, hours in (("with him", [40.5, 30.0]), ("without him", [30.0])):
+        frame = pd.DataFrame({"sum": [pd.Series(hours).sum()]})
+        path = tmp_path / f"{name.replace(' ', '_')}.{fmt}"
+        frame.to_csv(path, index=False) if fmt == "csv" else frame.to_parquet(path, index=False)
+        outcomes[name] = outcome(HOURS_SPEC, f"file://{path}")
+    assert outcomes["with him"] == outcomes["without him"], f"neighbouring files, different outcomes: {outcomes}"

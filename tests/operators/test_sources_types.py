@@ -1,4 +1,4 @@
-"""File sources decide by the file's structure, never by one person's value (DESIGN.md 2.4; review 2 of issue 10):
+"""File sources decide by the file's structure, never by one person's value (DESIGN.md 2.4):
 
 * CSV (and JSON) is decoded with ``surrogateescape``: a cell in another encoding (one source system's Latin-1
   key) is text the engine reads as no key (its row ignored and counted), a non-number in a value cell, or a header
@@ -31,7 +31,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 SPEC = """
 version: 1
-release: types_review
+release: types_types
 budget_account: acct
 privacy_unit: person
 contribution: {{max_partitions_contributed: 1, max_contributions_per_partition: 1}}

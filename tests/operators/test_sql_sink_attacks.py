@@ -1,7 +1,7 @@
-"""Attacks on the SQL sink (SQLTableSink) and the ``key`` column of CSV/Parquet/SQL rows (red-team review of issue
-10). The key was once ``";".join(f"{column}={value}")``, not injective: NULL and 'None', 1 and '1', values holding
-';' or '=' printed alike, so the table's primary key collided and the sink failed *after the ledger committed the
-charge*, on every retry. It is now a JSON object. Each test failed against the code before its fix."""
+"""Attacks on the SQL sink (SQLTableSink) and the ``key`` column of CSV/Parquet/SQL rows. The key is a JSON object,
+injective: a ``";".join(f"{column}={value}")`` key printed NULL and 'None', 1 and '1', and values holding ';' or '='
+alike, so the table's primary key collided and the sink failed *after the ledger committed the charge*, on every
+retry."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from airflow_fakes import FakeTaskInstance, run_tries
 from support import SPEND_KEY, make_ledger
 from sql_targets import database_target
 
-DAG = "review_dag"
-ACCOUNT = "review_account"
+DAG = "sink_attacks_dag"
+ACCOUNT = "sink_attacks_account"
 
 SELECTION_SPEC = """\
 version: 1
 release: {release}
-budget_account: review_account
+budget_account: sink_attacks_account
 privacy_unit: person
 aggregates:
   - name: {name}
@@ -44,7 +44,7 @@ aggregates:
 SEPARATOR_SPEC = """\
 version: 1
 release: separators
-budget_account: review_account
+budget_account: sink_attacks_account
 privacy_unit: person
 aggregates:
   - name: people
@@ -83,7 +83,7 @@ ALIKE = [
 @pytest.fixture(params=["sqlite", "postgresql"])
 def sink_target(request, tmp_path, monkeypatch):
     """(conn_id, table, engine) on SQLite and on the local PostgreSQL (tests/sql_targets.py)."""
-    yield from database_target(request.param, tmp_path, monkeypatch, "review_sink")
+    yield from database_target(request.param, tmp_path, monkeypatch, "sink_attacks_sink")
 
 
 @pytest.mark.parametrize("keys", ALIKE)
@@ -146,10 +146,10 @@ def test_the_operator_never_charges_a_release_it_cannot_put_in_its_sql_table(tmp
     conn_id, table, engine = sink_target
     path = tmp_path / "ledger.db"
     ledger = make_ledger(path, cap="100", accountant="approx_dp", dags=(DAG,), account=ACCOUNT)
-    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_REVIEW", json.dumps(
+    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_SINK_ATTACKS", json.dumps(
         {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
     op = DPReleaseOperator(task_id="release", spec_path=selection_spec(tmp_path), aggregates_task_id="compute",
-                           sql_sink=SQLTableSink(conn_id, table), ledger_conn_id="dp_ledger_review")
+                           sql_sink=SQLTableSink(conn_id, table), ledger_conn_id="dp_ledger_sink_attacks")
     ti = FakeTaskInstance(upstream={"by_city": [{"city": None, "count": BIG}, {"city": "None", "count": BIG}]},
                           dag_id=DAG)
     outcomes = run_tries(op, ti)  # as Airflow's retries would

@@ -18,13 +18,13 @@ from dp_operators.spec import SpecError, load_spec_with_hash
 from support import make_ledger
 from sql_targets import database_target
 
-DAG = "review2_dag"
-ACCOUNT = "review2_account"
+DAG = "sink_pg_dag"
+ACCOUNT = "sink_pg_account"
 
 SELECTION_SPEC = """\
 version: 1
-release: review2_urls
-budget_account: review2_account
+release: sink_pg_urls
+budget_account: sink_pg_account
 privacy_unit: person
 aggregates:
   - name: {name}
@@ -41,11 +41,11 @@ aggregates:
 @pytest.fixture
 def pg_sink(tmp_path, monkeypatch):
     """``(conn_id, table, engine)`` on the local PostgreSQL (tests/sql_targets.py)."""
-    yield from database_target("postgresql", tmp_path, monkeypatch, "review2_pg")
+    yield from database_target("postgresql", tmp_path, monkeypatch, "sink_pg_pg")
 
 
 def test_concurrent_first_releases_all_pass_the_sink_check(pg_sink):
-    """The first run of a mapped release (8 instances at once; the issue's own scale test runs parallelism >= 4)
+    """The first run of a mapped release (8 instances at once; the scheduler scale tests run parallelism >= 4)
     calls ``prepare()`` -> ``create_all(checkfirst=True)`` concurrently: check-then-create races, and the losers get
     DuplicateTable / UniqueViolation(pg_type). The operator turns that into 'the SQL sink's database failed' —
     retryable, but Airflow's default is retries=0, so those instances fail their run. (A race: 5 fresh tables are
@@ -53,7 +53,7 @@ def test_concurrent_first_releases_all_pass_the_sink_check(pg_sink):
     conn_id, _, engine = pg_sink
     errors: list[str] = []
     for _ in range(5):
-        table = f"public.review2_{uuid.uuid4().hex[:10]}"
+        table = f"public.sink_pg_{uuid.uuid4().hex[:10]}"
         barrier = threading.Barrier(8)
 
         def instance() -> None:

@@ -195,7 +195,7 @@ def test_a_creation_failure_that_leaves_no_table_is_raised(target, monkeypatch):
 
 @pytest.mark.parametrize("target", ["sqlite"], indirect=True)
 def test_concurrent_first_prepares_all_pass_on_sqlite(target):
-    """(PostgreSQL: tests/review2/test_sql_sink_postgres.py.)"""
+    """Concurrent first prepares of the SQL sink all pass on SQLite (PostgreSQL: test_sql_sink_postgres.py)."""
     conn_id, table, _ = target
     errors = []
     barrier = threading.Barrier(8)
