@@ -1,8 +1,9 @@
 """Vectorised exact discrete Laplace sampler for large rational scales (issue 11, item 1; ADR 22).
 
-``vectorised.sample_discrete_laplace_array`` keeps one inverse-CDF table of the magnitude with at most 2^20
-entries, which covers the 64-bit range only for scales up to ``TABLE_SCALE_LIMIT`` (2^22). Above it, this module
-draws the same law exactly from a few small tables, by factorising the geometric law into independent digits.
+``vectorised.sample_discrete_laplace_array`` keeps one inverse-CDF table of the magnitude for scales up to
+``TABLE_SCALE_LIMIT`` (2^14) and draws larger ones through ``vectorised_envelope`` up to 2^56; between 2^56 and
+2^60 it uses this module, which draws the same law exactly from a few small tables, by factorising the geometric
+law into independent digits. ``geometric_table`` also gives ``vectorised_envelope`` its Laplace block index.
 
 Distribution: P(X = x) = tanh(1/(2b)) q^|x|, q = exp(-1/b), x in Z, b = t/s > 0 rational (Canonne, Kamath,
 Steinke 2020; the law of ``samplers.sample_discrete_laplace`` and of ``vectorised``). tanh(1/(2b)) = (1-q)/(1+q).
@@ -214,9 +215,9 @@ def sample_discrete_laplace_large(scale: Fraction | int, size: int, *, _words: W
     """Draw ``size`` independent discrete Laplace integers with scale ``scale`` (exact; module docstring).
 
     pmf: P(x) = tanh(1/(2 scale)) exp(-|x|/scale), x in Z (CKS 2020), scale in units of the integer aggregate.
-    Meant for scales above ``vectorised.TABLE_SCALE_LIMIT`` (2^22), where it is about 100 times the scalar
-    sampler; exact for every scale in (0, 2^60]. Tables are built once per scale (0.01 s at 10^7, 0.1 s at
-    10^9, 0.6 s at 2^50) and cached.
+    ``vectorised`` uses it for scales in (2^56, 2^60], where it is about 100 times the scalar sampler; exact for
+    every scale in (0, 2^60]. Tables are built once per scale (0.01 s at 10^7, 0.1 s at 10^9, 0.6 s at 2^50) and
+    cached.
 
     Args:
         scale: positive finite rational (int, Fraction, Decimal, or float read as its decimal), at most 2^60.

@@ -103,7 +103,12 @@ def test_discrete_gaussian_matches_the_exact_law(sigma2):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kind,param",
-    [("laplace", s) for s in LAPLACE_SCALES] + [("gaussian", s) for s in GAUSSIAN_SIGMA2],
+    [
+        ("laplace", LAPLACE_SCALES[0]),
+        ("laplace", LAPLACE_SCALES[-1]),
+        ("gaussian", GAUSSIAN_SIGMA2[0]),
+        ("gaussian", GAUSSIAN_SIGMA2[-1]),
+    ],
     ids=str,
 )
 def test_the_law_holds_on_1e7_draws(kind, param):
