@@ -1,9 +1,12 @@
-"""Reservation leases and lock limits (issue 9, item 5), on SQLite and PostgreSQL unless a test says otherwise.
+"""Reservation leases and lock limits, on SQLite and PostgreSQL unless a test says otherwise.
 
 A reservation's lease keeps other tries of the same release key out while its owner draws: renewing needs the
 token, the lease keeper renews while the block runs, a commit after the lease lapsed still succeeds if nobody took
 the key over, and reconcile abandons only expired reservations. SQLite readers never wait for the write lock;
 PostgreSQL sessions give up a lock wait after ``lock_timeout`` and are ended when idle inside a transaction.
+
+No test measures elapsed time: each waits for an event (a renewal, a lock timeout, a session ended) with a deadline
+that only bounds a hang (:data:`HANG`), and counts what happened.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from fractions import Fraction
 
 import pytest
@@ -25,6 +29,8 @@ from ledger_backends import account_config, ledger_with
 from support import governor, spender
 
 AMOUNT = Fraction(1, 10)
+#: Seconds after which a wait for an event counts as a hang (never the assertion itself).
+HANG = 120
 
 
 def key(run: str = "run-1") -> ReleaseKey:
@@ -120,35 +126,50 @@ def reserve_or_replay(ledger: Ledger, run: str = "run-1"):
     return ledger.reserve(key(run), account="a", amount=AMOUNT, mechanisms=[], spec_hash="0" * 64)
 
 
-def test_the_lease_keeper_renews_through_a_draw_longer_than_the_lease(ledger_url):
-    """Lease 0.6 s, "draw" 2 s: a second try is refused throughout, the stored lease keeps moving, and the commit
-    succeeds. Once the block is left the renewals stop: the lease lapses and a later try takes the key over."""
+def test_the_lease_keeper_renews_through_a_draw_longer_than_the_lease(ledger_url, monkeypatch):
+    """While the block runs the lease is renewed past its length and other tries are refused; then renewals stop."""
+    # Lease 1.5 s, renewed every 0.5 s: after each of 4 renewals (2 s, longer than the lease) a second try is
+    # refused and the stored lease has moved. Once the block is left no renewal happens: the lease lapses and a
+    # later try takes the key over.
     ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
-    owner, other = spender(ledger_url, lease_seconds=0.6), spender(ledger_url)
+    owner, other = spender(ledger_url, lease_seconds=1.5), spender(ledger_url)
     reservation = reserve(owner)
+    renewed, real_renew = threading.Semaphore(0), owner.renew
+
+    def counted_renew(res):
+        result = real_renew(res)
+        renewed.release()
+        return result
+
+    monkeypatch.setattr(owner, "renew", counted_renew)
     ends, refusals = [lease_end(owner, reservation.charge_id)], 0
     with owner.lease(reservation):
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
+        for _ in range(4):
+            assert renewed.acquire(timeout=HANG)
             with pytest.raises(LeaseHeldError):
                 reserve(other)
             refusals += 1
             ends.append(lease_end(owner, reservation.charge_id))
-            time.sleep(0.1)
-    assert refusals >= 10
-    assert len(set(ends)) >= 4 and ends == sorted(ends)  # renewed about every 0.2 s
-    assert ends[-1] - ends[0] >= dt.timedelta(seconds=1.2)
+    assert refusals == 4
+    assert len(set(ends)) == 5 and ends == sorted(ends)  # every renewal moved the lease on
     assert [c["state"] for c in owner.charges()] == ["reserved"] and owner.account("a").spent == AMOUNT
     final = lease_end(owner, reservation.charge_id)
-    time.sleep(0.5)
-    assert lease_end(owner, reservation.charge_id) == final  # the keeper stopped with the block
     wait_past(final)
+    assert not renewed.acquire(blocking=False)  # the keeper stopped with the block
+    assert lease_end(owner, reservation.charge_id) == final
     taken = reserve(other)
     assert taken.attempt == 2
     with pytest.raises(ChargeStateError, match="is abandoned, no longer reserved"):
         owner.commit(reservation, {"value": 1})
     assert [(c["attempt"], c["state"]) for c in owner.charges()] == [(1, "abandoned"), (2, "reserved")]
     assert owner.account("a").spent == 2 * AMOUNT
+
+
+def wait_for_log(caplog, text: str) -> None:
+    """Until ``text`` has been logged (the lease keeper logs from its own thread)."""
+    deadline = time.monotonic() + HANG
+    while text not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def test_the_lease_keeper_stops_when_the_charge_is_no_longer_its_own(ledger_url, caplog):
@@ -158,7 +179,7 @@ def test_the_lease_keeper_stops_when_the_charge_is_no_longer_its_own(ledger_url,
     with caplog.at_level(logging.WARNING, logger="dp_operators.ledger.spend"):
         with ledger.lease(reservation):
             ledger.release(reservation)  # the next renewal finds the charge released
-            time.sleep(0.4)
+            wait_for_log(caplog, "the reservation's lease ended")
     assert caplog.text.count("the reservation's lease ended: another attempt took the release over") == 1
     assert reservation.token not in caplog.text
 
@@ -167,19 +188,21 @@ def test_the_lease_keeper_retries_a_transient_failure_and_logs_only_its_type(led
     ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
     ledger = spender(ledger_url, lease_seconds=0.3)
     reservation = reserve(ledger)
-    real_renew, failures = ledger.renew, []
+    real_renew, failures, renewed = ledger.renew, [], threading.Event()
 
     def flaky(res):
         if len(failures) < 2:
             failures.append(1)
             raise ConnectionError(f"lost {res.token}")
-        return real_renew(res)
+        result = real_renew(res)
+        renewed.set()
+        return result
 
     monkeypatch.setattr(ledger, "renew", flaky)
     before = lease_end(ledger, reservation.charge_id)
     with caplog.at_level(logging.WARNING, logger="dp_operators.ledger.spend"):
         with ledger.lease(reservation):
-            time.sleep(0.7)
+            assert renewed.wait(HANG)  # the first renewal after the two failures
     assert len(failures) == 2
     assert "the reservation's lease could not be renewed (ConnectionError); retrying" in caplog.text
     assert reservation.token not in caplog.text
@@ -224,7 +247,8 @@ def test_reconcile_abandons_only_expired_reservations(ledger_url):
 @pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
 def test_sqlite_readers_do_not_wait_for_a_writer(ledger_url):
     """A writer holds the write lock (``BEGIN IMMEDIATE`` and an update, uncommitted) on a raw connection; a fresh
-    ``Ledger``'s reads (its first call included: the schema check) return at once, seeing the committed state."""
+    ``Ledger``'s reads (its first call included: the schema check) finish while it holds it, seeing the committed
+    state."""
     seeded = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
     reservation = reserve(seeded)
     seeded.commit(reservation, {"value": 1})
@@ -234,26 +258,67 @@ def test_sqlite_readers_do_not_wait_for_a_writer(ledger_url):
     results: dict = {}
 
     def read() -> None:
-        started = time.perf_counter()
         fresh = Ledger(ledger_url)
         results["account"] = fresh.account("a")
         results["charges"] = list(fresh.charges())
         results["events"] = list(fresh.events("a"))
         results["output"] = fresh.stored_output(key())
-        results["seconds"] = time.perf_counter() - started
 
     try:
+        # the writer keeps its lock until the reader is done: a reader that waited for it would never finish
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        reader.join(timeout=5)
+        reader.join(timeout=HANG)
         assert not reader.is_alive(), "a reader waited for the writer's lock"
+        assert "output" in results, "a reader failed while the writer held its lock"
     finally:
         writer.rollback()
         writer.close()
-    assert results["seconds"] < 2
     assert results["account"].spent == AMOUNT and results["account"].owner is None  # committed state only
     assert [c["state"] for c in results["charges"]] == ["committed"] and results["output"] == {"value": 1}
     assert [e["event"] for e in results["events"]] == ["account_created", "reserved", "committed"]
+
+
+class LockTimeouts:
+    """Lock-timeout errors (SQLSTATE 55P03) raised by any engine's statements, counted as they happen."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = threading.Condition()
+
+    def __call__(self, context) -> None:
+        if getattr(context.original_exception, "sqlstate", None) == "55P03":
+            with self._changed:
+                self.count += 1
+                self._changed.notify_all()
+
+    def wait_for(self, count: int) -> None:
+        with self._changed:
+            assert self._changed.wait_for(lambda: self.count >= count, timeout=HANG), self.count
+
+
+@pytest.fixture
+def lock_timeouts() -> Iterator[LockTimeouts]:
+    """Counts the lock timeouts of the test (a ``handle_error`` listener on every engine)."""
+    counter = LockTimeouts()
+    sa.event.listen(sa.engine.Engine, "handle_error", counter)
+    yield counter
+    sa.event.remove(sa.engine.Engine, "handle_error", counter)
+
+
+def wait_until_session_ended(url: str, pid: int) -> None:
+    """Until the PostgreSQL session ``pid`` is gone from ``pg_stat_activity``."""
+    engine = sa.create_engine(url)
+    deadline = time.monotonic() + HANG
+    try:
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                if not conn.exec_driver_sql(f"SELECT 1 FROM pg_stat_activity WHERE pid = {int(pid)}").first():
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"session {pid} still open after {HANG} s")
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
@@ -265,13 +330,16 @@ def test_postgresql_sessions_set_the_lock_and_idle_timeouts(ledger_url):
 
 
 @pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
-def test_postgresql_a_held_account_lock_makes_reserve_time_out_and_retry_not_hang(ledger_url, monkeypatch):
-    """Another session holds the account row (``FOR UPDATE`` in an open transaction). With a lock timeout of
-    200 ms, a reserve with 2 retries fails after about a second with the lock-timeout error (55P03), nothing
-    charged; a reserve with the usual retries waits through timeouts and succeeds once the lock is released."""
+def test_postgresql_a_held_account_lock_makes_reserve_time_out_and_retry_not_hang(ledger_url, monkeypatch,
+                                                                                   lock_timeouts):
+    """A held account row makes reserve give up after its retries (55P03), or wait through lock timeouts for it."""
+    # Another session holds the account row (FOR UPDATE in an open transaction). With a lock timeout of 200 ms, a
+    # reserve with 2 retries fails after 3 lock timeouts, nothing charged; a reserve with the usual retries meets
+    # timeouts while the lock is held and succeeds once it is released. Counted: lock timeouts, not seconds.
     ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
     monkeypatch.setattr(store, "PG_LOCK_TIMEOUT_MS", 200)
     blocker = sa.create_engine(ledger_url)
+    timeouts = lock_timeouts
     try:
         with blocker.connect() as holding:
             holding.begin()
@@ -279,27 +347,24 @@ def test_postgresql_a_held_account_lock_makes_reserve_time_out_and_retry_not_han
             impatient = spender(ledger_url, max_retries=2)
             with impatient.engine.connect() as conn:
                 assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == "200ms"
-            started = time.perf_counter()
             with pytest.raises(sa.exc.OperationalError) as timed_out:
                 reserve(impatient)
-            assert time.perf_counter() - started < 5
             assert timed_out.value.orig.sqlstate == "55P03"  # lock_not_available
+            assert timeouts.count == 3  # the first try and its 2 retries
 
             patient: dict = {}
 
             def reserve_patiently() -> None:
-                started = time.perf_counter()
                 patient["reservation"] = reserve(spender(ledger_url))
-                patient["seconds"] = time.perf_counter() - started
 
             waiting = threading.Thread(target=reserve_patiently, daemon=True)
             waiting.start()
-            time.sleep(1.0)  # several lock timeouts, each retried
+            timeouts.wait_for(3 + 2)  # two lock timeouts of the patient reserve, each retried
             assert waiting.is_alive()
             holding.rollback()
-        waiting.join(timeout=30)
+        waiting.join(timeout=HANG)
         assert not waiting.is_alive()
-        assert patient["reservation"].attempt == 1 and patient["seconds"] >= 1.0
+        assert patient["reservation"].attempt == 1 and timeouts.count >= 3 + 2
     finally:
         blocker.dispose()
     ledger = spender(ledger_url)
@@ -308,7 +373,8 @@ def test_postgresql_a_held_account_lock_makes_reserve_time_out_and_retry_not_han
 
 
 @pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
-def test_postgresql_a_session_idle_in_its_transaction_is_ended_and_frees_the_account(ledger_url, monkeypatch):
+def test_postgresql_a_session_idle_in_its_transaction_is_ended_and_frees_the_account(ledger_url, monkeypatch,
+                                                                                     lock_timeouts):
     """A hung worker (idle inside a transaction holding the account row) is ended by the server after
     ``idle_in_transaction_session_timeout``, so other workers can reserve again."""
     ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
@@ -319,10 +385,10 @@ def test_postgresql_a_session_idle_in_its_transaction_is_ended_and_frees_the_acc
             # the SHOW begins the transaction (SQLAlchemy's autobegin), the lock is taken in it
             assert hung.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == "300ms"
             hung.exec_driver_sql("SELECT name FROM dp_budget_accounts WHERE name = 'a' FOR UPDATE")
-            time.sleep(1.0)  # idle inside the transaction: the server ends the session
-            started = time.perf_counter()
+            pid = hung.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+            wait_until_session_ended(ledger_url, pid)  # idle inside the transaction: the server ends it
             reservation = reserve(spender(ledger_url))
-            assert time.perf_counter() - started < 2
+            assert lock_timeouts.count == 0  # the account row was free: no lock wait at all
             with pytest.raises(sa.exc.DBAPIError, match="idle-in-transaction timeout"):
                 hung.exec_driver_sql("SELECT 1")  # the hung worker's session is gone (its transaction rolled back)
     finally:

@@ -463,7 +463,7 @@ def test_the_spender_grants_name_no_governed_column():
     assert not [s for s in statements if "OWNER" in s or "DELETE" in s or "TRUNCATE" in s or "TRIGGER" in s]
 
 
-# ---- the reader role (issue 12: the budget dashboard reads the ledger and can change nothing) ---------------------
+# ---- the reader role (the budget dashboard reads the ledger and can change nothing) ------------------------------
 
 
 @pytest.fixture(scope="module")

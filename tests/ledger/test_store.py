@@ -305,8 +305,8 @@ def test_init_makes_a_sqlite_ledger_readable_by_its_owner_only(tmp_path):
 
 @pytest.mark.parametrize("signer", ["the governor's key id, MAC made up", "a random key id"])
 def test_a_forged_head_under_another_key_id_does_not_lower_the_totals(ledger_url, signer):
-    """The second red team's bypass: append an event claiming another key at the next seq, stating spent 0, and
-    point the row at it. The newest event the spend key signed still states the true totals, so reserves stop."""
+    """An event claiming another key at the next seq, stating spent 0, with the row pointed at it, lowers nothing.
+    The newest event the spend key signed still states the true totals, so reserves stop."""
     import sqlalchemy as sa
 
     from dp_operators.ledger import AuditChainError, schema

@@ -1,4 +1,4 @@
-"""The tamper suite of issue 9: every attack listed there, on SQLite and PostgreSQL, must be BLOCKED (the database
+"""The tamper suite: every attack listed below, on SQLite and PostgreSQL, must be BLOCKED (the database
 or the ledger refuses it and nothing changes) or DETECTED (``dpctl ledger verify`` with the keys exits 3 and its
 first line names the row).
 
@@ -518,7 +518,7 @@ def outcome_table(request) -> Iterator[None]:
 
     class Summary:
         def pytest_terminal_summary(self, terminalreporter) -> None:
-            terminalreporter.write_sep("=", "issue 9 tamper suite: kinds and outcomes")
+            terminalreporter.write_sep("=", "ledger tamper suite: kinds and outcomes")
             for line in _table():
                 terminalreporter.write_line(line)
 
