@@ -71,6 +71,32 @@ def test_real_valued_sum_goes_through_the_grid_with_exact_noise():
     assert chi_square_p_value(noise, lambda x: discrete_gaussian_pmf(x, sigma2 * OFF**2)) < REJECT_P
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "mechanism,budget",
+    [
+        pytest.param("discrete_laplace", {"epsilon": Fraction(1, 10)}, id="discrete Laplace at scale 10^6"),
+        pytest.param("discrete_gaussian", {"rho": Fraction(1, 100)}, id="discrete Gaussian at sigma^2 5e11"),
+    ],
+)
+def test_large_scale_sum_has_exactly_its_distribution(mechanism, budget):
+    """A sum noised above the samplers' table limits (the block envelope) has the exact law of its scale, and a
+    scale 30 % off is rejected by the same test."""
+    from mechanisms.test_vectorised_envelope import law_p
+
+    values = [5] * DRAWS
+    result = vector_release(values, sensitivity=10**5, mechanism=mechanism, max_partitions_contributed=1, **budget)
+    noise = np.array(noise_of(result, values), dtype=np.int64)
+    if mechanism == "discrete_laplace":
+        kind, param, off = "laplace", Fraction(result.mechanism["scale"]), OFF
+        assert param == 10**6
+    else:
+        kind, param, off = "gaussian", Fraction(result.mechanism["sigma2_grid_units_exact"]), OFF**2
+        assert param == Fraction(10**10, 2) * 100
+    assert law_p(noise, kind, param) > ACCEPT_P
+    assert law_p(noise, kind, param * off) < REJECT_P
+
+
 def _selection_release_rate(mechanism: str, count: int, keys: int) -> tuple[float, object]:
     spec = parse_spec(f"""
 version: 1
