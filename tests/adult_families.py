@@ -4,7 +4,9 @@ edits of the example's ``postprocess`` flags. Imported by name by the spec and r
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from functools import cache
 from pathlib import Path
 
 from support import REPO
@@ -59,3 +61,14 @@ def example_with(**flags: str) -> str:
         assert text.count(old) == 1, flag
         text = text.replace(old, f"\n  {flag}: {written} ")
     return text
+
+
+@cache
+def consistent_dag_module():
+    """``dags/adult_consistent_release.py`` as a module (``dags/`` is not a package: Airflow loads it by path); its
+    ``compute_education_sex_counts`` is the example DAG's upstream task."""
+    loaded = importlib.util.spec_from_file_location("adult_consistent_release_dag",
+                                                    REPO / "dags" / "adult_consistent_release.py")
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    return module

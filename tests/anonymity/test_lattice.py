@@ -27,7 +27,7 @@ from dp_operators.anonymity.loss import METRICS, information_loss
 from dp_operators.anonymity.measures import k_anonymity
 from dp_operators.anonymity.spec import AnonymitySpec
 
-from .anonymity_tables import SHARED_DATA
+from .anonymity_tables import SHARED_DATA, anonymity_spec
 from .test_loss import encode
 
 ARX_ADULT = SHARED_DATA / "arx_adult"
@@ -37,16 +37,7 @@ ARX_QIS = ["age", "sex", "race", "marital-status", "education", "native-country"
 # -- spec, hierarchies and the exhaustive search ----------------------------------------------------------------------
 
 
-def make_spec(qis, targets, sensitive=()):
-    return AnonymitySpec.model_validate(
-        {
-            "version": 1,
-            "check": "lattice_test",
-            "quasi_identifiers": list(qis),
-            "sensitive_attributes": [{"name": name, "type": kind} for name, kind in sensitive],
-            "targets": targets,
-        }
-    )
+make_spec = anonymity_spec  # quasi-identifiers, targets, (name, type) sensitive pairs
 
 
 def arx_levels(name: str, numeric: bool) -> list[dict]:

@@ -25,6 +25,20 @@ from .family_models import (
 )
 
 
+def assert_matches_dense_gls(planned, matrices, variances, seed: int) -> np.ndarray:
+    """The closed-form variances of ``planned`` equal diag(A N^-1 A^T) of the dense model, and its fit of one
+    simulated release equals numpy's dense GLS; returns N^-1."""
+    inverse = np.linalg.inv(sum(a.T @ a / v for a, v in zip(matrices, variances)))
+    for a, accuracy in zip(matrices, planned.accuracies):
+        np.testing.assert_allclose(accuracy.standard_deviation ** 2, np.diag(a @ inverse @ a.T), rtol=1e-10)
+    rng = np.random.default_rng(seed)
+    truth = rng.integers(0, 50, matrices[0].shape[1]).astype(float)
+    observations = [a @ truth + rng.normal(0, math.sqrt(v), a.shape[0]) for a, v in zip(matrices, variances)]
+    np.testing.assert_allclose(wls.fit(planned.family, observations), dense_gls(matrices, variances, observations),
+                               rtol=1e-9, atol=1e-9)
+    return inverse
+
+
 @pytest.mark.parametrize("kind", ["count", "sum"])
 def test_fit_variances_and_bias_bounds_equal_dense_gls_through_the_spec(kind):
     """Through spec -> plan -> plan_families: 4 axes, margins with reordered columns and keys, a duplicated margin
@@ -39,10 +53,7 @@ def test_fit_variances_and_bias_bounds_equal_dense_gls_through_the_spec(kind):
     matrices, variances = dense_model(spec, plan, "base", names)
     for member, v in zip(planned.family.members, variances):
         assert member.variance == pytest.approx(v, rel=1e-12)
-    normal = sum(a.T @ a / v for a, v in zip(matrices, variances))
-    inverse = np.linalg.inv(normal)
-    for a, accuracy in zip(matrices, planned.accuracies):
-        np.testing.assert_allclose(accuracy.standard_deviation ** 2, np.diag(a @ inverse @ a.T), rtol=1e-10)
+    inverse = assert_matches_dense_gls(planned, matrices, variances, seed=7)
     if kind == "sum":
         biases = np.concatenate([np.full(a.shape[0], m.bias) for a, m in zip(matrices, planned.family.members)])
         assert np.all(biases > 0)
@@ -51,11 +62,6 @@ def test_fit_variances_and_bias_bounds_equal_dense_gls_through_the_spec(kind):
         projection = stacked @ inverse @ stacked.T * weights  # P = A N^-1 A^T W
         np.testing.assert_allclose(np.concatenate([acc.bias for acc in planned.accuracies]),
                                    np.abs(projection) @ biases, rtol=1e-9)
-    rng = np.random.default_rng(7)
-    truth = rng.integers(0, 50, matrices[0].shape[1]).astype(float)
-    observations = [a @ truth + rng.normal(0, math.sqrt(v), a.shape[0]) for a, v in zip(matrices, variances)]
-    np.testing.assert_allclose(wls.fit(planned.family, observations), dense_gls(matrices, variances, observations),
-                               rtol=1e-9, atol=1e-9)
 
 
 def test_hierarchy_family_variances_equal_dense_gls_through_the_spec():
@@ -77,14 +83,7 @@ def test_hierarchy_family_variances_equal_dense_gls_through_the_spec():
     assert not planned.family.product and all(a.exact for a in planned.accuracies)
     names = list(planned.family.names)
     matrices, variances = dense_model(spec, plan, "age_sex", names, {"band": ("age", band_of)})
-    inverse = np.linalg.inv(sum(a.T @ a / v for a, v in zip(matrices, variances)))
-    for a, accuracy in zip(matrices, planned.accuracies):
-        np.testing.assert_allclose(accuracy.standard_deviation ** 2, np.diag(a @ inverse @ a.T), rtol=1e-10)
-    rng = np.random.default_rng(17)
-    truth = rng.integers(0, 50, matrices[0].shape[1]).astype(float)
-    observations = [a @ truth + rng.normal(0, math.sqrt(v), a.shape[0]) for a, v in zip(matrices, variances)]
-    np.testing.assert_allclose(wls.fit(planned.family, observations), dense_gls(matrices, variances, observations),
-                               rtol=1e-9, atol=1e-9)
+    assert_matches_dense_gls(planned, matrices, variances, seed=17)
 
 
 def test_margins_with_keys_in_another_order_sum_the_right_cells():

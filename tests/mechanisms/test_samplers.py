@@ -66,32 +66,29 @@ LAPLACE_SCALES = [pytest.param(2, id="integer scale 2"), pytest.param(Fraction(7
 GAUSSIAN_SIGMA2S = [pytest.param(4, id="integer sigma2 4"), pytest.param(Fraction(25, 2), id="rational sigma2 25/2")]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("scale", LAPLACE_SCALES)
-def test_discrete_laplace_fits_its_pmf(scale):
-    draws = sample_discrete_laplace_vector(scale, DRAWS)
-    assert chi_square_p_value(draws, laplace_pmf(scale)) > ACCEPT_P
+#: (sampler, pmf maker, parameter, the parameter 30 % off in scale) of each exact scalar-path sampler
+SAMPLER_CASES = [
+    *[pytest.param(sample_discrete_laplace_vector, laplace_pmf, p.values[0], p.values[0] * WRONG_SCALE,
+                   id=f"discrete Laplace {p.id}") for p in LAPLACE_SCALES],
+    *[pytest.param(sample_discrete_gaussian_vector, gaussian_pmf, p.values[0], p.values[0] * WRONG_SCALE**2,
+                   id=f"discrete Gaussian {p.id}") for p in GAUSSIAN_SIGMA2S],
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scale", LAPLACE_SCALES)
-def test_discrete_laplace_negative_control_wrong_scale_is_rejected(scale):
-    draws = sample_discrete_laplace_vector(scale * WRONG_SCALE, DRAWS)
-    assert chi_square_p_value(draws, laplace_pmf(scale)) < REJECT_P
+@pytest.mark.parametrize(("sample", "pmf", "parameter", "wrong"), SAMPLER_CASES)
+def test_the_sampler_fits_its_pmf(sample, pmf, parameter, wrong):
+    """Draws at the right scale pass the chi-square test against the exact pmf."""
+    draws = sample(parameter, DRAWS)
+    assert chi_square_p_value(draws, pmf(parameter)) > ACCEPT_P
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sigma2", GAUSSIAN_SIGMA2S)
-def test_discrete_gaussian_fits_its_pmf(sigma2):
-    draws = sample_discrete_gaussian_vector(sigma2, DRAWS)
-    assert chi_square_p_value(draws, gaussian_pmf(sigma2)) > ACCEPT_P
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("sigma2", GAUSSIAN_SIGMA2S)
-def test_discrete_gaussian_negative_control_wrong_scale_is_rejected(sigma2):
-    draws = sample_discrete_gaussian_vector(sigma2 * WRONG_SCALE**2, DRAWS)
-    assert chi_square_p_value(draws, gaussian_pmf(sigma2)) < REJECT_P
+@pytest.mark.parametrize(("sample", "pmf", "parameter", "wrong"), SAMPLER_CASES)
+def test_the_negative_control_a_scale_30_percent_off_is_rejected(sample, pmf, parameter, wrong):
+    """Draws at a scale 30 % off are rejected by the same test: it can fail."""
+    draws = sample(wrong, DRAWS)
+    assert chi_square_p_value(draws, pmf(parameter)) < REJECT_P
 
 
 @pytest.mark.parametrize(

@@ -18,10 +18,8 @@ Run with ``-s`` to see the predicted and measured figures.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -35,26 +33,17 @@ from dp_operators.release.consistent import consistent_cells, plan_families
 from dp_operators.release.plan import ReleasePlan
 from dp_operators.spec import ReleaseSpec, load_spec, load_yaml
 
+from adult_families import EXAMPLE, consistent_dag_module
+
 pytestmark = pytest.mark.slow  # about a minute: 4,000 simulated releases
 
-REPO = Path(__file__).resolve().parents[2]
-SPEC = REPO / "config" / "releases" / "adult_education_sex.yaml"
+SPEC = EXAMPLE
 RELEASES = 2000
 #: The most probability with which a test of this module fails when the engine is right (split over its checks).
 FAILURE = 1e-6
 #: Cells at least this many raw noise standard deviations above 0 are "large": the non-negativity constraint binds
 #: for them with probability below 3e-7 per release (a normal tail at 5 sd), so it cannot move their coverage.
 LARGE_CELL_SDS = 5.0
-
-
-@cache
-def _consistent_dag_module():
-    """``dags/adult_consistent_release.py`` as a module (``dags/`` is not a package: Airflow loads it by path)."""
-    spec = importlib.util.spec_from_file_location("adult_consistent_release_dag",
-                                                  REPO / "dags" / "adult_consistent_release.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def adult_spec(**postprocess: bool) -> ReleaseSpec:
@@ -108,7 +97,7 @@ def simulate(spec: ReleaseSpec, counts: dict, releases: int) -> Simulation:
 
 @pytest.fixture(scope="module")
 def adult_counts(adult_csv: Path) -> dict:
-    return _consistent_dag_module().compute_education_sex_counts(adult_csv)
+    return consistent_dag_module().compute_education_sex_counts(adult_csv)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ the DAG import) complete the user's view."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import itertools
 import json
 import logging
@@ -20,7 +19,6 @@ import re
 from collections import Counter
 from decimal import Decimal
 from fractions import Fraction
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -49,10 +47,10 @@ from dp_operators.spec import ReleaseSpec, SpecError, load_spec
 from dp_operators.spec.families import consistent_families
 from dp_operators.spec.yaml12 import load_yaml
 
-from adult_families import BANDS, count, document, example_with, write
+from adult_families import BANDS, consistent_dag_module, count, document, example_with, write
 from adult_families import EXAMPLE as SPEC_PATH
 from adult_families import age_spec as age_spec_file
-from support import REPO, make_ledger
+from support import make_ledger
 
 DAG = "adult_consistent_release"
 ACCOUNT = "census_adult_tables"
@@ -65,20 +63,10 @@ VOLATILE = {"id", "created_at", "row_hash", "prev_hash", "output_digest", "conte
             "token_hash", "proof", "lease_expires_at"}
 
 
-@cache
-def _dag_module():
-    """``dags/adult_consistent_release.py`` as a module (``dags/`` is loaded by path, as Airflow does)."""
-    loaded = importlib.util.spec_from_file_location("adult_consistent_release_dag",
-                                                    REPO / "dags" / "adult_consistent_release.py")
-    module = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def counts(adult_csv) -> dict:
     """True counts of Adult by education x sex, education, sex and in total: the example DAG's upstream task."""
-    return _dag_module().compute_education_sex_counts(adult_csv)
+    return consistent_dag_module().compute_education_sex_counts(adult_csv)
 
 
 def spec_with(postprocess: Any = ...) -> ReleaseSpec:
