@@ -157,11 +157,13 @@ def test_no_float_on_the_path():
     "sampler,param,dtype",
     [
         (vec.sample_discrete_laplace_array, Fraction(10**30), object),  # beyond vectorised_large: scalar
-        (vec.sample_discrete_laplace_array, vec.TABLE_SCALE_LIMIT * 2, np.int64),  # vectorised_large
+        (vec.sample_discrete_laplace_array, vec.TABLE_SCALE_LIMIT * 2, np.int64),  # vectorised_envelope
+        (vec.sample_discrete_laplace_array, Fraction(2**58), np.int64),  # vectorised_large
+        (vec.sample_discrete_gaussian_array, Fraction(2**40), np.int64),  # vectorised_envelope
         (vec.sample_discrete_gaussian_array, Fraction(10**60), object),  # scalar
     ],
 )
-def test_parameters_beyond_the_tables_take_the_large_or_the_scalar_exact_sampler(sampler, param, dtype):
+def test_parameters_beyond_the_tables_take_the_envelope_the_large_or_the_scalar_exact_sampler(sampler, param, dtype):
     out = sampler(param, 200)
     assert out.dtype == dtype and out.shape == (200,)
     values = [int(v) for v in out]
