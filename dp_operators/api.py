@@ -205,11 +205,13 @@ def _release(
     ledger: Ledger | None,
     account: str | None,
     key: ReleaseKey | None,
+    array: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None, bool]:
-    """Run a one-aggregate release; returns (published aggregate, mechanism description, charge, replayed)."""
+    """Run a one-aggregate release; returns (published aggregate, mechanism description, charge, replayed).
+    ``values`` is a vector when it is a list, or when ``array`` says it is a 1-D array (vector_release)."""
     sensitivity_q = _checked_sensitivity(sensitivity)
     grid_q = _default_grid(sensitivity_q, grid)
-    vector = isinstance(values, list) or getattr(values, "ndim", None) == 1  # a list, or a 1-D array
+    vector = isinstance(values, list) or array
     size = len(values) if vector else None
     if vector and size == 0:
         raise ValueError("values is empty: nothing to release")
@@ -415,7 +417,7 @@ def vector_release(
     published, described, charge, replayed = _release(
         values if array else list(values), sensitivity=sensitivity, budget=_budget(epsilon, delta, rho),
         mechanism=mechanism, grid=grid, max_partitions_contributed=max_partitions_contributed,
-        confidence=confidence, ledger=ledger, account=account, key=key,
+        confidence=confidence, ledger=ledger, account=account, key=key, array=bool(array),
     )
     if "rows_file" in published:  # without a ledger: the published cells (api._release)
         cells = published["rows_file"]

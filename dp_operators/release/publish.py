@@ -180,9 +180,19 @@ class PublishedCells:
     def rows(self, group_by: Sequence[str], keys: Sequence[tuple]) -> list[dict[str, Any]]:
         """The published rows (JSON objects): key columns, ``value``, ``half_width``; saturated cells carry
         ``saturated`` and ``interval`` instead of a finite ``half_width``."""
-        names = (*group_by, "value", "half_width")
         width = self.half_width
-        rows = [dict(zip(names, (*key, value, width))) for key, value in zip(keys, self.values().tolist())]
+        cells = zip(keys, self.values().tolist())
+        # one dict display per row for the usual one or two key columns: half the time of dict(zip(...)) on 10^5
+        # inline rows; the same dicts, keys in the same order
+        if len(group_by) == 1:
+            (first,) = group_by
+            rows = [{first: a, "value": value, "half_width": width} for (a,), value in cells]
+        elif len(group_by) == 2:
+            first, second = group_by
+            rows = [{first: a, second: b, "value": value, "half_width": width} for (a, b), value in cells]
+        else:
+            names = (*group_by, "value", "half_width")
+            rows = [dict(zip(names, (*key, value, width))) for key, value in cells]
         saturated = np.flatnonzero(self.side).tolist()
         units = self.units.tolist() if saturated else None
         for index in saturated:
