@@ -131,7 +131,7 @@ def test_a_decimal_sensitivity_is_accepted():
 
 
 def test_a_saturated_value_anywhere_in_a_vector_is_flagged():
-    """Issue 8 item 3: 1e30 is beyond the 2^62-grid-unit limit at grid 1, so its released value sits at the limit
+    """1e30 is beyond the 2^62-grid-unit limit at grid 1, so its released value sits at the limit
     and no finite interval holds; the flag must say so for that value, wherever it stands, and for no other."""
     result = vector_release([1, 1e30, 3], sensitivity=1, epsilon=1, confidence=1 - 1e-9)
     assert result.saturated == [False, True, False]
@@ -232,3 +232,13 @@ def test_an_integer_array_and_its_list_release_the_same_vector_description(tmp_p
     replayed = vector_release(values, sensitivity=1, epsilon=1, mechanism="discrete_laplace", ledger=ledger,
                               account="census_adult", key=key)
     assert replayed.replayed and replayed.values == charged.values
+
+
+def test_a_scalar_mechanism_given_an_array_refuses_it_by_its_type():
+    """Only ``vector_release`` takes a 1-D array as a vector: ``laplace_mechanism`` refuses one as not a number."""
+    import numpy as np
+
+    from dp_operators.release import ReleaseInputError
+
+    with pytest.raises(ReleaseInputError, match="ndarray, not a number"):
+        laplace_mechanism(np.array([1, 2]), sensitivity=1, epsilon=1)
