@@ -63,7 +63,7 @@ def test_run_release_reads_each_budget_once(adult_aggregates, ledger, reads):
     run_release(spec, adult_aggregates, ledger, key, spec_hash="0" * 64)
 
     written = written_budget_numbers(spec)
-    assert sum(written.values()) == 3  # rho 0.045, epsilon 0.3, epsilon 0.2
+    assert written["epsilon"] and written["rho"]  # the example writes both forms
     assert at_load == Counter({field: written[field] for field in BUDGET_FIELDS})
     assert {field: reads[field] for field in BUDGET_FIELDS} == {field: written[field] for field in BUDGET_FIELDS}
 
