@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from dp_operators.cli import app
 from dp_operators.ledger import Ledger, LedgerKeyError, ReleaseKey, schema
-from dp_operators.ledger.chain import GENESIS_HASH, canonical_json, legacy_row_hash, timestamp_text
 from ledger_backends import account_config, ledger_with, old_schema_metadata
+from old_ledgers import version_2_ledger
 from support import GOVERNOR_KEY, SPEND_KEY, governor, spender
 
 KEYS = {"DP_LEDGER_GOVERNOR_KEY": GOVERNOR_KEY.text, "DP_LEDGER_AUDIT_KEY": SPEND_KEY.text}
@@ -170,50 +170,9 @@ def test_init_upgrades_a_version_1_ledger_in_place(ledger_url):
     assert governor(ledger_url).init_schema() == 3
 
 
-def _legacy_event(conn, table, chain: dict, **fields) -> None:
-    """Append a schema-2 audit row (plain SHA-256, no key) to ``chain`` as the old code wrote it."""
-    values = {name: None for name in schema.LEGACY_HASHED_COLUMNS}
-    values.update(fields)
-    chain["seq"] += 1
-    values.update(account="a", account_seq=chain["seq"], spent_after=str(chain["spent"]), delta_spent_after="0",
-                  context=canonical_json({"host": "old"}), created_at=timestamp_text(dt.datetime.now(dt.timezone.utc)),
-                  prev_hash=chain["head"])
-    values["row_hash"] = chain["head"] = legacy_row_hash(values)
-    conn.execute(table.insert().values(**values))
-
-
 def _version_2_ledger(url: str) -> None:
     """A schema-2 ledger: account 'a' (pure_dp, cap 1) with one committed charge of 1/4, chain unkeyed."""
-    engine = sa.create_engine(url)
-    v2 = old_schema_metadata(2)
-    v2.create_all(engine)
-    now = dt.datetime.now(dt.timezone.utc)
-    stored = {"accountant": "pure_dp", "cap": "1", "delta": None, "privacy_unit": "person",
-              "allowed_dags": json.dumps(["d"])}
-    output = canonical_json({"value": 1})
-    digest = __import__("hashlib").sha256(output.encode()).hexdigest()
-    chain = {"seq": 0, "head": GENESIS_HASH, "spent": Fraction(0)}
-    events = v2.tables["dp_audit_events"]
-    charge = {"charge_id": 1, "dag_id": "d", "run_id": "old", "task_id": "t", "map_index": -1, "release_name": "r",
-              "attempt": 1, "try_number": None, "spec_hash": "0" * 64, "amount": "1/4", "delta_amount": "0",
-              "mechanisms": "[]"}
-    with engine.begin() as conn:
-        conn.execute(v2.tables["dp_schema_version"].insert().values(version=2, applied_at=now))
-        conn.execute(v2.tables["dp_budget_accounts"].insert().values(
-            name="a", spent="0", delta_spent="0", audit_seq=0, owner=None, description=None, config="{}",
-            created_at=now, updated_at=now, **stored))
-        _legacy_event(conn, events, chain, event="account_created", details=canonical_json({"stored": stored}))
-        conn.execute(v2.tables["dp_charges"].insert().values(
-            account="a", dag_id="d", run_id="old", task_id="t", map_index=-1, release_name="r", attempt=1,
-            state="committed", amount="1/4", delta_amount="0", mechanisms="[]", spec_hash="0" * 64,
-            context=canonical_json({"host": "old"}), output=output, output_digest=digest, created_at=now,
-            updated_at=now))
-        chain["spent"] = Fraction(1, 4)
-        _legacy_event(conn, events, chain, event="reserved", **charge)
-        _legacy_event(conn, events, chain, event="committed", output_digest=digest, **charge)
-        conn.execute(v2.tables["dp_budget_accounts"].update().values(
-            spent="1/4", audit_seq=chain["seq"], audit_head=chain["head"]))
-    engine.dispose()
+    version_2_ledger(url, cap="1", key=ReleaseKey("d", "old", "t", -1, "r"), output={"value": 1})
 
 
 def test_init_upgrades_a_version_2_ledger_and_signs_the_head_of_its_unkeyed_chain(ledger_url):

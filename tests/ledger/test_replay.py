@@ -41,6 +41,7 @@ from dp_operators.ledger.roles import apply_roles
 from dp_operators.release import run_release
 from dp_operators.spec import parse_spec
 from ledger_backends import account_config, old_schema_metadata
+from old_ledgers import version_2_ledger
 from support import GOVERNOR_KEY, SPEND_KEY, governor, spender
 
 
@@ -305,54 +306,9 @@ def test_a_schema_1_release_passes_verify_but_is_not_replayed_unauthenticated(le
         worker.authenticated_output(KEY)
 
 
-def _version_2_ledger(url: str) -> dict:
-    """A schema-2 ledger (as tests/ledger/test_audit.py builds one): account 'a', KEY committed, chain unkeyed."""
-    engine = sa.create_engine(url)
-    v2 = old_schema_metadata(2)
-    v2.create_all(engine)
-    now = dt.datetime.now(dt.timezone.utc)
-    stored = {"accountant": "pure_dp", "cap": "10", "delta": None, "privacy_unit": "person",
-              "allowed_dags": json.dumps(["d"])}
-    output = {"release": "rel", "spec_hash": SPEC_HASH, "value": 1}
-    text = canonical_json(output)
-    digest = hashlib.sha256(text.encode()).hexdigest()
-    chain = {"seq": 0, "head": GENESIS_HASH, "spent": Fraction(0)}
-    events = v2.tables["dp_audit_events"]
-
-    def append(conn, **fields):
-        values = {name: None for name in schema.LEGACY_HASHED_COLUMNS}
-        values.update(fields)
-        chain["seq"] += 1
-        values.update(account="a", account_seq=chain["seq"], spent_after=str(chain["spent"]), delta_spent_after="0",
-                      context=canonical_json({"host": "old"}), prev_hash=chain["head"],
-                      created_at=timestamp_text(dt.datetime.now(dt.timezone.utc)))
-        values["row_hash"] = chain["head"] = legacy_row_hash(values)
-        conn.execute(events.insert().values(**values))
-
-    charge = {"charge_id": 1, **KEY.as_dict(), "attempt": 1, "try_number": None, "spec_hash": SPEC_HASH,
-              "amount": "1/4", "delta_amount": "0", "mechanisms": "[]"}
-    with engine.begin() as conn:
-        conn.execute(v2.tables["dp_schema_version"].insert().values(version=2, applied_at=now))
-        conn.execute(v2.tables["dp_budget_accounts"].insert().values(
-            name="a", spent="0", delta_spent="0", audit_seq=0, owner=None, description=None, config="{}",
-            created_at=now, updated_at=now, **stored))
-        append(conn, event="account_created", details=canonical_json({"stored": stored}))
-        conn.execute(v2.tables["dp_charges"].insert().values(
-            account="a", attempt=1, state="committed", amount="1/4", delta_amount="0", mechanisms="[]",
-            spec_hash=SPEC_HASH, context=canonical_json({"host": "old"}), output=text, output_digest=digest,
-            created_at=now, updated_at=now, **KEY.as_dict()))
-        chain["spent"] = Fraction(1, 4)
-        append(conn, event="reserved", **charge)
-        append(conn, event="committed", output_digest=digest, **charge)
-        conn.execute(v2.tables["dp_budget_accounts"].update().values(
-            spent="1/4", audit_seq=chain["seq"], audit_head=chain["head"]))
-    engine.dispose()
-    return output
-
-
 def test_a_schema_2_release_is_not_replayed_unauthenticated(ledger_url):
     """A schema-2 release (unkeyed events) is refused on replay, charging nothing; verify still accepts the ledger."""
-    _version_2_ledger(ledger_url)
+    version_2_ledger(ledger_url, cap="10", key=KEY, output={"release": "rel", "spec_hash": SPEC_HASH, "value": 1})
     governor(ledger_url).init_schema()
     assert governor(ledger_url).verify().ok
     worker = spender(ledger_url)
