@@ -306,7 +306,7 @@ def test_flat_keys_are_the_json_objects_they_stand_for():
 
 
 def test_a_sum_with_a_large_laplace_scale_covers_its_true_values(tmp_path):
-    """A sum bounded by 10^6 at epsilon 0.1: noise scale 10^7 grid units, drawn by ``vectorised_large``; 50,000
+    """A sum bounded by 10^6 at epsilon 0.1: noise scale 10^7 grid units, drawn by ``vectorised_envelope``; 50,000
     cells cover their true values at the confidence level, and shrunk intervals do not (negative control)."""
     import pyarrow as pa
 
