@@ -11,7 +11,8 @@ import pytest
 from dp_operators.operators.release import DPReleaseOperator
 
 from airflow_fakes import FakeTaskInstance, context_for
-from support import SPEND_KEY, make_ledger
+from operator_ledgers import connect_ledger
+from support import make_ledger
 
 DAG = "lineage_ref_lineage"
 SPEC = """
@@ -34,8 +35,7 @@ def test_a_reference_returned_by_the_upstream_task_is_reported_as_an_input(tmp_p
     data = tmp_path / "aggregates.json"
     data.write_text(json.dumps({"people": 120}))
     make_ledger(tmp_path / "l.db", cap="100", accountant="pure_dp", dags=(DAG,), account="acct")
-    monkeypatch.setenv("AIRFLOW_CONN_LINEAGE_REF_L", json.dumps(
-        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{tmp_path / 'l.db'}", "audit_key": SPEND_KEY.text}}))
+    connect_ledger(monkeypatch, "lineage_ref_l", tmp_path / 'l.db')
     op = DPReleaseOperator(task_id="release", spec_path=spec, aggregates_task_id="compute",
                            output_uri=f"file://{tmp_path / 'out'}", ledger_conn_id="lineage_ref_l")
     ti = FakeTaskInstance(upstream=f"file://{data}", dag_id=DAG)

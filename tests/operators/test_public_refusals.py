@@ -28,8 +28,9 @@ from dp_operators.release.rows_file import LocalRowsStore
 from dp_operators.spec import ReleaseSpec
 
 from airflow_fakes import FakeTaskInstance, context_for
+from operator_ledgers import connect_ledger
 from sql_targets import database_target
-from support import SPEND_KEY, make_ledger
+from support import make_ledger
 
 DAG = "public_refusals"
 RELEASE = "public_refusals"
@@ -136,8 +137,7 @@ def selection_operator(tmp_path, monkeypatch):
     """A DPReleaseOperator releasing a count under partition selection to JSON, CSV, Parquet and a SQLite table."""
     path = tmp_path / "ledger.db"
     _ledger(path)
-    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_TEST", json.dumps(
-        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
+    connect_ledger(monkeypatch, "dp_ledger_test", path)
     spec_path = tmp_path / "selection.yaml"
     spec_path.write_text(SELECTION_SPEC)
     target = database_target("sqlite", tmp_path, monkeypatch, "dp_public_refusals")

@@ -4,7 +4,6 @@ that holds."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from dp_operators.operators.locations import release_file
 from dp_operators.operators.release import RELEASE_ALIAS, DPReleaseOperator
 
 from airflow_fakes import FakeAssetEvents, FakeTaskInstance, context_for, run_tries
+from operator_ledgers import connect_ledger
 from support import make_ledger
 
 DAG = "publication_dag"
@@ -51,12 +51,7 @@ def env(tmp_path: Path, monkeypatch):
     spec.write_text(SPEC)
     path = tmp_path / "ledger.db"
     ledger = make_ledger(path, cap="10", accountant="pure_dp", dags=(DAG, "Publication_DAG"), account=ACCOUNT)
-    from support import SPEND_KEY
-
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_DP_LEDGER_PUBLICATION",
-        json.dumps({"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}),
-    )
+    connect_ledger(monkeypatch, "dp_ledger_publication", path)
     return spec, ledger
 
 

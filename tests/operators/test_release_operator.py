@@ -16,7 +16,8 @@ from dp_operators.operators.release import DPReleaseOperator, release_csv
 from dp_operators.spec import SpecError
 
 from airflow_fakes import FakeAssetEvents, FakeTaskInstance, context_for, emitted_events
-from support import EXAMPLE_SPEC, SPEND_KEY, example_charge, make_ledger, spender
+from operator_ledgers import connect_ledger
+from support import EXAMPLE_SPEC, example_charge, make_ledger, spender
 
 
 #: where the fake task instance's files go: <release>/<dag_id>/<encoded run id>
@@ -27,10 +28,7 @@ RUN_FOLDER = Path("adult_census_statistics") / "adult_census_release" / "manual_
 def ledger_conn(tmp_path: Path, monkeypatch):
     path = tmp_path / "ledger.db"
     ledger = make_ledger(path, cap=str(2 * example_charge()))
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_DP_LEDGER_TEST",
-        json.dumps({"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}),
-    )
+    connect_ledger(monkeypatch, "dp_ledger_test", path)
     return ledger
 
 
@@ -354,8 +352,7 @@ def test_two_dags_sharing_a_spec_and_a_run_id_keep_their_own_files(tmp_path, tmp
                                                                      monkeypatch):
     path = tmp_path / "ledger.db"
     make_ledger(path, cap=str(2 * example_charge()), dags=("dag_a", "dag_b"))
-    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_TEST", json.dumps(
-        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
+    connect_ledger(monkeypatch, "dp_ledger_test", path)
     scheduled = "scheduled__2026-01-01T00:00:00+00:00"
     for dag_id in ("dag_a", "dag_b"):
         operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, dag_id=dag_id, run_id=scheduled)))

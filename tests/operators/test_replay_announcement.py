@@ -7,7 +7,6 @@ optional ``limit``; the timestamp is the API server's clock when it records the 
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,7 +21,8 @@ from airflow.sdk.execution_time.context import InletEventsAccessors
 from dp_operators.operators.release import DPReleaseOperator
 
 from airflow_fakes import AliasEvents, FakeTaskInstance
-from support import SPEND_KEY, make_ledger
+from operator_ledgers import connect_ledger
+from support import make_ledger
 
 DAG = "announce_dag"
 ACCOUNT = "announce_account"
@@ -85,8 +85,7 @@ def env(tmp_path: Path, monkeypatch):
     spec.write_text(SPEC)
     path = tmp_path / "ledger.db"
     ledger = make_ledger(path, cap="100", accountant="pure_dp", dags=(DAG,), account=ACCOUNT)
-    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_ANNOUNCE", json.dumps(
-        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
+    connect_ledger(monkeypatch, "dp_ledger_announce", path)
     return spec, ledger
 
 

@@ -29,8 +29,9 @@ from dp_operators.operators.sinks import release_parquet
 from dp_operators.operators.verification import release_files, verify_published
 
 from airflow_fakes import FakeTaskInstance, context_for
+from operator_ledgers import connect_ledger
 from rows_files_support import rows_spec, write_tables
-from support import SPEND_KEY, governor, make_ledger
+from support import governor, make_ledger
 
 DAG = "rows_attacks_dag"
 ACCOUNT = "rows_attacks_account"
@@ -53,8 +54,7 @@ class Env:
     def __init__(self, tmp_path: Path, monkeypatch) -> None:
         self.db = tmp_path / "ledger.db"
         self.ledger: Ledger = make_ledger(self.db, cap="1000", accountant="approx_dp", dags=(DAG,), account=ACCOUNT)
-        monkeypatch.setenv(f"AIRFLOW_CONN_{CONN.upper()}", json.dumps(
-            {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{self.db}", "audit_key": SPEND_KEY.text}}))
+        connect_ledger(monkeypatch, CONN, self.db)
         self.spec = tmp_path / "rows.yaml"
         self.spec.write_text(SPEC)
         inputs = tmp_path / "inputs"
@@ -261,9 +261,9 @@ def test_a_replay_never_publishes_an_edited_ledger_row(env, monkeypatch, how):
         original_commit = Ledger.commit
         forged: dict[str, float] = {}
 
-        def raced_commit(self, reservation, output):
+        def raced_commit(self, reservation, output, **kwargs):
             forged["value"] = _forge_ledger_row(env, output, state="reserved")
-            return original_commit(self, reservation, output)
+            return original_commit(self, reservation, output, **kwargs)
 
         monkeypatch.setattr(Ledger, "commit", raced_commit)
         with pytest.raises(AirflowFailException):
@@ -326,9 +326,9 @@ def test_ledger_verify_detects_an_edited_rows_file_reference(env, monkeypatch, h
     else:
         original_commit = Ledger.commit
 
-        def raced_commit(self, reservation, output):
+        def raced_commit(self, reservation, output, **kwargs):
             _forge_ledger_row(env, output, state="reserved")
-            return original_commit(self, reservation, output)
+            return original_commit(self, reservation, output, **kwargs)
 
         monkeypatch.setattr(Ledger, "commit", raced_commit)
         with pytest.raises(AirflowFailException):
@@ -374,11 +374,11 @@ def test_orphan_rows_files_hold_only_charged_noise(env, monkeypatch):
     original_commit = Ledger.commit
     calls = {"n": 0}
 
-    def failing_commit(self, reservation, output):
+    def failing_commit(self, reservation, output, **kwargs):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("the worker lost its database connection")
-        return original_commit(self, reservation, output)
+        return original_commit(self, reservation, output, **kwargs)
 
     monkeypatch.setattr(Ledger, "commit", failing_commit)
     op = env.operator()
@@ -486,7 +486,7 @@ def test_a_concurrent_attempt_writes_no_rows_files_and_charges_nothing(env, monk
     original_commit = Ledger.commit
     seen: dict[str, object] = {}
 
-    def commit_with_a_concurrent_try(self, reservation, output):
+    def commit_with_a_concurrent_try(self, reservation, output, **kwargs):
         if "concurrent" not in seen:
             seen["files_before"] = sorted(p.name for p in env.rows_folder().iterdir())
             seen["spent_before"] = env.spent()
@@ -497,7 +497,7 @@ def test_a_concurrent_attempt_writes_no_rows_files_and_charges_nothing(env, monk
             seen["concurrent"] = True
             seen["files_after"] = sorted(p.name for p in env.rows_folder().iterdir())
             seen["spent_after"] = env.spent()
-        return original_commit(self, reservation, output)
+        return original_commit(self, reservation, output, **kwargs)
 
     monkeypatch.setattr(Ledger, "commit", commit_with_a_concurrent_try)
     first = env.operator().execute(context_for(FakeTaskInstance(upstream=None, dag_id=DAG, run_id=RUN)))

@@ -21,8 +21,9 @@ from dp_operators.operators.verification import release_files, verify_published
 from dp_operators.release.columns import is_table
 
 from airflow_fakes import FakeTaskInstance, context_for
+from operator_ledgers import connect_ledger
 from rows_files_support import XS, YS, rows_spec, write_tables
-from support import SPEND_KEY, make_ledger
+from support import make_ledger
 
 DAG = "rows_files_dag"
 ACCOUNT = "rows_files_account"
@@ -44,8 +45,7 @@ def tables(folder: Path) -> dict[str, str]:
 def env(tmp_path: Path, monkeypatch):
     path = tmp_path / "ledger.db"
     ledger = make_ledger(path, cap="100", accountant="approx_dp", dags=(DAG,), account=ACCOUNT)
-    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_ROWS", json.dumps(
-        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
+    connect_ledger(monkeypatch, "dp_ledger_rows", path)
     spec = tmp_path / "rows.yaml"
     spec.write_text(SPEC)
     inputs = tmp_path / "inputs"
@@ -182,8 +182,7 @@ def test_neighbouring_inputs_look_the_same_but_for_the_noised_values(tmp_path, m
     for name in ("with", "without"):  # each release on a fresh ledger with the same cap
         path = tmp_path / f"ledger_{name}.db"
         ledger = make_ledger(path, cap="100", accountant="approx_dp", dags=(DAG,), account=ACCOUNT)
-        monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_ROWS", json.dumps(
-            {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
+        connect_ledger(monkeypatch, "dp_ledger_rows", path)
         folder = tmp_path / name
         folder.mkdir()
         uris = tables(folder)

@@ -20,7 +20,8 @@ from dp_operators.release import run_release
 from dp_operators.spec import SpecError, load_spec_with_hash
 
 from airflow_fakes import FakeTaskInstance, context_for, run_tries
-from support import SPEND_KEY, make_ledger
+from operator_ledgers import connect_ledger
+from support import make_ledger
 
 DAG = "replay_bytes_dag"
 ACCOUNT = "replay_bytes_account"
@@ -72,8 +73,7 @@ MIXED_AGGREGATES = {
 def env(tmp_path: Path, monkeypatch):
     path = tmp_path / "ledger.db"
     ledger = make_ledger(path, cap="100", accountant="approx_dp", dags=(DAG,), account=ACCOUNT)
-    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_REPLAY_BYTES", json.dumps(
-        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
+    connect_ledger(monkeypatch, "dp_ledger_replay_bytes", path)
     return ledger
 
 

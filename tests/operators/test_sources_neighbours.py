@@ -21,7 +21,6 @@ beyond Python's range, a float sum under ``exact``; neighbours must have the sam
 from __future__ import annotations
 
 import datetime as dt
-import json
 import multiprocessing
 import sqlite3
 from pathlib import Path
@@ -38,7 +37,8 @@ from dp_operators.spec import parse_spec
 
 from airflow_fakes import FakeTaskInstance as PlainTaskInstance
 from airflow_fakes import NoXComTaskInstance, context_for
-from support import SPEND_KEY, make_ledger
+from operator_ledgers import connect_ledger
+from support import make_ledger
 
 DAG = "neighbours_dp_sources"
 
@@ -146,9 +146,7 @@ def test_whether_a_csv_release_runs_does_not_depend_on_a_data_value(tmp_path, mo
     spec_path = tmp_path / "mean.yaml"
     spec_path.write_text(MEAN_SPEC)
     make_ledger(tmp_path / "ledger.db", cap="100", accountant="pure_dp", dags=(DAG,), account="acct")
-    monkeypatch.setenv("AIRFLOW_CONN_NEIGHBOURS_LEDGER", json.dumps(
-        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{tmp_path / 'ledger.db'}",
-                                             "audit_key": SPEND_KEY.text}}))
+    connect_ledger(monkeypatch, "neighbours_ledger", tmp_path / 'ledger.db')
     people = {"with her": pd.DataFrame({"sex": ["F", "M", "M"], "hours": [40, 30, 50]}),
               "without her": pd.DataFrame({"sex": ["M", "M"], "hours": [30, 50]})}
     outcomes, ledger_rows = {}, {}
@@ -252,9 +250,7 @@ def test_a_count_returned_as_a_string_is_not_echoed_in_the_task_error(tmp_path, 
     spec_path = tmp_path / "women.yaml"
     spec_path.write_text(COUNT_SPEC)
     make_ledger(tmp_path / "ledger.db", cap="100", accountant="pure_dp", dags=(DAG,), account="acct")
-    monkeypatch.setenv("AIRFLOW_CONN_NEIGHBOURS_LEDGER", json.dumps(
-        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{tmp_path / 'ledger.db'}",
-                                             "audit_key": SPEND_KEY.text}}))
+    connect_ledger(monkeypatch, "neighbours_ledger", tmp_path / 'ledger.db')
 
     upstream = {"women": "8675309.25"}  # the true sum/count, stringified for XCom
 
@@ -419,9 +415,7 @@ def test_the_operator_releases_despite_a_date_key_beyond_year_9999(tmp_path, mon
     spec = tmp_path / "days.yaml"
     spec.write_text(DAY_SPEC)
     make_ledger(tmp_path / "ledger.db", cap="100", accountant="pure_dp", dags=(DAG,), account="acct")
-    monkeypatch.setenv("AIRFLOW_CONN_KINDS_LEDGER", json.dumps(
-        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{tmp_path / 'ledger.db'}",
-                                             "audit_key": SPEND_KEY.text}}))
+    connect_ledger(monkeypatch, "kinds_ledger", tmp_path / 'ledger.db')
     data = tmp_path / "with.parquet"
     _days_parquet(data, [3_000_000])
     op = DPReleaseOperator(task_id="release", spec_path=spec, aggregates_uri=f"file://{data}",

@@ -5,7 +5,6 @@ retry."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from pathlib import Path
 
@@ -19,8 +18,9 @@ from dp_operators.release import run_release
 from dp_operators.spec import load_spec_with_hash
 
 from airflow_fakes import FakeTaskInstance, run_tries
-from support import SPEND_KEY, make_ledger
+from operator_ledgers import connect_ledger
 from sql_targets import database_target
+from support import make_ledger
 
 DAG = "sink_attacks_dag"
 ACCOUNT = "sink_attacks_account"
@@ -146,8 +146,7 @@ def test_the_operator_never_charges_a_release_it_cannot_put_in_its_sql_table(tmp
     conn_id, table, engine = sink_target
     path = tmp_path / "ledger.db"
     ledger = make_ledger(path, cap="100", accountant="approx_dp", dags=(DAG,), account=ACCOUNT)
-    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_SINK_ATTACKS", json.dumps(
-        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
+    connect_ledger(monkeypatch, "dp_ledger_sink_attacks", path)
     op = DPReleaseOperator(task_id="release", spec_path=selection_spec(tmp_path), aggregates_task_id="compute",
                            sql_sink=SQLTableSink(conn_id, table), ledger_conn_id="dp_ledger_sink_attacks")
     ti = FakeTaskInstance(upstream={"by_city": [{"city": None, "count": BIG}, {"city": "None", "count": BIG}]},

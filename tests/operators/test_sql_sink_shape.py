@@ -29,8 +29,9 @@ from dp_operators.release import run_release
 from dp_operators.spec import load_spec_with_hash
 
 from airflow_fakes import FakeTaskInstance, context_for
-from support import SPEND_KEY, make_ledger
+from operator_ledgers import connect_ledger
 from sql_targets import database_target
+from support import make_ledger
 
 DAG = "shape_dag"
 ACCOUNT = "shape_account"
@@ -141,8 +142,7 @@ def test_the_operator_refuses_a_table_of_another_shape_before_the_charge(target,
     SHAPES["previous version"][0](table).create(engine)
     path = tmp_path / "ledger.db"
     ledger = make_ledger(path, cap="100", accountant="approx_dp", dags=(DAG,), account=ACCOUNT)
-    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_SHAPE", json.dumps(
-        {"conn_type": "dp_ledger", "extra": {"url": f"sqlite:///{path}", "audit_key": SPEND_KEY.text}}))
+    connect_ledger(monkeypatch, "dp_ledger_shape", path)
     spec_path = tmp_path / "pages.yaml"
     spec_path.write_text(SPEC)
     op = DPReleaseOperator(task_id="release", spec_path=spec_path, aggregates_task_id="compute",
