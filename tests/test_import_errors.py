@@ -1,5 +1,5 @@
 """An invalid release spec is visible where Airflow users look: ``airflow dags list-import-errors`` names the spec
-file and the field path (issue 10, item 5).
+file and the field path.
 
 Real Airflow, as a user runs it: a throwaway AIRFLOW_HOME with SQLite metadata (``airflow db migrate``), a DAGs
 folder with one DAG of a broken spec and one of a valid spec, ``airflow dags reserialize`` (parses the folder and

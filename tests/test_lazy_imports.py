@@ -1,5 +1,5 @@
 """``dpctl`` starts light: importing the command line, and running the commands that open no ledger, load neither
-SQLAlchemy, Airflow, numpy nor the ledger's database code (issue 11, item 3).
+SQLAlchemy, Airflow, numpy nor the ledger's database code.
 
 Each case runs in a fresh interpreter (this one already holds everything) and asserts on ``sys.modules``, never on
 time; ``benchmarks/startup.py`` measures the time. A control case opens a ledger and must load SQLAlchemy, so the

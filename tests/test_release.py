@@ -99,7 +99,7 @@ def test_missing_key_is_a_noised_zero_and_unknown_key_is_dropped(example_spec, a
     preschool = [c for c in cells if c["education"] == "Preschool"]
     assert len(preschool) == 2 and all(abs(c["value"]) <= 40 for c in preschool)
     assert "Kindergarten" not in json.dumps(output)
-    # the dropped row is counted in the opt-in report only: no log record at all, at any level (issue 8, item 1)
+    # the dropped row is counted in the opt-in report only: no log record at all, at any level
     assert caplog.records == []
     (report,) = reports
     seen = report.aggregates["people_by_education_sex"]
