@@ -77,7 +77,7 @@ LAPLACE_SCALE_LIMIT = Fraction(1 << 56)
 GAUSSIAN_SIGMA2_LIMIT = Fraction(1 << 60)
 _BLOCKS_PER_SCALE_BITS = 10  # W is about scale / 2^10: acceptance above 1 - 2^-9, tables of 10^4 - 10^5 entries
 _N_BITS = 16  # brackets of width at most 2^-16 in the exponent: about one proposal in 65,536 is tested exactly
-_CHUNK = 1 << 20  # proposals per block: bounded temporary memory
+_CHUNK = 1 << 16  # proposals per block: bounded temporary memory, and arrays that stay in cache (1.4x at 2^16)
 _I64_MAX = (1 << 63) - 1
 _TOP = (1 << 64) - 1
 
