@@ -86,7 +86,8 @@ def main() -> None:
             r_old = rate(old, args.scalar_cap)
             r_odp = rate(theirs, args.opendp_cap)
             r_np = rate(flt, n, args.repeats)
-            print(f"{kind:<10}{label:>8}{build:>9.2f}{r_ours:>13,.0f}{r_cpu:>13,.0f}{r_old:>11,.0f}{r_odp:>12,.0f}{r_np:>13,.0f}"
+            print(f"{kind:<10}{label:>8}{build:>9.2f}{r_ours:>13,.0f}{r_cpu:>13,.0f}{r_old:>11,.0f}{r_odp:>12,.0f}"
+                  f"{r_np:>13,.0f}"
                   f"{r_ours / r_old:>10.0f}{r_ours / r_odp:>10.1f}{r_np / r_ours:>9.1f}", flush=True)
 
 

@@ -226,8 +226,8 @@ def _product_ceilings(x: list[np.ndarray], y: list[np.ndarray], upper: bool) -> 
     P = floor(S / 2^128), S the sum of the limb products X_i Y_j 2^(32(i+j)) with i + j >= 3, satisfies
     P <= X Y / 2^128 < P + 5 (the dropped products sum to less than 4 * 2^128). So ceil(P / 2^64) is a lower bound
     of ceil(X Y / 2^192), and ceil((P + 8) / 2^64) an upper one, at most one above it, for X Y / 2^192 below
-    2^64 - 8 (so that the upper bound fits uint64; the caller keeps X below 2^128 - 2^67). Column sums hold at most eight 32-bit halves, so
-    uint64 never overflows; every operation is an integer one.
+    2^64 - 8 (so that the upper bound fits uint64; the caller keeps X below 2^128 - 2^67). Column sums hold at
+    most eight 32-bit halves, so uint64 never overflows; every operation is an integer one.
     """
     col = {c: np.zeros((len(x[0]), len(y[0])), dtype=np.uint64) for c in range(3, 8)}
     for i in range(4):

@@ -171,7 +171,7 @@ def _exact_accept(n: int, c_num: int, c_den: int, a: int, m: int, words: WordSou
 
 
 def _proposals(plan: EnvelopePlan, size: int, words: WordSource) -> np.ndarray:
-    """The accepted magnitudes among ``size`` proposals (fewer than ``size``; int64, or object beyond the limit)."""
+    """The accepted magnitudes among ``size`` proposals (at most ``size``; int64, or object beyond the limit)."""
     index = _magnitudes(plan.blocks, size, words)
     u = words(size)
     if u.dtype != np.uint64:  # integer comparison only: a float key would round
@@ -193,8 +193,7 @@ def _proposals(plan: EnvelopePlan, size: int, words: WordSource) -> np.ndarray:
         undecided = np.flatnonzero(~accepted & (v <= plan.reject_from[j]))
         for i in undecided:
             accepted[i] = _exact_accept(int(n[i]), plan.c_num, plan.c_den, int(v[i]), 64 - plan.w, words)
-    magnitude = (index[accepted] << plan.w) + r[accepted]
-    return magnitude
+    return (index[accepted] << plan.w) + r[accepted]
 
 
 def _signed(plan: EnvelopePlan, size: int, words: WordSource) -> np.ndarray:
