@@ -95,7 +95,7 @@ def test_sixteen_processes_race_and_exactly_the_cap_is_committed(ledger_url, tmp
 #: release keys in the same order, so every key has TRIES tries running at once. Each try that reserves "draws"
 #: for DRAW_SECONDS, longer than a lease of LEASE_SECONDS: only the lease keeper's renewals keep the others out.
 PROCESSES, TRIES, KEYS = 16, 4, 16
-DRAW_SECONDS, LEASE_SECONDS = 2.5, 2.0
+DRAW_SECONDS, LEASE_SECONDS = 3.5, 3.0  # renewals every second: a keeper may stall 2 s
 
 
 def test_live_tries_of_the_same_release_keys_are_charged_once(ledger_url, tmp_path):
@@ -215,15 +215,18 @@ def test_ledger_objects_in_separate_processes_share_one_budget(ledger_url, tmp_p
 
 
 def test_a_try_killed_mid_draw_is_taken_over_only_after_its_lease_expires(ledger_url, tmp_path):
-    """Five tries are SIGKILLed while "drawing" under a renewed lease of 1 s. While they live (3 leases long), two
-    more tries of each of four of their keys are refused and reconcile finds nothing; after the kill, one of the two
+    """Five tries are SIGKILLed while "drawing" under a renewed lease of 3 s. While they live (past the end of their
+    first lease), two more tries of each of four of their keys are refused and reconcile finds nothing; after the
+    kill, one of the two
     takes the key over (the dead try's charge abandoned, still counted: 2 charges) and the other replays it. The
     fifth key has no retry: it stays reserved until reconcile lists and abandons it."""
-    amount, lease = Fraction(1, 10), 1.0
+    # a lease of 3 s is renewed every second: a keeper stalled up to 2 s by a loaded machine still holds its key
+    amount, lease = Fraction(1, 10), 3.0
     ledger = ledger_with(ledger_url, crash=account_config("pure_dp", cap=1))
     keys = [f"run-{k}" for k in range(4)]
     victims: dict[str, subprocess.Popen] = {}
     held: dict[str, tuple[int, str]] = {}
+    first_lease_ends: list[dt.datetime] = []
     go = tmp_path / "go"
     retries: list[subprocess.Popen] = []
     try:
@@ -232,16 +235,20 @@ def test_a_try_killed_mid_draw_is_taken_over_only_after_its_lease_expires(ledger
         for run_id, victim in victims.items():
             line = victim.stdout.readline()
             assert line.startswith("drawing"), victim.stderr.read()
-            _, charge_id, token, _ = line.split()
+            _, charge_id, token, lease_end = line.split()
             held[run_id] = (int(charge_id), token)
+            first_lease_ends.append(dt.datetime.fromisoformat(lease_end))
         retries = [
             _spawn("retries", ledger_url, "crash", str(n), ",".join(keys), str(amount), "0.2", str(lease), str(go))
             for n in range(2)
         ]
         _ready(retries)
         go.touch()
-        time.sleep(3 * lease)  # the victims' keepers renew; the retries meet a live lease all along
+        # past the end of every first lease: only the victims' keepers' renewals hold the keys now
+        _wait_past(max(_aware(end) for end in first_lease_ends))
         assert ledger.reconcile() == []  # nothing has expired
+        renewed = {c["id"]: _aware(c["lease_expires_at"]) for c in ledger.charges(account="crash")}
+        assert all(renewed[charge_id] > max(_aware(e) for e in first_lease_ends) for charge_id, _ in held.values())
         assert Counter(c["state"] for c in ledger.charges(account="crash")) == {"reserved": 5}
         assert all(retry.poll() is None for retry in retries)  # still waiting on the first key
     finally:
