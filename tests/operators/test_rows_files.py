@@ -329,3 +329,12 @@ def test_the_sql_release_operator_refuses_what_cannot_take_rows_files_at_parse_t
         DPSQLReleaseOperator(task_id="release", spec_path=large_spec, conn_id="warehouse",
                              queries={"cells": "SELECT 1", "sums": "SELECT 1"}, inline_rows_limit=1000,
                              **arguments)
+
+
+def test_key_values_are_written_as_the_standard_librarys_json():
+    """The ``key`` column's values are ``json.dumps(v, ensure_ascii=False)`` of each public key value: quotes,
+    backslashes, control and non-ASCII characters, NUL, and ints beyond int64."""
+    from dp_operators.release.rows_file import _json_texts
+
+    values = ["a", "é", '"q"', "\n\u2028", "", "x\\y", "\x00", 0, -5, 2**70]
+    assert _json_texts(values) == [json.dumps(v, ensure_ascii=False) for v in values]
