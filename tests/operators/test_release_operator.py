@@ -253,8 +253,9 @@ def test_a_second_try_while_the_first_holds_the_lease_is_retryable_and_a_later_o
 ):
     """Airflow can start try 2 while try 1 still draws (a zombie, a lost heartbeat). Try 2 must not be charged,
     must not fail the task for good, and must say who holds the lease until when; once try 1 has committed, the
-    next try replays its output without reading the aggregates or charging. The lease is 0.6 s here and try 1
-    draws for far longer: it holds the release only because the engine renews the lease while it draws."""
+    next try replays its output without reading the aggregates or charging. The lease is 3 s here (renewed every
+    second, so a keeper stalled 2 s by a loaded machine still holds it) and try 1 draws until its first lease has
+    ended: it holds the release only because the engine renews the lease while it draws."""
     import dp_operators.release.run as engine
     from dp_operators.hooks.ledger import DPLedgerHook
 
@@ -262,7 +263,7 @@ def test_a_second_try_while_the_first_holds_the_lease_is_retryable_and_a_later_o
 
     def short_lease(self):
         ledger = connection_ledger(self)
-        ledger.lease_seconds = 0.6
+        ledger.lease_seconds = 3.0
         return ledger
 
     monkeypatch.setattr(DPLedgerHook, "get_ledger", short_lease)
@@ -275,7 +276,7 @@ def test_a_second_try_while_the_first_holds_the_lease_is_retryable_and_a_later_o
         calls.append(threading.current_thread().name)
         if len(calls) == 1:  # try 1 only: it holds its lease while "drawing"
             drawing.set()
-            assert finish.wait(60)
+            assert finish.wait(120)
         return real_draw(*args, **kwargs)
 
     monkeypatch.setattr(engine, "draw_noise", slow_first_draw)
@@ -290,8 +291,12 @@ def test_a_second_try_while_the_first_holds_the_lease_is_retryable_and_a_later_o
     thread = threading.Thread(target=try_one, name="try-1")
     thread.start()
     try:
-        assert drawing.wait(60), first
-        time.sleep(1.5)  # two and a half unrenewed leases
+        assert drawing.wait(120), first
+        (charge,) = ledger_conn.charges()
+        first_end = charge["lease_expires_at"]
+        first_end = first_end if first_end.tzinfo else first_end.replace(tzinfo=dt.timezone.utc)
+        while dt.datetime.now(dt.timezone.utc) <= first_end:  # past the unrenewed lease's end
+            time.sleep(0.05)
         before = dt.datetime.now(dt.timezone.utc)
         with pytest.raises(AirflowException) as refused:
             operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, try_number=2)))
@@ -301,7 +306,7 @@ def test_a_second_try_while_the_first_holds_the_lease_is_retryable_and_a_later_o
         assert "ledger attempt 1) is still running" in message and "nothing was charged" in message
         assert "will replay its committed output, or take the release over after the lease expires" in message
         until = dt.datetime.fromisoformat(re.search(r"holds the budget lease until (\S+);", message).group(1))
-        assert until >= before.replace(microsecond=0)  # renewed: an unrenewed lease ended a second ago
+        assert until >= before.replace(microsecond=0)  # renewed: the unrenewed lease has ended
         assert refused.value.__cause__ is None and refused.value.__suppress_context__
         # nothing charged, refused or published for try 2; try 1 still holds its reservation
         assert _states(ledger_conn) == [(1, "reserved")]
