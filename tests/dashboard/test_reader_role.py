@@ -1,5 +1,5 @@
-"""The dashboard over PostgreSQL's read-only roles (issue 12: "the dashboard reads the ledger with the read-only
-(spender or reader) role; it has no way to change a cap").
+"""The dashboard over PostgreSQL's read-only roles: the dashboard reads the ledger with the read-only (spender or
+reader) role, and has no way to change a cap.
 
 A ledger schema owned by ``postgres`` (who ran ``dpctl ledger init``) gets the three roles of
 :mod:`dp_operators.ledger.roles`; the governor role creates the accounts and the spender role spends. Then, connected
