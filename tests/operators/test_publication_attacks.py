@@ -16,28 +16,16 @@ from dp_operators.operators.release import RELEASE_ALIAS, DPReleaseOperator
 
 from airflow_fakes import FakeAssetEvents, FakeTaskInstance, context_for, run_tries
 from operator_ledgers import connect_ledger
+from operator_specs import CITY_COUNTS, city_count_spec
 from support import make_ledger
 
 DAG = "publication_dag"
 ACCOUNT = "publication_account"
 RELEASE = "publication_release"
 
-SPEC = f"""\
-version: 1
-release: {RELEASE}
-budget_account: {ACCOUNT}
-privacy_unit: person
-aggregates:
-  - name: people
-    kind: count
-    group_by: [city]
-    keys:
-      city: [a, b]
-    mechanism: discrete_laplace
-    budget: {{epsilon: 0.1}}
-"""
+SPEC = city_count_spec(RELEASE, ACCOUNT)
 
-AGGREGATES = {"people": [{"city": "a", "count": 10}, {"city": "b", "count": 20}]}
+AGGREGATES = CITY_COUNTS
 
 
 def FakeTI(**fields) -> FakeTaskInstance:  # noqa: N802 - the name the tests below use

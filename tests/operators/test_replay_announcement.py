@@ -22,26 +22,14 @@ from dp_operators.operators.release import DPReleaseOperator
 
 from airflow_fakes import AliasEvents, FakeTaskInstance
 from operator_ledgers import connect_ledger
+from operator_specs import CITY_COUNTS, city_count_spec
 from support import make_ledger
 
 DAG = "announce_dag"
 ACCOUNT = "announce_account"
 RELEASE = "announce_release"
-SPEC = f"""\
-version: 1
-release: {RELEASE}
-budget_account: {ACCOUNT}
-privacy_unit: person
-aggregates:
-  - name: people
-    kind: count
-    group_by: [city]
-    keys:
-      city: [a, b]
-    mechanism: discrete_laplace
-    budget: {{epsilon: 0.1}}
-"""
-AGGREGATES = {"people": [{"city": "a", "count": 10}, {"city": "b", "count": 20}]}
+SPEC = city_count_spec(RELEASE, ACCOUNT)
+AGGREGATES = CITY_COUNTS
 
 
 class ApiServer:

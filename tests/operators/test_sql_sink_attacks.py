@@ -19,27 +19,12 @@ from dp_operators.spec import load_spec_with_hash
 
 from airflow_fakes import FakeTaskInstance, run_tries
 from operator_ledgers import connect_ledger
+from operator_specs import selected_count_spec
 from sql_targets import database_target
 from support import make_ledger
 
 DAG = "sink_attacks_dag"
 ACCOUNT = "sink_attacks_account"
-
-SELECTION_SPEC = """\
-version: 1
-release: {release}
-budget_account: sink_attacks_account
-privacy_unit: person
-aggregates:
-  - name: {name}
-    kind: count
-    group_by: [city]
-    partition_selection:
-      mechanism: discrete_laplace
-      budget: {{epsilon: 1, delta: 1e-6}}
-    mechanism: discrete_laplace
-    budget: {{epsilon: 1}}
-"""
 
 SEPARATOR_SPEC = """\
 version: 1
@@ -62,7 +47,7 @@ BIG = 10**6  # far above any selection threshold: every key is released
 
 def selection_spec(tmp_path: Path, *, release: str = "selected", name: str = "by_city") -> Path:
     path = tmp_path / f"{release}.yaml"
-    path.write_text(SELECTION_SPEC.format(release=release, name=name))
+    path.write_text(selected_count_spec(release, ACCOUNT, name, "city"))
     return path
 
 

@@ -15,27 +15,12 @@ from dp_operators.operators.sinks import SQLTableSink, sql_release_table
 from dp_operators.release import run_release
 from dp_operators.spec import SpecError, load_spec_with_hash
 
-from support import make_ledger
+from operator_specs import selected_count_spec
 from sql_targets import database_target
+from support import make_ledger
 
 DAG = "sink_pg_dag"
 ACCOUNT = "sink_pg_account"
-
-SELECTION_SPEC = """\
-version: 1
-release: sink_pg_urls
-budget_account: sink_pg_account
-privacy_unit: person
-aggregates:
-  - name: {name}
-    kind: count
-    group_by: [page]
-    partition_selection:
-      mechanism: discrete_laplace
-      budget: {{epsilon: 1, delta: 1e-6}}
-    mechanism: discrete_laplace
-    budget: {{epsilon: 1}}
-"""
 
 
 @pytest.fixture
@@ -75,7 +60,7 @@ def test_concurrent_first_releases_all_pass_the_sink_check(pg_sink):
 
 def _release(tmp_path: Path, name: str, page: str) -> dict:
     spec_path = tmp_path / "urls.yaml"
-    spec_path.write_text(SELECTION_SPEC.format(name=name))
+    spec_path.write_text(selected_count_spec("sink_pg_urls", ACCOUNT, name, "page"))
     spec, digest = load_spec_with_hash(spec_path)
     ledger = make_ledger(tmp_path / f"ledger-{uuid.uuid4().hex[:6]}.db", cap="100", accountant="approx_dp",
                          dags=(DAG,), account=ACCOUNT)

@@ -30,6 +30,7 @@ from dp_operators.spec import load_spec_with_hash
 
 from airflow_fakes import FakeTaskInstance, context_for
 from operator_ledgers import connect_ledger
+from operator_specs import selected_count_spec
 from sql_targets import database_target
 from support import make_ledger
 
@@ -37,21 +38,7 @@ DAG = "shape_dag"
 ACCOUNT = "shape_account"
 BIG = 10**6
 
-SPEC = f"""\
-version: 1
-release: pages
-budget_account: {ACCOUNT}
-privacy_unit: person
-aggregates:
-  - name: views_by_page
-    kind: count
-    group_by: [page]
-    partition_selection:
-      mechanism: discrete_laplace
-      budget: {{epsilon: 1, delta: 1e-6}}
-    mechanism: discrete_laplace
-    budget: {{epsilon: 1}}
-"""
+SPEC = selected_count_spec("pages", ACCOUNT, "views_by_page", "page")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
