@@ -50,3 +50,13 @@ def example_spec():
 @pytest.fixture
 def ledger(tmp_path: Path) -> Ledger:
     return make_ledger(tmp_path / "ledger.db")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the real-Airflow and real-server modules (marked ``integration``) first, in their collected order.
+
+    Each costs one worker minutes inside one module-scoped deployment. Started first, they run while the other
+    workers share out the short tests (longest jobs first), and each module stays inside the first worker's
+    contiguous share of the queue, so pytest-xdist's work stealing never splits it and sets its deployment up twice.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("integration") is None)

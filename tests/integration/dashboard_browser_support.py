@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -221,16 +222,19 @@ class DashboardServer:
         Raises:
             RuntimeError: a command failed, the server exited or the dashboard is not mounted (the server's log
                 tail in the message).
-            TimeoutError: the server did not answer within 90 s.
+            TimeoutError: the server did not answer within three times the migration's duration (at least 60 s:
+                both import Airflow and build its app, so a loaded machine slows both alike).
         """
         port = free_port()
         services = AirflowServices(airflow_env(home, ledger_url, port), home)
         server = cls(services, f"http://127.0.0.1:{port}")
         try:
-            services.run("airflow", "db", "migrate", timeout=180)
+            started = time.monotonic()
+            services.run("airflow", "db", "migrate", timeout=900)  # only bounds a hang
+            startup_limit = max(60.0, 3 * (time.monotonic() - started))
             services.start("api-server", "airflow", "api-server", "--host", "127.0.0.1", "--port", str(port))
             try:
-                wait_for(lambda: services.check_alive() or server.mounted(), timeout=90,
+                wait_for(lambda: services.check_alive() or server.mounted(), timeout=startup_limit,
                          what="the api-server to serve /dp-budget", retry_on=(httpx.HTTPError,))
             except TimeoutError as error:
                 raise TimeoutError(f"{error}\n{server.tail()}") from error

@@ -13,7 +13,7 @@ import pytest
 from dp_operators.ledger import Ledger, load_ledger_config
 from dp_operators.release import plan_release
 
-from airflow_home import BIN, airflow_environment, run
+from airflow_home import BIN, airflow_environment, migrate_metadata, run
 from support import EXAMPLE_SPEC, REPO, SPEND_KEY, example_charge
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,8 @@ def airflow_env(tmp_path_factory, adult_csv):
         (REPO / "config" / "ledgers.yaml").read_text().replace("cap: 0.5 ", f"cap: {2 * example_charge()} ")
     )
     env = airflow_environment(home, DP_OPERATORS_ADULT_CSV=str(adult_csv))
-    for command in (["airflow", "db", "migrate"], ["dpctl", "ledger", "init"], ["dpctl", "ledger", "apply", str(config)]):
+    migrate_metadata(env)
+    for command in (["dpctl", "ledger", "init"], ["dpctl", "ledger", "apply", str(config)]):
         run(env, *command, check=True, timeout=300)
     assert load_ledger_config(config).accounts["census_adult"].cap == 2 * example_charge()
     return {"home": home, "env": env, "ledger": Ledger(f"sqlite:///{ledger_path}", audit_key=SPEND_KEY), "ledger_path": ledger_path}

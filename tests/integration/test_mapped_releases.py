@@ -13,7 +13,7 @@ import pytest
 
 from dp_operators.ledger import Ledger, ReleaseKey
 
-from airflow_home import airflow_environment, run
+from airflow_home import airflow_environment, migrate_metadata, run
 from support import SPEND_KEY
 
 pytestmark = pytest.mark.integration
@@ -34,8 +34,8 @@ def mapped_run(tmp_path_factory):
     ledger_path = home / "ledger.db"
     (home / "ledgers.yaml").write_text(LEDGERS)
     env = airflow_environment(home, dags_folder=DAGS)
-    for command in (["airflow", "db", "migrate"], ["dpctl", "ledger", "init"],
-                    ["dpctl", "ledger", "apply", str(home / "ledgers.yaml")]):
+    migrate_metadata(env)
+    for command in (["dpctl", "ledger", "init"], ["dpctl", "ledger", "apply", str(home / "ledgers.yaml")]):
         run(env, *command, check=True, timeout=300)
     dag_run = run(env, "airflow", "dags", "test", "mapped_releases")
     with sqlite3.connect(home / "airflow.db") as db:

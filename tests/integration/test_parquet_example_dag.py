@@ -18,7 +18,7 @@ from dp_operators.operators.sources import read_reference
 from dp_operators.release.columns import is_table
 from dp_operators.spec import load_spec
 
-from airflow_home import BIN, airflow_environment
+from airflow_home import BIN, airflow_environment, migrate_metadata
 from support import EXAMPLE_SPEC, example_charge, make_ledger
 
 pytestmark = pytest.mark.integration
@@ -33,7 +33,7 @@ def airflow_run(tmp_path_factory, adult_csv):
     ledger = make_ledger(home / "ledger.db", dags=(DAG_ID,))
     env = airflow_environment(home, DP_OPERATORS_ADULT_CSV=str(adult_csv),
                               DP_OPERATORS_STAGING_URI=f"file://{home / 'staging'}")
-    subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+    migrate_metadata(env)
     run = subprocess.run([str(BIN / "airflow"), "dags", "test", DAG_ID], env=env, capture_output=True, text=True,
                          timeout=600)
     log = run.stdout + run.stderr

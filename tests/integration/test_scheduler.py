@@ -78,9 +78,11 @@ def deployment(tmp_path_factory, adult_csv):
             services.run("dpctl", "ledger", "roles", "--url", pg.url(ledger_db), "--spender-role", spender,
                          "--governor-role", governor, "--execute")
             services.run("dpctl", "ledger", "apply", str(config), "--url", pg.url(ledger_db, officer))
-            assert migrate.wait(timeout=300) == 0, services.tail("db-migrate")
+            assert migrate.wait(timeout=900) == 0, services.tail("db-migrate")  # only bounds a hang
             del services.processes["db-migrate"]
             TIMINGS["setup (databases, roles, migrate, ledger)"] = time.monotonic() - started
+            # starting the services and parsing the DAGs imports Airflow as the setup did: a loaded machine slows both
+            parse_limit = max(120.0, 2 * TIMINGS["setup (databases, roles, migrate, ledger)"])
 
             services.start("api-server", "airflow", "api-server", "--host", "127.0.0.1", "--port", str(api_port))
             services.start("scheduler", "airflow", "scheduler")
@@ -88,7 +90,8 @@ def deployment(tmp_path_factory, adult_csv):
             for dag_id in (RACE_DAG, KILLED_DAG, PUBLISH_DAG):
                 wait_for(lambda: services.check_alive() or httpx.get(f"{deployment.api}/api/v2/dags/{dag_id}",
                                                                      timeout=5).status_code == 200,
-                         timeout=120, what=f"DAG {dag_id} to be parsed and served", retry_on=(httpx.HTTPError,))
+                         timeout=parse_limit, what=f"DAG {dag_id} to be parsed and served",
+                         retry_on=(httpx.HTTPError,))
             TIMINGS["services up, DAGs parsed"] = time.monotonic() - started
             for run_id in KILLED_RUNS:
                 deployment.trigger(KILLED_DAG, run_id)
@@ -136,8 +139,11 @@ def test_budget_race_commits_exactly_the_releases_the_cap_fits(deployment):
     refusal = str(BudgetExhaustedError("it_race", "rho", charge, Fraction(0)))
     for run_id in failed:
         logs = deployment.task_logs(RACE_DAG, run_id)
-        assert list(logs) == [1], deployment.explain(RACE_DAG, run_id)  # a refusal is not retried
-        assert refusal in logs[1], deployment.explain(RACE_DAG, run_id)
+        # a refusal is not retried: one try was refused, and it was the last. A try before it may have failed for a
+        # transient reason a loaded machine gives (a task heartbeat missed, the API server slow to hand over the
+        # upstream's XCom): that try charged nothing, as the ledger's charges below show.
+        refused_tries = [number for number, text in logs.items() if refusal in text]
+        assert refused_tries == [max(logs)], deployment.explain(RACE_DAG, run_id)
         assert deployment.published(RACE_DAG, run_id) == []
 
     spans = deployment.query(

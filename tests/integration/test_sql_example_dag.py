@@ -13,7 +13,7 @@ import pytest
 
 from dp_operators.operators.sinks import release_rows
 
-from airflow_home import BIN, airflow_environment
+from airflow_home import BIN, airflow_environment, migrate_metadata
 from support import example_charge, make_ledger
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ def sql_run(tmp_path_factory, adult_csv):
         home, DP_OPERATORS_ADULT_CSV=str(adult_csv),
         AIRFLOW_CONN_ADULT_SQLITE=json.dumps({"conn_type": "sqlite", "host": str(database)}),
     )
-    subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+    migrate_metadata(env)
     run = subprocess.run([str(BIN / "airflow"), "dags", "test", DAG_ID], env=env, capture_output=True, text=True,
                          timeout=600)
     assert "state=success, run_type" in run.stdout + run.stderr, (run.stdout + run.stderr)[-3000:]
