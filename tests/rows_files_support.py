@@ -1,5 +1,5 @@
 """A release large enough for rows files, shared by the rows-file tests (``tests/operators/test_rows_files.py``,
-``tests/operators/test_review_issue11_attacks.py``): a count and a bounded sum over an ``XS x YS`` public key domain
+``tests/operators/test_rows_file_attacks.py``): a count and a bounded sum over an ``XS x YS`` public key domain
 (1,200 cells: rows files above an ``inline_rows_limit`` of 1,000), and their Parquet inputs."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""A published release can be overwritten or forged by anyone with write access to the storage (red-team review of
-issue 10); the ledger holds the committed output, and ``dpctl release verify PATH`` tells a reader whether a file is
-the ledger's committed output for the key its path names. This test failed before that command existed."""
+"""A published release can be overwritten or forged by anyone with write access to the storage; the ledger holds the
+committed output, and ``dpctl release verify PATH`` tells a reader whether a file is the ledger's committed output
+for the key its path names."""
 
 from __future__ import annotations
 

@@ -313,7 +313,7 @@ def _reserve_run(ledger, run: int, amount, delta):
 
 
 def test_plan_counts_runs_in_delta_when_the_delta_cap_admits_fewer(tmp_path):
-    """The issue's case: epsilon 6 left funds 6 runs at epsilon 1, but the delta cap 1e-6 funds only 2 at 4e-7 each;
+    """Epsilon 6 left funds 6 runs at epsilon 1, but the delta cap 1e-6 funds only 2 at 4e-7 each;
     the plan says 2, names delta as the limit, prints the run's delta (not the cap), and the ledger agrees: two
     reservations of the planned charge go through and the third is refused for delta."""
     from dp_operators.ledger import BudgetExhaustedError

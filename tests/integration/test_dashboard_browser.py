@@ -1,4 +1,4 @@
-"""The budget dashboard in a real browser (issue 12, acceptance): Debian's Chromium, headless, driven by Playwright
+"""The budget dashboard in a real browser: Debian's Chromium, headless, driven by Playwright
 against a running ``airflow api-server`` that loads the dashboard plugin the way an installed provider does.
 
 One api-server per module (SQLite metadata database, SimpleAuthManager with a passwords file, the ledger connection

@@ -1,6 +1,6 @@
 """DPReleaseOperator in mapped task groups, ``.expand()``, ``.partial()`` and ``.expand_kwargs()`` under real
 Airflow (``airflow dags test``): each instance releases its own upstream instance's aggregates, or fails clearly and
-charges nothing (issue 10, item 1)."""
+charges nothing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """DPReleaseOperator under Airflow's real scheduler: LocalExecutor, PostgreSQL, concurrent runs, a killed task, a
-failed publication, a cleared task (issue 10, items 4 and 11).
+failed publication, a cleared task.
 
 One Airflow deployment per module, set up as docs/deployment.md describes: Airflow's metadata database and the ledger
 on PostgreSQL (fresh databases, dropped at the end), the ledger's spender and governor roles (``dpctl ledger
