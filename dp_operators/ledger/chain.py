@@ -71,6 +71,20 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
+class CanonicalOutput(str):
+    """A release output's :func:`canonical_json` text, made only by :meth:`encode`: :meth:`Ledger.commit` stores it
+    as given (a large output is encoded once), and refuses any other text, so what a commit stores is canonical,
+    plain, finite JSON by construction rather than by the caller's word."""
+
+    __slots__ = ()
+
+    @classmethod
+    def encode(cls, output: Any) -> CanonicalOutput:
+        """``canonical_json(output)``, marked as such. Raises ``ValueError`` for NaN or infinities and ``TypeError``
+        for values JSON cannot hold."""
+        return cls(canonical_json(output))
+
+
 def _canonical_row(row: Mapping[str, Any], columns: tuple[str, ...]) -> bytes:
     return canonical_json({name: row[name] for name in columns}).encode("utf-8")
 

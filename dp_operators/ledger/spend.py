@@ -36,6 +36,7 @@ from dp_operators.accounting import exact_number, round_down, round_up, unit_of
 from dp_operators.ledger import schema
 from dp_operators.ledger.chain import (
     AccountChain,
+    CanonicalOutput,
     audit_context,
     audit_row_mac,
     canonical_json,
@@ -497,10 +498,11 @@ class Ledger(LedgerBase):
         return chain, charge
 
     def commit(self, reservation: Reservation, output: dict, *, audit: Mapping[str, Any] | None = None,
-               canonical: str | None = None) -> str:
+               canonical: CanonicalOutput | None = None) -> str:
         """Store the noised ``output`` (plain JSON) and mark the charge ``committed``. Returns its SHA-256 digest,
         which the ``committed`` audit event records (the output itself is not in the audit log). ``canonical``:
-        ``canonical_json(output)`` when the caller has just encoded it (a large output is then encoded once).
+        ``CanonicalOutput.encode(output)`` when the caller has just encoded it (a large output is then encoded once);
+        any other kind of text is refused.
 
         Raises:
             ChargeStateError: the reservation is not this charge's owner, or the charge is no longer ``reserved``
@@ -508,7 +510,10 @@ class Ledger(LedgerBase):
             ValueError: ``output`` is not plain, finite JSON.
         """
         self.check_schema()
-        text = canonical_json(output) if canonical is None else canonical
+        if canonical is not None and not isinstance(canonical, CanonicalOutput):
+            raise TypeError("Ledger.commit(canonical=...) takes a CanonicalOutput.encode(output), not "
+                            f"{type(canonical).__name__}: pass the output alone and the ledger encodes it")
+        text = canonical_json(output) if canonical is None else str(canonical)
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
 
         def work(conn: Connection) -> str:

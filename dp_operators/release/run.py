@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 
 from dp_operators import __version__
-from dp_operators.ledger import AccountStatus, AuditChainError, Ledger, LedgerError, ReleaseKey, canonical_json
+from dp_operators.ledger import AccountStatus, AuditChainError, Ledger, LedgerError, ReleaseKey
+from dp_operators.ledger.chain import CanonicalOutput
 from dp_operators.release.columns import largest_magnitude
 from dp_operators.release.diagnostics import DiagnosticsReport
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
@@ -353,12 +354,13 @@ def _noised_output(
     spec_hash: str,
     rows_writers: Mapping[str, Callable] | None = None,
     families: list[Any] | None = None,
-) -> tuple[dict[str, Any], str]:
+) -> tuple[dict[str, Any], CanonicalOutput]:
     """Draw the noise and build the published release, checked to be plain JSON (steps 5 and 6). ``families``:
     the spec's consistent families, planned (:func:`~dp_operators.release.consistent.plan_families`).
 
-    Returns ``(output, text)``: ``text`` is the output's :func:`~dp_operators.ledger.canonical_json`, encoded once
-    here for the ledger's row and digest and for the returned form."""
+    Returns ``(output, text)``: ``text`` is the output's canonical JSON
+    (:class:`~dp_operators.ledger.chain.CanonicalOutput`), encoded once here for the ledger's row and digest and for
+    the returned form."""
     spec = plan.spec
     noised, selected = draw_noise(plan, prepared, drawn)
     consistent: dict[str, Any] = {}
@@ -401,6 +403,6 @@ def _noised_output(
         output["charge"]["delta_spent_exact"] = str(delta_spent)
     check_plain_json(output)
     # what the ledger stores and the operator writes: UTF-8 JSON (inside the permanent-failure path)
-    text = canonical_json(output)
+    text = CanonicalOutput.encode(output)
     text.encode("utf-8")
     return output, text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from fractions import Fraction
 
@@ -17,6 +18,7 @@ from dp_operators.ledger import (
     LedgerNotInitialisedError,
     ReleaseKey,
 )
+from dp_operators.ledger.chain import CanonicalOutput, canonical_json
 from ledger_backends import account_config, ledger_with
 from support import SPEND_KEY, governor
 
@@ -329,3 +331,17 @@ def test_a_forged_head_under_another_key_id_does_not_lower_the_totals(ledger_url
     with pytest.raises(AuditChainError, match="disagree with the last event of its audit chain"):
         spend(ledger, "run-2", "1")
     assert [c["state"] for c in ledger.charges()] == ["committed"]
+
+
+
+def test_commit_takes_pre_encoded_text_only_as_the_canonical_output_type(ledger_url):
+    """A commit stores pre-encoded text only when CanonicalOutput.encode made it; other text is refused, unstored."""
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    output = {"b": [1, 2], "a": "x"}
+    reservation = ledger.reserve(key(), account="a", amount=Fraction(1, 4), mechanisms=[], spec_hash="0" * 64)
+    with pytest.raises(TypeError, match="CanonicalOutput"):
+        ledger.commit(reservation, output, canonical='{"a":"forged"}')
+    assert list(ledger.charges())[0]["state"] == "reserved"
+    digest = ledger.commit(reservation, output, canonical=CanonicalOutput.encode(output))
+    assert digest == hashlib.sha256(canonical_json(output).encode("utf-8")).hexdigest()
+    assert ledger.authenticated_output(key()) == output
