@@ -12,6 +12,10 @@ from pathlib import Path
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER:
     os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix=f"dp-operators-airflow-{_WORKER}-")
+    # a worker starts with COLUMNS=80 and LINES=24 where a single pytest process has neither; the CLI folds its
+    # tables at COLUMNS, and its tests set the width they check themselves
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 else:
     os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="dp-operators-airflow-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
