@@ -231,7 +231,7 @@ def _release(
         max_partitions_contributed=max_partitions_contributed or size or 1,
         confidence=confidence,
     )
-    upstream = {_NAME: _vector_upstream(values) if vector else _exact_value(values)}
+    upstream = {_NAME: _vector_upstream(values, grid_q) if vector else _exact_value(values)}
     if ledger is not None:
         # the values are returned to the caller, never stored as files: every row stays in the output
         result = run_release(spec, upstream, ledger, key, spec_hash=_call_hash(spec),  # type: ignore[arg-type]
@@ -249,16 +249,17 @@ def _release(
     return published, plan.steps[0].describe(), None, False
 
 
-def _vector_upstream(values: list[object] | Any) -> Any:
+def _vector_upstream(values: list[object] | Any, grid: Fraction) -> Any:
     """The upstream value of a vector's aggregate (one row per index, the value as its ``sum``).
 
-    An integer array, or a list of Python ints within int64, becomes a :class:`pyarrow.Table` of int64 columns
-    ``index`` and ``sum``, which the engine reads array-at-a-time (``release/columns.py``, docs/adr/0023); any other
-    vector becomes row dicts of exact values (:func:`_exact_value`) for the row-by-row reader. Both readers give
-    identical grid integers and refusals (tests/release_engine/test_columnar_inputs.py), so which one runs changes
-    the running time only; it is chosen by the values' types, except that a list of ints beyond int64 falls back to
-    the rows (as the columnar reader itself takes Python ints for totals beyond int64, docs/adr/0023)."""
-    integers = _int64_array(values)
+    An integer array, or a list of Python ints, becomes a :class:`pyarrow.Table` of int64 columns ``index`` and
+    ``sum``, which the engine reads array-at-a-time (``release/columns.py``, docs/adr/0023); any other vector becomes
+    row dicts of exact values (:func:`_exact_value`) for the row-by-row reader. Both readers give identical grid
+    integers and refusals (tests/release_engine/test_columnar_inputs.py), so which one runs changes the running time
+    only, and it is chosen from the values' types and the public ``grid`` alone, never from a value: a list of ints
+    is clipped to +-(SATURATION + 1) grid steps first (:func:`_int64_array`), which changes no grid integer since
+    everything beyond saturates at +-SATURATION anyway."""
+    integers = _int64_array(values, grid)
     if integers is not None:
         import numpy as np
         import pyarrow as pa
@@ -269,11 +270,17 @@ def _vector_upstream(values: list[object] | Any) -> Any:
     return [{"index": i, "sum": _exact_value(v)} for i, v in enumerate(values)]
 
 
-def _int64_array(values: Any) -> Any:
-    """``values`` as a numpy int64 array when they are integers that int64 holds exactly: an array of a signed
-    integer dtype or of an unsigned one narrower than 64 bits, or a list of Python ``int`` (never ``bool``) within
-    int64. None for anything else (floats, numpy scalars of other types, Decimal, Fraction, uint64, mixed lists)."""
+def _int64_array(values: Any, grid: Fraction) -> Any:
+    """``values`` as a numpy int64 array when they are integers by type: an array of a signed integer dtype or of an
+    unsigned one narrower than 64 bits, or a list of Python ``int`` (never ``bool``). A list is clipped to
+    +-ceil(grid * (SATURATION + 1)) first, so a value beyond int64 takes the same path as its neighbours; when that
+    bound itself exceeds int64 (a grid above about 2, public) every list goes to the row reader. None for anything
+    else (floats, numpy scalars of other types, Decimal, Fraction, uint64, mixed lists)."""
+    import math
+
     import numpy as np
+
+    from dp_operators.release.upstream_types import SATURATION
 
     if isinstance(values, np.ndarray):
         kind = values.dtype
@@ -282,10 +289,10 @@ def _int64_array(values: Any) -> Any:
         return None
     if not all(type(v) is int for v in values):
         return None
-    try:
-        return np.array(values, dtype=np.int64)
-    except OverflowError:
+    bound = math.ceil(grid * (SATURATION + 1))
+    if bound > np.iinfo(np.int64).max:
         return None
+    return np.array([-bound if v < -bound else bound if v > bound else v for v in values], dtype=np.int64)
 
 
 def _call_hash(spec: ReleaseSpec) -> str:

@@ -141,11 +141,11 @@ def test_a_saturated_value_anywhere_in_a_vector_is_flagged():
     assert not laplace_mechanism(5, sensitivity=1, epsilon=1).saturated
 
 
-def _vector_spec(size: int):
+def _vector_spec(size: int, grid: Fraction = Fraction(1)):
     from dp_operators.api import _spec
 
     return _spec(release="api", account="none", privacy_unit="unspecified", size=size, sensitivity=Fraction(1),
-                 grid=Fraction(1), mechanism="discrete_laplace", budget={"epsilon": 1}, max_partitions_contributed=1,
+                 grid=grid, mechanism="discrete_laplace", budget={"epsilon": 1}, max_partitions_contributed=1,
                  confidence=0.95)
 
 
@@ -170,7 +170,7 @@ def test_integer_vectors_are_read_as_a_table_with_the_row_readers_integers(value
 
     values = values(np)
     spec = _vector_spec(len(values))
-    upstream = _vector_upstream(values)
+    upstream = _vector_upstream(values, Fraction(1))
     assert is_table(upstream)
     rows = [{"index": i, "sum": _exact_value(v)} for i, v in enumerate(np.asarray(values).tolist())]
     columnar, by_rows = DiagnosticsReport("api"), DiagnosticsReport("api")
@@ -188,7 +188,6 @@ def test_integer_vectors_are_read_as_a_table_with_the_row_readers_integers(value
         pytest.param(lambda np: np.array([1, 2], dtype=np.uint64), id="uint64 array"),
         pytest.param(lambda np: np.array([True, False]), id="bool array"),
         pytest.param(lambda np: [1, True], id="list with a bool"),
-        pytest.param(lambda np: [1, 2**63], id="list of ints beyond int64"),
         pytest.param(lambda np: [1, np.int64(2)], id="list with a numpy int"),
     ],
 )
@@ -198,7 +197,38 @@ def test_other_vectors_take_the_row_reader(values):
 
     from dp_operators.api import _vector_upstream
 
-    assert isinstance(_vector_upstream(values(np)), list)
+    assert isinstance(_vector_upstream(values(np), Fraction(1)), list)
+
+
+@pytest.mark.parametrize("grid", [Fraction(1), Fraction(1, 7), Fraction(3, 2)])
+@pytest.mark.parametrize("edge", [2**63 - 1, 2**63, 10**40, -(2**63) - 1, -(10**40)])
+def test_a_list_of_ints_takes_one_reader_whatever_its_values(edge, grid):
+    """Neighbouring int lists (one value beyond int64 or not) take the same array reader and give the same saturated
+    grid integers as the exact row reader: the reader follows the type and the public grid, never a value."""
+    import numpy as np
+
+    from dp_operators.api import _exact_value, _vector_upstream
+    from dp_operators.release import prepare_inputs
+    from dp_operators.release.columns import is_table
+
+    values = [3, -4, edge]
+    neighbour = [3, -4, edge - 1 if edge > 0 else edge + 1]
+    spec = _vector_spec(len(values), grid=grid)
+    for vector in (values, neighbour):
+        upstream = _vector_upstream(vector, grid)
+        assert is_table(upstream)
+        rows = [{"index": i, "sum": _exact_value(v)} for i, v in enumerate(vector)]
+        fast = prepare_inputs(spec, {"value": upstream})
+        slow = prepare_inputs(spec, {"value": rows})
+        assert fast.values[("value", "sum")].tolist() == slow.values[("value", "sum")].tolist()
+
+
+def test_a_grid_too_coarse_for_int64_clipping_sends_every_int_list_to_the_row_reader():
+    """Above the grid where +-(2**62 + 1) grid steps leave int64, every int list is read row by row, small or not."""
+    from dp_operators.api import _vector_upstream
+
+    assert isinstance(_vector_upstream([1, 2, 3], Fraction(4)), list)
+    assert isinstance(_vector_upstream([1, 2, 10**40], Fraction(4)), list)
 
 
 def test_a_bool_array_is_refused_as_the_row_reader_refuses_a_bool():
