@@ -35,8 +35,8 @@ def as_rational(value: object, name: str) -> Fraction:
 def as_positive_rational(value: object, name: str) -> Fraction:
     """Return ``value`` as an exact positive ``Fraction``; ValueError if it is not finite and > 0. A
     :class:`~dp_operators.accounting.values.PositiveRational` (an :class:`Epsilon`, a :class:`NoiseScale`...) is
-    returned unchanged."""
-    if isinstance(value, PositiveRational):
+    returned unchanged (its sign checked again: one comparison, and a value built around its constructor is caught)."""
+    if isinstance(value, PositiveRational) and value > 0:
         return value
     result = as_rational(value, name)
     if result <= 0:
@@ -47,7 +47,7 @@ def as_positive_rational(value: object, name: str) -> Fraction:
 def as_open_unit_interval(value: object, name: str) -> Fraction:
     """Return ``value`` as an exact ``Fraction`` in (0, 1); ValueError otherwise (e.g. alpha, delta). A
     :class:`~dp_operators.accounting.values.Delta` is returned unchanged."""
-    if isinstance(value, Delta):
+    if isinstance(value, Delta) and 0 < value < 1:
         return value
     result = as_rational(value, name)
     if not 0 < result < 1:

@@ -284,3 +284,13 @@ class TestCalibrationTakesTypedValues:
         """Every positive type is a PositiveRational, the check the mechanisms' readers recognise."""
         assert all(issubclass(kind, PositiveRational) for kind in POSITIVE_TYPES)
         assert not issubclass(Delta, PositiveRational)
+
+
+def test_a_typed_value_built_around_its_constructor_is_still_refused_by_the_mechanisms():
+    """A value made with Fraction.__new__ (skipping the range check) is caught where the mechanisms take it."""
+    from dp_operators.mechanisms._rational import as_open_unit_interval, as_positive_rational
+
+    with pytest.raises(ValueError, match="epsilon must be > 0"):
+        as_positive_rational(Fraction.__new__(Epsilon, -1, 3), "epsilon")
+    with pytest.raises(ValueError, match="delta must be strictly between 0 and 1"):
+        as_open_unit_interval(Fraction.__new__(Delta, 3, 2), "delta")
