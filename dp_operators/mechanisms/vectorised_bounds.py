@@ -339,9 +339,17 @@ def _gaussian_guard(num: int, den: int, p: int, k: int) -> int:
 
 def gaussian_cdf_bounds(num: int, den: int, k: int, p: int) -> tuple[int, int]:
     """(lo, hi) with lo <= 2^p G(k) <= hi, G(k) = P(|X| <= k) for X discrete Gaussian with sigma2 = num/den."""
-    w = _gaussian_guard(num, den, p, k)
-    s_lo, s_hi, z_lo, z_hi = gaussian_prefix_bounds(num, den, w, k)
+    reach = _prefix_reach(k)
+    w = _gaussian_guard(num, den, p, reach)
+    s_lo, s_hi, z_lo, z_hi = gaussian_prefix_bounds(num, den, w, reach)
     return (s_lo[k] << p) // z_hi, _ceil_div(s_hi[k] << p, z_lo)
+
+
+def _prefix_reach(k: int) -> int:
+    # The prefix sums are computed (and cached) to the next power of two above k, not to k itself: a refinement
+    # walking k upwards one step at a time (vectorised._refine, past the end of a table) then recomputes them
+    # O(log k) times instead of k times. A longer reach only raises the guard bits; every bound stays rigorous.
+    return 1 << k.bit_length()
 
 
 def gaussian_start_precision(num: int, den: int) -> int:
@@ -390,8 +398,9 @@ def _block_bounds(num: int, den: int, p: int, k: int) -> tuple[list[int], list[i
     """(b_lo, b_hi, t_lo, t_hi, one): bounds at 2^w (one = 2^w) on the running sums B_k = sum_{0<=i<=k} v_i and the
     total T = sum_{i>=0} v_i of v_i = exp(-i^2/(2 sigma2)), sigma2 = num/den, as 2 B_k = S_k + 1 and 2 T = Z + 1 in
     the notation of :func:`gaussian_prefix_bounds` (the factor 2 cancels in B_k / T)."""
-    w = _gaussian_guard(num, den, p, k)
-    s_lo, s_hi, z_lo, z_hi = gaussian_prefix_bounds(num, den, w, k)
+    reach = _prefix_reach(k)
+    w = _gaussian_guard(num, den, p, reach)
+    s_lo, s_hi, z_lo, z_hi = gaussian_prefix_bounds(num, den, w, reach)
     one = 1 << w
     return s_lo, s_hi, z_lo + one, z_hi + one, one
 

@@ -274,3 +274,25 @@ def test_the_default_samplers_send_large_scales_to_the_envelope(monkeypatch, sam
     monkeypatch.setattr(ve, route, spy)
     assert sampler(param, 10).dtype == np.int64
     assert len(calls) == 1
+
+
+def test_a_block_index_refined_past_the_table_recomputes_its_prefix_sums_logarithmically_often():
+    """Words of all ones (probability about 2^-64 each) walk the Gaussian block index past its table one step at a
+    time; the exact prefix sums behind that walk are recomputed O(log k) times, not once per step."""
+    import os
+
+    from dp_operators.mechanisms import vectorised_bounds as vb
+
+    ones = np.uint64(2**64 - 1)
+    queue = [ones] + list(np.frombuffer(os.urandom(8 * 18), dtype=np.uint64)) + [ones] * 8
+
+    def words(n):
+        out = np.frombuffer(os.urandom(8 * n), dtype=np.uint64).copy()
+        k = min(n, len(queue))
+        out[:k] = queue[:k]
+        del queue[:k]
+        return out
+
+    vb.gaussian_prefix_bounds.cache_clear()
+    ve.sample_discrete_gaussian_envelope(2**60, 3, _words=words)
+    assert vb.gaussian_prefix_bounds.cache_info().misses <= 64
