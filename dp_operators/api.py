@@ -406,7 +406,9 @@ def vector_release(
     on the account charged (docs/mechanisms.md). A budget ``{epsilon}`` alone means pure DP (Laplace).
 
     Raises:
-        ValueError: an invalid budget or sensitivity, an empty vector, an unknown mechanism.
+        ValueError: an invalid budget or sensitivity, an empty vector, an unknown mechanism, or no
+            ``max_partitions_contributed`` for a vector longer than 10,000 values (the default, all of them, is
+            above the spec's limit).
         Ledger refusals as :func:`laplace_mechanism`.
     """
     array = getattr(values, "ndim", None) == 1 and hasattr(values, "tolist")  # a 1-D numpy array: read as is
@@ -420,6 +422,14 @@ def vector_release(
         raise ValueError(
             "max_partitions_contributed must be a whole number from 1 to the number of values "
             f"({len(values)}), got {max_partitions_contributed!r}"
+        )
+    from dp_operators.spec.models import MAX_PARTITIONS_CONTRIBUTED
+
+    if max_partitions_contributed is None and len(values) > MAX_PARTITIONS_CONTRIBUTED:
+        raise ValueError(
+            f"max_partitions_contributed defaults to the number of values ({len(values):,}), above the limit of "
+            f"{MAX_PARTITIONS_CONTRIBUTED:,} values one privacy unit may change; pass max_partitions_contributed=k, "
+            "the most values one unit can change (1 for a histogram where each unit falls in one bin)"
         )
     published, described, charge, replayed = _release(
         values if array else list(values), sensitivity=sensitivity, budget=_budget(epsilon, delta, rho),

@@ -272,3 +272,12 @@ def test_a_scalar_mechanism_given_an_array_refuses_it_by_its_type():
 
     with pytest.raises(ReleaseInputError, match="ndarray, not a number"):
         laplace_mechanism(np.array([1, 2]), sensitivity=1, epsilon=1)
+
+
+def test_a_long_vector_without_a_contribution_bound_is_refused_with_the_fix():
+    """Above 10,000 values the default bound (all of them) is refused naming the default and how to set it."""
+    import numpy as np
+
+    with pytest.raises(ValueError, match=r"defaults to the number of values \(10,001\).*max_partitions_contributed=k"):
+        vector_release(np.arange(10_001), sensitivity=1, epsilon=1)
+    assert len(vector_release(np.arange(10_001), sensitivity=1, epsilon=1, max_partitions_contributed=1).values) == 10_001
