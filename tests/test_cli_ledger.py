@@ -447,7 +447,8 @@ def test_commands_other_than_init_do_not_create_a_missing_sqlite_ledger(command,
     result = dpctl(*args, "--url", f"sqlite:///{path}")
     assert result.exit_code == 1
     assert result.stderr.strip() == (
-        f"error: no ledger at {path}; run 'dpctl ledger init --url sqlite:///{path}' first"
+        f"error: no ledger at {path}; 'dpctl ledger init --url sqlite:///{path}' makes a new, empty ledger there: if "
+        "the ledger exists elsewhere, point at it instead"
     )
     assert not path.exists()
     assert dpctl("ledger", "init", "--url", f"sqlite:///{path}").exit_code == 0 and path.exists()
@@ -479,3 +480,21 @@ def test_apply_dry_run_prints_the_changes_and_changes_nothing(tmp_path):
     assert "would have created account 'survy'" in result.stdout
     assert "note: account 'survey' is in the ledger but not in" in result.stderr
     assert [a.name for a in governor(url).accounts()] == ["survey"]
+
+
+def test_a_relative_sqlite_path_whose_absolute_twin_exists_is_named_with_four_slashes(tmp_path):
+    """sqlite:///tmp/x.db (three slashes: relative) beside an existing /tmp/x.db says so, and creates nothing."""
+    path = tmp_path / "ledger.db"
+    assert dpctl("ledger", "init", "--url", f"sqlite:///{path}").exit_code == 0
+    relative = str(path).lstrip("/")
+    result = dpctl("ledger", "show", "--url", f"sqlite:///{relative}")
+    assert result.exit_code == 1
+    assert f"did you mean the file /{relative}? An absolute path takes four slashes: sqlite:////{relative}" in (
+        result.stderr)
+
+
+def test_an_unknown_url_scheme_names_the_urls_a_ledger_takes():
+    """A URL no installed dialect opens gets the URL forms a ledger takes, not a raw SQLAlchemy plugin error."""
+    result = dpctl("ledger", "show", "--url", "htp://foo")
+    assert result.exit_code == 1
+    assert "'htp://foo' is not a ledger database URL" in result.stderr and "sqlite:///PATH" in result.stderr

@@ -168,6 +168,12 @@ def _locate(url: str | None, conn_id: str | None, *, create: bool = False) -> _T
         except sa.exc.ArgumentError as error:
             _fail(f"not a SQLAlchemy URL: {error}")
             raise AssertionError("unreachable")
+        try:
+            engine_url.get_dialect()
+        except sa.exc.NoSuchModuleError:
+            _fail(f"{target.url!r} is not a ledger database URL this installation can open: use sqlite:///PATH "
+                  "(a file; four slashes for an absolute path) or postgresql+psycopg://USER@HOST/DATABASE")
+            raise AssertionError("unreachable")
         database = engine_url.database
         if (
             engine_url.get_backend_name() == "sqlite"
@@ -176,7 +182,12 @@ def _locate(url: str | None, conn_id: str | None, *, create: bool = False) -> _T
             and not database.startswith("file:")
             and not Path(database).exists()
         ):
-            _fail(f"no ledger at {database}; run 'dpctl ledger init{' ' + target.how if target.how else ''}' first")
+            hint = ""
+            if not Path(database).is_absolute() and Path("/" + database).exists():
+                hint = (f" (did you mean the file /{database}? An absolute path takes four slashes: "
+                        f"sqlite:////{database})")
+            _fail(f"no ledger at {database}{hint}; 'dpctl ledger init{' ' + target.how if target.how else ''}' "
+                  "makes a new, empty ledger there: if the ledger exists elsewhere, point at it instead")
     return target
 
 
