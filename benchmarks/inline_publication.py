@@ -32,7 +32,10 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
+from bench_ledgers import pure_dp_ledger
+
 REPO = Path(__file__).resolve().parent.parent
+
 ACCOUNT = "publication_benchmark"
 DAG_ID = "publication_benchmark"
 Y_KEYS = 1000
@@ -40,15 +43,7 @@ Y_KEYS = 1000
 
 def make_ledger(path: Path):
     """A fresh SQLite ledger with one pure-DP account allowing :data:`DAG_ID`; returns the spender's view."""
-    from dp_operators.ledger import AccountConfig, AuditKey, Ledger, LedgerConfig, LedgerGovernor
-
-    spend_key = AuditKey.generate()
-    url = f"sqlite:///{path}"
-    officer = LedgerGovernor(url, governor_key=AuditKey.generate(), spend_key=spend_key)
-    officer.init_schema()
-    officer.apply_config(LedgerConfig(version=1, accounts={ACCOUNT: AccountConfig(
-        accountant="pure_dp", cap=Fraction(10**6), privacy_unit="person", allowed_dags=[DAG_ID])}))
-    return Ledger(url, audit_key=spend_key)
+    return pure_dp_ledger(path, account=ACCOUNT, dag_id=DAG_ID, cap=Fraction(10**6))
 
 
 def release_of(cells: int):

@@ -36,7 +36,10 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
+from bench_ledgers import pure_dp_ledger
+
 REPO = Path(__file__).resolve().parent.parent
+
 ACCOUNT = "vector_benchmark"
 DAG_ID = "vector_benchmark"
 VARIANTS = ("vector_release", "vector_release + ledger", "run_release, rows file", "run_release, inline", "numpy")
@@ -45,15 +48,7 @@ BASELINE = "run_release, rows file"
 
 def make_ledger(path: Path):
     """A fresh SQLite ledger with one pure-DP account allowing :data:`DAG_ID`; returns the spender's view."""
-    from dp_operators.ledger import AccountConfig, AuditKey, Ledger, LedgerConfig, LedgerGovernor
-
-    spend_key = AuditKey.generate()
-    url = f"sqlite:///{path}"
-    officer = LedgerGovernor(url, governor_key=AuditKey.generate(), spend_key=spend_key)
-    officer.init_schema()
-    officer.apply_config(LedgerConfig(version=1, accounts={ACCOUNT: AccountConfig(
-        accountant="pure_dp", cap=Fraction(10), privacy_unit="person", allowed_dags=[DAG_ID])}))
-    return Ledger(url, audit_key=spend_key)
+    return pure_dp_ledger(path, account=ACCOUNT, dag_id=DAG_ID, cap=Fraction(10))
 
 
 def child(variant: str, size: int, folder: Path) -> dict:

@@ -62,7 +62,7 @@ from dp_operators.mechanisms.vectorised_bounds import (
     gaussian_block_cdf_bounds,
     gaussian_block_floor_table,
 )
-from dp_operators.mechanisms.vectorised_large import geometric_table
+from dp_operators.mechanisms.vectorised_large import geometric_table, join_draws
 
 __all__ = [
     "GAUSSIAN_SIGMA2_LIMIT",
@@ -207,14 +207,7 @@ def _signed(plan: EnvelopePlan, size: int, words: WordSource) -> np.ndarray:
         x = np.where(negative[keep].astype(bool), -m[keep], m[keep])[:need]
         parts.append(x)
         need -= len(x)
-    if not parts:
-        return np.zeros(0, dtype=np.int64)
-    if any(p.dtype == object for p in parts):
-        out = np.concatenate([p.astype(object) for p in parts])
-        if all(-_I64_MAX - 1 <= int(v) <= _I64_MAX for v in out):
-            return out.astype(np.int64)
-        return out
-    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+    return join_draws(parts)
 
 
 def _check_size(size: object) -> None:

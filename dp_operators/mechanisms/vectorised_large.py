@@ -238,6 +238,11 @@ def sample_discrete_laplace_large(scale: Fraction | int, size: int, *, _words: W
         raise ValueError(f"scale must be at most 2^60 for this sampler, got {scale}")
     plan = large_scale_plan(scale.numerator, scale.denominator)
     parts = [_draw(plan, min(_CHUNK, size - start), _words) for start in range(0, size, _CHUNK)]
+    return join_draws(parts)
+
+
+def join_draws(parts: list[np.ndarray]) -> np.ndarray:
+    """Chunks of draws as one array: int64 when every value fits (the usual case), else object (Python ints)."""
     if not parts:
         return np.zeros(0, dtype=np.int64)
     if any(p.dtype == object for p in parts):
@@ -245,4 +250,4 @@ def sample_discrete_laplace_large(scale: Fraction | int, size: int, *, _words: W
         if all(-_I64_MAX - 1 <= int(v) <= _I64_MAX for v in out):
             return out.astype(np.int64)
         return out
-    return np.concatenate(parts)
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
