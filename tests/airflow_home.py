@@ -3,6 +3,7 @@ metadata, a SQLite ledger connection with the test spend key, and the officer's 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -60,6 +61,7 @@ def migrate_metadata(env: dict[str, str]) -> None:
         return
     if _migrated is None:
         template = Path(tempfile.mkdtemp(prefix="dp-operators-metadata-"))
+        atexit.register(shutil.rmtree, template, ignore_errors=True)
         run({**env, "AIRFLOW_HOME": str(template)}, "airflow", "db", "migrate", check=True, timeout=900)
         _migrated = template / "airflow.db"
     shutil.copyfile(_migrated, Path(env["AIRFLOW_HOME"]) / "airflow.db")
