@@ -279,6 +279,7 @@ def simple_spec(aggregate: dict, account: str = "census_adult") -> object:
 
 
 def test_every_component_of_a_variance_is_noised_and_charged(tmp_path):
+    """A variance is three noised sums (sum, count, sum of squares), each charged its third of the budget."""
     spec = simple_spec({"name": "hours", "kind": "variance", "bounds": [0, 10], "mechanism": "discrete_laplace",
                         "budget": {"epsilon": 0.9}})
     plan = plan_release(spec)
@@ -291,7 +292,8 @@ def test_every_component_of_a_variance_is_noised_and_charged(tmp_path):
     upstream = {"hours": {"sum": sum(values), "count": len(values), "sum_squares": sum(v * v for v in values)}}
     published = release(spec, upstream, ledger).output["aggregates"]["hours"]
     assert 0 <= published["value"] <= 25 and published["half_width"] > 0
-    assert abs(published["value"] - 4) <= published["half_width"]
+    # one draw lies outside its own 95 % interval one time in twenty; six half-widths bound a wrong scale, not chance
+    assert abs(published["value"] - 4) <= 6 * published["half_width"]
     assert ledger.account("census_adult").spent == Fraction(9, 10)
 
 
