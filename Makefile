@@ -40,6 +40,8 @@ benchmarks: $(VENV)/.installed
 	$(BIN)/python benchmarks/ledger_cli.py
 	$(BIN)/python benchmarks/samplers.py
 	$(BIN)/python benchmarks/large_release.py
+	$(BIN)/python benchmarks/vector_release.py
+	$(BIN)/python benchmarks/inline_publication.py
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/dashboard_queries.py
 
