@@ -76,10 +76,10 @@ def noised_inputs(plan, values: list[np.ndarray]) -> dict[tuple[str, str], np.nd
                 exact = [Fraction(len(v)) for v in values]
             elif name == "sum":
                 exact = [Fraction(int(v.sum())) for v in values]
-            elif component == "sum":
-                exact = [sum((Fraction(int(x)) - middle for x in v), Fraction(0)) for v in values]
-            else:
-                exact = [sum(((Fraction(int(x)) - middle) ** 2 for x in v), Fraction(0)) for v in values]
+            elif component == "sum":  # sum (x - middle), exactly: sum x - n middle
+                exact = [Fraction(int(v.sum())) - len(v) * middle for v in values]
+            else:  # sum (x - middle)^2, exactly: (x - middle)^2 = (2x - LOWER - UPPER)^2 / 4, summed in integers
+                exact = [Fraction(int(((2 * v.astype(np.int64) - (LOWER + UPPER)) ** 2).sum()), 4) for v in values]
             units = np.array([int((e / step.grid + Fraction(1, 2)) // 1) for e in exact], dtype=np.int64)
             out[(name, component)] = units + step.draw(len(values)).astype(np.int64)
     return out

@@ -15,7 +15,7 @@ from dp_operators.consistency.structure import Family, Member, member_to_base
 from dp_operators.mechanisms.accuracy import discrete_gaussian_variance, discrete_laplace_variance
 from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array, sample_discrete_laplace_array
 
-from .family_models import FAMILIES, all_margins, hierarchy_family, linear_map, noised, product_family
+from .family_models import FAMILIES, all_margins, hierarchy_family, linear_map, product_family
 
 RELEASES = 4000
 ALPHA = 0.05
@@ -86,17 +86,52 @@ def variance_accepted(errors: np.ndarray, predicted: np.ndarray, p_value: float)
     return (chi2.ppf(p_value / 2, releases) <= statistic) & (statistic <= chi2.isf(p_value / 2, releases))
 
 
+def consistent_map(family: Family) -> np.ndarray:
+    """P, the published values (wls.consistent_values, stacked members) as a linear function of the stacked noised
+    observations, read off the package column by column from unit observations. consistent_values is linear up to
+    its exact-sum rounding (a step of at most 2^-40 value units here), far below the noise."""
+    columns = []
+    for m, member in enumerate(family.members):
+        for cell in range(member.cells):
+            unit = [np.zeros(other.cells) for other in family.members]
+            unit[m][cell] = 1.0
+            columns.append(stacked(wls.consistent_values(family, unit)))
+    return np.array(columns).T
+
+
+#: Releases of simulate() also published one by one through wls.consistent_values, checking the linear map.
+DIRECT_RELEASES = 20
+
+
 def simulate(family: Family, truth: np.ndarray, draw, releases: int = RELEASES) -> np.ndarray:
-    """Errors of every published value (stacked members) over simulated releases, shape (releases, cells)."""
+    """Errors of every published value (stacked members) over simulated releases, shape (releases, cells).
+
+    ``draw(family, truth, releases)`` gives the noise of every member over all releases, a list of arrays of shape
+    (releases, member.cells). The errors of the published values are the consistent map applied to the noise (one
+    matrix product for all releases: consistent observations are published unchanged, and the map is linear); the
+    first DIRECT_RELEASES releases are also published through wls.consistent_values and must agree."""
     exact = stacked(family.margin(m, truth) for m in family.members)
-    return np.array([stacked(wls.consistent_values(family, draw(family, truth))) - exact for _ in range(releases)])
+    noise = np.concatenate(draw(family, truth, releases), axis=1)
+    errors = noise @ consistent_map(family).T
+    starts = np.cumsum([0] + [m.cells for m in family.members])
+    for r in range(DIRECT_RELEASES):
+        observed = [family.margin(m, truth) + noise[r, a:b] for m, a, b in zip(family.members, starts, starts[1:])]
+        np.testing.assert_allclose(stacked(wls.consistent_values(family, observed)) - exact, errors[r],
+                                   rtol=0, atol=1e-8 * (1 + np.abs(exact).max()))
+    return errors
+
+
+def gaussian_noise(rng: np.random.Generator):
+    """Every member's Gaussian noise of its variance over all releases (the law of family_models.noised)."""
+    return lambda family, truth, releases: [rng.normal(0.0, math.sqrt(m.variance), (releases, m.cells))
+                                            for m in family.members]
 
 
 def test_simulated_releases_have_the_predicted_variances_and_not_the_raw_ones():
     family = product_family((3, 2), all_margins(2), [1.0, 4.0, 4.0, 9.0])
     rng = np.random.default_rng(11)
     truth = np.array([120.0, 80.0, 35.0, 41.0, 7.0, 0.0])
-    errors = simulate(family, truth, lambda f, t: noised(f, t, rng))
+    errors = simulate(family, truth, gaussian_noise(rng))
     predicted = stacked(a.standard_deviation for a in variance.accuracy(family)) ** 2
     raw = stacked(np.full(m.cells, m.variance) for m in family.members)
     p_value = 1e-3 / len(predicted)  # Bonferroni over the cells
@@ -112,7 +147,7 @@ def test_hierarchy_family_dense_variances_match_simulated_releases():
     assert not family.product
     rng = np.random.default_rng(12)
     truth = rng.integers(0, 300, family.base_cells).astype(float)
-    errors = simulate(family, truth, lambda f, t: noised(f, t, rng))
+    errors = simulate(family, truth, gaussian_noise(rng))
     accuracies = variance.accuracy(family)
     assert all(a.exact for a in accuracies)
     predicted = stacked(a.standard_deviation for a in accuracies) ** 2
@@ -135,12 +170,14 @@ def exact_noise(sampler, parameter, size: int, rng: np.random.Generator) -> np.n
 
 
 def discrete_releases(rng: np.random.Generator, parameters):
-    def draw(family: Family, truth: np.ndarray) -> list[np.ndarray]:
+    """Every member's exact noise over all releases, one sampler call per member."""
+    def draw(family: Family, truth: np.ndarray, releases: int) -> list[np.ndarray]:
         out = []
         for member, parameter in zip(family.members, parameters):
             sampler = (sample_discrete_laplace_array if member.mechanism == "discrete_laplace"
                        else sample_discrete_gaussian_array)
-            out.append(family.margin(member, truth) + exact_noise(sampler, parameter, member.cells, rng))
+            out.append(exact_noise(sampler, parameter, releases * member.cells, rng).reshape(releases, member.cells)
+                       .astype(np.float64))
         return out
     return draw
 
