@@ -70,27 +70,9 @@ class Simulation:
         return [a.name for a in self.spec.aggregates]
 
 
-def one_library_scan() -> pytest.MonkeyPatch:
-    """While in use, ``threadpoolctl.threadpool_limits`` applies its limits through one ThreadpoolController made on
-    entry: the same limits (dp_operators' ``one_blas_thread`` asks for one BLAS thread), without rescanning the
-    process's loaded libraries (/proc/self/maps) on each of the thousands of post-processing calls of a
-    simulation, which took about 40 % of its time (a cost of the package's wrapper)."""
-    import threadpoolctl
-
-    controller = threadpoolctl.ThreadpoolController()
-    patch = pytest.MonkeyPatch()
-    patch.setattr(threadpoolctl, "threadpool_limits",
-                  lambda limits=None, user_api=None: controller.limit(limits=limits, user_api=user_api))
-    return patch
-
-
 def simulate(spec: ReleaseSpec, counts: dict, releases: int) -> Simulation:
     """Draw ``releases`` releases of ``spec`` with the engine's own pieces (no ledger)."""
-    patch = one_library_scan()
-    try:
-        return _simulate(spec, counts, releases)
-    finally:
-        patch.undo()
+    return _simulate(spec, counts, releases)
 
 
 def _simulate(spec: ReleaseSpec, counts: dict, releases: int) -> Simulation:
