@@ -230,7 +230,9 @@ def test_raw_aggregates_never_reach_the_ledger(example_spec, adult_aggregates, t
 
 
 @pytest.mark.slow
-def test_mean_is_within_its_half_width_in_at_least_90_of_100_releases(example_spec, adult_aggregates, tmp_path):
+def test_mean_is_within_its_half_width_in_at_least_85_of_100_releases(example_spec, adult_aggregates, tmp_path):
+    """The example's mean lies within its 95 % half-width in at least 85 of 100 releases through the whole engine
+    (an exact interval falls below 85 with probability 4e-5; a 80 % one passes it with probability 0.13)."""
     ledger = make_ledger(tmp_path / "many.db", cap="100")
     truth = adult_aggregates["mean_hours_per_week"]
     true_mean = truth["sum"] / truth["count"]
@@ -239,7 +241,7 @@ def test_mean_is_within_its_half_width_in_at_least_90_of_100_releases(example_sp
         published = release(example_spec, adult_aggregates, ledger, run=f"run-{run}").output
         mean = published["aggregates"]["mean_hours_per_week"]
         covered += abs(mean["value"] - true_mean) <= mean["half_width"]
-    assert covered >= 90
+    assert covered >= 85
 
 
 def test_mean_half_width_is_a_box_bound_from_public_values():
