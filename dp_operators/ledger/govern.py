@@ -26,6 +26,9 @@ from dp_operators.ledger.keys import AuditKey, Keyring, as_key
 from dp_operators.ledger.spend import reconcile_expired
 from dp_operators.ledger.store import LedgerBase, show, stored_config, user_name
 
+#: The schema version that keyed the audit chain: upgrading from an older one signs every account's chain.
+KEYED_CHAIN_VERSION = 3
+
 #: Columns each schema version added, for in-place upgrades (``ALTER TABLE ... ADD COLUMN``).
 _ADDED_IN = {
     2: {schema.accounts: ("delta_spent", "config", "audit_seq", "audit_head"), schema.charges: ("delta_amount", "context")},
@@ -34,6 +37,7 @@ _ADDED_IN = {
         schema.charges: ("token_hash", "lease_expires_at"),
         schema.audit_events: ("token_hash", "proof", "key_id"),
     },
+    4: {schema.accounts: ("allowed_roles",)},
 }
 
 
@@ -100,7 +104,8 @@ class LedgerGovernor(LedgerBase):
                 "uses; upgrade dp-operators"
             )
         if found is not None and found < schema.SCHEMA_VERSION:
-            self._governor_key()
+            if found < KEYED_CHAIN_VERSION:
+                self._governor_key()
             self._add_columns(found)
         if dialect == "sqlite":
             # WAL lets readers proceed while a writer holds the lock; synchronous stays FULL (the default), so a
@@ -116,7 +121,7 @@ class LedgerGovernor(LedgerBase):
         def create(conn: Connection) -> None:
             for statement in schema.trigger_ddl(dialect):
                 conn.exec_driver_sql(statement)
-            if found is not None and found < schema.SCHEMA_VERSION:
+            if found is not None and found < KEYED_CHAIN_VERSION:
                 self._migrate_chains(conn, found)
             if found is None or found < schema.SCHEMA_VERSION:
                 conn.execute(schema.schema_version.insert().values(version=schema.SCHEMA_VERSION, applied_at=now()))

@@ -10,7 +10,9 @@ previous row of its account's chain.
 
 Version history (``dp_schema_version``): 1 — accounts and charges (the first cut); 2 — delta totals, charge
 context, the audit event table and its triggers; 3 — keyed audit chain (``key_id``, ``spend_key_id``), reservation
-tokens and leases (``token_hash``, ``proof``, ``lease_expires_at``), guard triggers on charges and accounts.
+tokens and leases (``token_hash``, ``proof``, ``lease_expires_at``), guard triggers on charges and accounts; 4 —
+``allowed_roles`` (the database roles whose members may spend from an account) and, on PostgreSQL, the spend
+functions: the spender role executes them and writes no table (docs/adr/0029).
 :mod:`dp_operators.ledger.govern` upgrades older versions in place.
 
 Database triggers (both dialects, :func:`trigger_ddl`) make ``dp_audit_events`` append-only, keep every charge
@@ -36,7 +38,7 @@ from sqlalchemy import (
 )
 
 #: Bumped when the tables change; ``dpctl ledger init`` records it and the ledger refuses other versions.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 metadata = MetaData()
 
@@ -60,6 +62,8 @@ accounts = Table(
     Column("delta_spent", Text, nullable=False, server_default="0"),
     Column("privacy_unit", String(200), nullable=False),
     Column("allowed_dags", Text, nullable=False),
+    #: JSON list of database roles (PostgreSQL) whose members may spend from the account; NULL: any spender.
+    Column("allowed_roles", Text, nullable=True),
     Column("owner", String(200), nullable=True),
     Column("description", Text, nullable=True),
     Column("config", Text, nullable=True),
