@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -115,9 +115,12 @@ def ledger_apply(
             raise
         changes = governor.apply_config(parsed, new_governor_key=new_governor_key, dry_run=dry_run)
         untouched = sorted({account.name for account in governor.accounts()} - set(parsed.accounts))
+        notes = _team_role_notes(governor, parsed, config)
     prefix = "would have " if dry_run else ""
     for line in changes or ["no change"]:
         console.print(prefix + line if changes else line, highlight=False, soft_wrap=True)
+    for note in notes:
+        errors.print(note, highlight=False, soft_wrap=True)
     for name in untouched:
         errors.print(
             f"note: account {name!r} is in the ledger but not in {config} (left as it is; a misspelt name creates "
@@ -127,6 +130,34 @@ def ledger_apply(
         )
     if dry_run:
         console.print("dry run: nothing was changed", highlight=False)
+
+
+#: How ledger notes name a database.
+_DIALECTS = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+
+
+def _team_role_notes(governor, parsed, config: Path) -> list[str]:
+    """What ``apply`` says about the configuration's ``allowed_roles``: on SQLite that nothing enforces them; on
+    PostgreSQL which named roles do not exist yet (nobody can spend from their accounts until they do)."""
+    from dp_operators.ledger.team_roles import missing_roles, team_roles
+
+    teams = team_roles(parsed)
+    if not teams:
+        return []
+    if governor.dialect != "postgresql":
+        accounts = sorted({account for names in teams.values() for account in names})
+        database = _DIALECTS.get(governor.dialect, governor.dialect)
+        return [
+            f"note: the allowed_roles of {', '.join(repr(a) for a in accounts)} are recorded and signed, but "
+            f"{database} has no database roles to enforce them: whoever can write the ledger file governs it. Use "
+            "PostgreSQL where task authors are not trusted (docs/ledger.md, Team roles)"
+        ]
+    return [
+        f"note: role {team!r} (allowed_roles of {', '.join(repr(a) for a in teams[team])}) does not exist in this "
+        "database: nobody can spend from those accounts until it does. As the tables' owner: 'dpctl ledger roles "
+        f"--config {config} --create --execute', then make the team's worker logins members of {team!r}"
+        for team in missing_roles(governor.engine, teams)
+    ]
 
 
 @ledger_app.command("roles")
@@ -144,6 +175,14 @@ def ledger_roles(
     execute: Annotated[
         bool, typer.Option("--execute", help="Run the statements on the ledger (as the tables' owner).")
     ] = False,
+    config: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--config",
+            help="A ledger configuration (ledgers.yaml): also make the team roles its accounts' allowed_roles name "
+            "members of the spender role.",
+        ),
+    ] = None,
     url: UrlOption = None,
     conn_id: ConnOption = None,
 ) -> None:
@@ -151,13 +190,32 @@ def ledger_roles(
     governor role govern and the optional reader role only read: none may change or disable the guard triggers,
     and the spender has no privilege on caps, allowlists, accountants or accounts (see docs/ledger.md). Idempotent.
 
+    With --config, also the team roles named by the accounts' allowed_roles: each becomes a member of the spender
+    role and holds no other ledger privilege (--create creates them NOLOGIN); a team's workers log in as members
+    of its team role, and the database refuses them the accounts of other teams. A team role that is a superuser,
+    may create roles, owns the tables, or is inside another team role or the governor role is refused.
+
     Printing needs no ledger; --execute runs them on the ledger named by --url, --conn-id or DP_LEDGER_URL,
-    connected as the role that owns the tables (the one that ran 'dpctl ledger init').
+    connected as the role that owns the tables (the one that ran 'dpctl ledger init'), in one transaction.
     """
     import sqlalchemy as sa
 
     from dp_operators.ledger import roles  # the PostgreSQL grants; only this command needs them
 
+    teams: dict[str, tuple[str, ...]] = {}
+    if config is not None:
+        from dp_operators.ledger.config import load_ledger_config
+        from dp_operators.ledger.team_roles import team_roles
+
+        with _ledger_errors():
+            teams = team_roles(load_ledger_config(config))
+        if not teams:
+            errors.print(
+                f"note: no account in {config} has allowed_roles: no team roles to make (any login holding the "
+                "spender role may spend from every account)",
+                highlight=False,
+                soft_wrap=True,
+            )
     with _ledger_errors():
         named = url or conn_id or os.environ.get("DP_LEDGER_URL")
         target = _locate(url, conn_id) if named or execute else None
@@ -167,25 +225,44 @@ def ledger_roles(
                 "on SQLite, file permissions decide who may write (docs/ledger.md)"
             )
         if not execute:
-            for statement in roles.role_statements(
-                spender_role, governor_role, reader_role=reader_role, create=create
-            ):
+            from dp_operators.ledger.team_roles import team_role_statements
+
+            statements = roles.role_statements(spender_role, governor_role, reader_role=reader_role, create=create)
+            team_statements = team_role_statements(
+                teams, spender_role, governor_role=governor_role, reader_role=reader_role, create=create
+            )
+            for statement in statements:
+                typer.echo(statement.rstrip().rstrip(";") + ";")
+            if teams:
+                typer.echo(f"-- team roles (members of {spender_role!r}) and the accounts they may spend from:")
+                for team, accounts in teams.items():
+                    typer.echo(f"--   {team}: {', '.join(repr(account) for account in accounts)}")
+            for statement in team_statements:
                 typer.echo(statement.rstrip().rstrip(";") + ";")
             return
         assert target is not None
         from dp_operators.ledger.store import create_ledger_engine
+        from dp_operators.ledger.team_roles import apply_team_roles
 
         engine = create_ledger_engine(target.url)
         try:
-            done = roles.apply_roles(engine, spender_role, governor_role, create=create, reader_role=reader_role)
+            if teams:
+                done = apply_team_roles(
+                    engine, teams, spender_role, governor_role, reader_role=reader_role, create=create
+                )
+            else:
+                done = roles.apply_roles(engine, spender_role, governor_role, create=create, reader_role=reader_role)
         finally:
             engine.dispose()
     named = [f"{spender_role!r} (spender)", f"{governor_role!r} (governor)"]
     if reader_role is not None:
         named.append(f"{reader_role!r} (reader)")
+    made = (
+        f"; made the team roles {', '.join(repr(team) for team in teams)} members of {spender_role!r}" if teams else ""
+    )
     console.print(
-        f"granted the ledger privileges to {', '.join(named[:-1])} and {named[-1]}: {len(done)} statements run on "
-        f"{target.how or 'DP_LEDGER_URL'}",
+        f"granted the ledger privileges to {', '.join(named[:-1])} and {named[-1]}{made}: {len(done)} statements "
+        f"run on {target.how or 'DP_LEDGER_URL'}",
         highlight=False,
         soft_wrap=True,
     )

@@ -54,18 +54,22 @@ def ledger_show(
 
     Units: epsilon (pure_dp, approx_dp; approx_dp also shows the delta spent), rho (zcdp), mu^2 (gaussian_dp; mu
     shown beside it). "As epsilon" is the spend and the cap converted at the account's delta (CKS 2020 for zcdp,
-    Dong-Roth-Su for gaussian_dp), rounded up.
+    Dong-Roth-Su for gaussian_dp), rounded up. "Allowed roles": the database roles whose members may spend from the
+    account (allowed_roles), or "any spender"; enforced on PostgreSQL only.
     """
+    from dp_operators.ledger.team_roles import describe_allowed_roles, stored_allowed_roles
+
     with _ledger_errors():
         ledger = _ledger(url, conn_id)
         accounts = [ledger.account(account)] if account else ledger.accounts()
         rows = [a.summary() for a in accounts]
+        allowed_roles = {} if as_json else stored_allowed_roles(ledger)
     if as_json:
         console.print_json(json.dumps(rows))
         return
     table = Table(title="Budget accounts")
     for column in ("account", "accountant", "unit", "cap", "spent", "reserved", "remaining",
-                   "as epsilon (spent / cap)"):
+                   "as epsilon (spent / cap)", "allowed roles"):
         table.add_column(column, justify="right" if column in ("cap", "spent", "reserved", "remaining") else "left")
     for row in rows:
         if row["spent_epsilon"] is None:
@@ -80,9 +84,16 @@ def ledger_show(
         spent = _decimal(row["spent"]) + (f" (mu {row['spent_mu']:.4g})" if row["spent_mu"] is not None else "")
         table.add_row(
             row["account"], row["accountant"], row["unit"], cap, spent, _decimal(row["reserved"]),
-            _decimal(row["remaining"]), as_eps,
+            _decimal(row["remaining"]), as_eps, describe_allowed_roles(allowed_roles.get(row["account"])),
         )
     console.print(table)
+    if ledger.dialect != "postgresql" and any(allowed_roles.get(row["account"]) for row in rows):
+        errors.print(
+            f"note: allowed roles are recorded but not enforced on SQLite: it has no database roles, and "
+            "whoever can write the ledger file governs it (docs/ledger.md, Team roles)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 class ChargeState(str, Enum):

@@ -10,9 +10,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dp_operators.accounting import exact_number
+from dp_operators.ledger.team_roles import role_name_problem
 from dp_operators.spec.yaml12 import YAMLDocumentError, load_yaml
 
 
@@ -55,7 +56,17 @@ class AccountConfig(BaseModel):
         cap, epsilon: the budget, exactly one of the two (see the table).
         delta: see the table.
         privacy_unit: what one contribution bound protects (must match the specs that spend from it).
-        allowed_dags: DAG ids allowed to spend; any other DAG is refused before anything is reserved.
+        allowed_dags: DAG ids allowed to spend; any other DAG is refused before anything is reserved. The DAG id
+            is what the worker says it runs: a guard against mistakes, not against a DAG author who claims another
+            DAG's id.
+        allowed_roles: database roles (PostgreSQL) whose members may spend from the account, e.g. ``[team_census]``:
+            the team roles that ``dpctl ledger roles --config`` creates as members of the spender role. The database
+            checks the worker's login against them, whatever DAG id the worker claims, so a team whose workers log
+            in as members of another team role cannot spend this account. ``None`` (left out): any login holding
+            the spender role may spend. Plain role names: 1-63 letters, digits and underscores, starting with a
+            letter or an underscore (case-sensitive, as quoted identifiers); not ``public``, ``none``,
+            ``current_user``, ``session_user``, ``current_role`` or ``pg_*``. On SQLite the list is recorded and
+            signed but not enforced: whoever can write the ledger file governs it (docs/ledger.md, "Team roles").
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -66,8 +77,28 @@ class AccountConfig(BaseModel):
     delta: Annotated[Fraction, BeforeValidator(_delta)] | None = None
     privacy_unit: str
     allowed_dags: list[str] = Field(min_length=1)
+    allowed_roles: list[str] | None = None
     owner: str | None = None
     description: str | None = None
+
+    @field_validator("allowed_roles")
+    @classmethod
+    def _plain_role_names(cls, roles: list[str] | None) -> list[str] | None:
+        if roles is None:
+            return None
+        if not roles:
+            raise ValueError(
+                "an empty list would let nobody spend: name the team roles whose members may spend (e.g. "
+                "[team_census]), or leave allowed_roles out to let any login holding the spender role spend"
+            )
+        for role in roles:
+            problem = role_name_problem(role)
+            if problem is not None:
+                raise ValueError(
+                    f"role {role!r} {problem}; allowed_roles names the database roles (one per team, e.g. "
+                    "team_census) whose members may spend from this account"
+                )
+        return roles
 
     @model_validator(mode="after")
     def _consistent(self) -> AccountConfig:
@@ -106,6 +137,8 @@ class AccountConfig(BaseModel):
             "delta": None if self.delta is None else str(self.delta),
             "privacy_unit": self.privacy_unit,
             "allowed_dags": sorted(self.allowed_dags),
+            # only when written, so the record (and the stored ``config``) of an account without it is unchanged
+            **({} if self.allowed_roles is None else {"allowed_roles": sorted(set(self.allowed_roles))}),
             "owner": self.owner,
             "description": self.description,
         }

@@ -25,6 +25,7 @@ from dp_operators.ledger.errors import LedgerKeyError, LedgerNotInitialisedError
 from dp_operators.ledger.keys import AuditKey, Keyring, as_key
 from dp_operators.ledger.spend import reconcile_expired
 from dp_operators.ledger.store import LedgerBase, show, stored_config, user_name
+from dp_operators.ledger.team_roles import allowed_roles_text, describe_allowed_roles
 
 #: The schema version that keyed the audit chain: upgrading from an older one signs every account's chain.
 KEYED_CHAIN_VERSION = 3
@@ -236,7 +237,7 @@ class LedgerGovernor(LedgerBase):
                     assert chain is not None
                     chain.append(
                         conn, "account_created", context,
-                        details={"config": account.as_record(), "stored": stored_config(values)},
+                        details={"config": account.as_record(), "stored": governed_values(values)},
                     )
                     chain.flush(conn)
                     changes.append(
@@ -275,15 +276,19 @@ class LedgerGovernor(LedgerBase):
                     conn, "account_updated", context,
                     details={
                         "config": account.as_record(),
-                        "stored": stored_config(values),
-                        "before": stored_config(row),
+                        "stored": governed_values(values),
+                        "before": governed_values(row),
                         "changed": sorted(changed) + (["governor_key"] if new_governor_key else []),
                         **({"governor_key_id": key.key_id} if new_governor_key else {}),
                     },
                 )
                 chain.flush(conn, **changed)
                 fields = sorted(k for k in changed if k != "config") + (["governor key"] if new_governor_key else [])
-                fields = fields or ["configuration as written"]
+                fields = [
+                    f"allowed_roles ({describe_allowed_roles(row.allowed_roles)} -> "
+                    f"{describe_allowed_roles(values['allowed_roles'])})" if field == "allowed_roles" else field
+                    for field in fields
+                ] or ["configuration as written"]
                 changes.append(f"updated account {name!r}: {', '.join(fields)}")
             return changes
 
@@ -414,15 +419,25 @@ def accountant_fixed(name: str, stored: str, wanted: str) -> str:
     )
 
 
+def governed_values(values: Any) -> dict[str, Any]:
+    """The governed values an ``account_created``/``account_updated`` event records (``details.stored`` and
+    ``details.before``) of an account row or of the values about to be written: those of
+    :func:`~dp_operators.ledger.store.stored_config`, and ``allowed_roles`` (schema 4) in any case."""
+    get = values.get if isinstance(values, Mapping) else lambda name: getattr(values, name)
+    return {**stored_config(values), "allowed_roles": get("allowed_roles")}
+
+
 def account_values(account: Any) -> dict[str, Any]:
     """The account-row values a configuration stands for (the cap converted to the account's unit); the spend key
-    id is added by :meth:`LedgerGovernor.apply_config`."""
+    id is added by :meth:`LedgerGovernor.apply_config`. ``allowed_roles`` is stored as canonical JSON of the sorted,
+    distinct role names, or ``None`` (any spender)."""
     return {
         "accountant": account.accountant,
         "cap": str(account.cap_in_unit()),
         "delta": None if account.delta is None else str(account.delta),
         "privacy_unit": account.privacy_unit,
         "allowed_dags": json.dumps(sorted(account.allowed_dags)),
+        "allowed_roles": allowed_roles_text(account.allowed_roles),
         "owner": account.owner,
         "description": account.description,
         "config": canonical_json(account.as_record()),
