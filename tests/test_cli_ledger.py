@@ -498,3 +498,68 @@ def test_an_unknown_url_scheme_names_the_urls_a_ledger_takes():
     result = dpctl("ledger", "show", "--url", "htp://foo")
     assert result.exit_code == 1
     assert "'htp://foo' is not a ledger database URL" in result.stderr and "sqlite:///PATH" in result.stderr
+
+
+TEAM_CONFIG = CONFIG.replace(
+    "    privacy_unit: household\n    allowed_dags: [d]\n",
+    "    privacy_unit: household\n    allowed_dags: [d]\n    allowed_roles: [team_survey, team_methods]\n",
+)
+
+
+def test_roles_with_a_config_prints_the_team_roles_after_the_grants(tmp_path, monkeypatch):
+    """--config adds, after the ledger's grants, each team role with its accounts and its membership of the spender;
+    a team role that is the spender role is refused."""
+    monkeypatch.delenv("DP_LEDGER_URL", raising=False)
+    path = tmp_path / "ledgers.yaml"
+    path.write_text(TEAM_CONFIG)
+    result = dpctl("ledger", "roles", "--spender-role", "tasks", "--governor-role", "officer", "--config", str(path))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    comments = [line for line in lines if line.startswith("--")]
+    assert comments == [
+        "-- team roles (members of 'tasks') and the accounts they may spend from:",
+        "--   team_methods: 'survey'",
+        "--   team_survey: 'survey'",
+    ]
+    assert lines[-1] == 'GRANT "tasks" TO "team_methods", "team_survey";'
+    assert lines.index(comments[0]) > max(i for i, line in enumerate(lines) if line.endswith('TO "officer";'))
+    assert all(line.endswith(";") for line in lines if not line.startswith("--"))
+    path.write_text(TEAM_CONFIG.replace("team_methods", "tasks"))
+    refused = dpctl("ledger", "roles", "--spender-role", "tasks", "--governor-role", "officer", "--config", str(path))
+    assert refused.exit_code == 1 and "team role 'tasks' is the spender role" in refused.stderr
+
+
+def test_apply_refuses_an_allowed_role_that_is_not_a_plain_role_name(ledger_url, tmp_path):
+    """A bad role name exits 1 naming the account's field, the name and the rule, and changes nothing."""
+    assert dpctl("ledger", "init", "--url", ledger_url).exit_code == 0
+    path = tmp_path / "ledgers.yaml"
+    path.write_text(TEAM_CONFIG.replace("team_methods", "team-methods"))
+    result = dpctl("ledger", "apply", str(path), "--url", ledger_url)
+    assert result.exit_code == 1
+    assert "accounts.survey.allowed_roles: role 'team-methods' is not a plain PostgreSQL role name" in result.stderr
+    assert Ledger(ledger_url).accounts() == []
+
+
+def test_apply_and_show_on_sqlite_say_allowed_roles_are_recorded_but_not_enforced(tmp_path):
+    """On SQLite apply records the roles and says nothing enforces them; show lists them with the same warning."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "ledgers.yaml"
+    path.write_text(TEAM_CONFIG)
+    assert dpctl("ledger", "init", "--url", url).exit_code == 0
+    applied = dpctl("ledger", "apply", str(path), "--url", url)
+    assert applied.exit_code == 0, applied.output
+    assert (
+        "note: the allowed_roles of 'survey' are recorded and signed, but SQLite has no database roles to enforce "
+        "them: whoever can write the ledger file governs it" in applied.stderr
+    )
+    shown = dpctl("ledger", "show", "--url", url)
+    assert shown.exit_code == 0, shown.output
+    rows = {line.split("│")[1].strip(): line for line in shown.stdout.splitlines() if line.startswith("│")}
+    assert "team_methods, team_survey" in rows["survey"] and "any spender" in rows["census"]
+    assert "allowed roles are recorded but not enforced on SQLite" in shown.stderr
+    changed = dpctl("ledger", "apply", str(path), "--url", url, "--dry-run")
+    assert changed.stdout.splitlines()[0] == "no change"
+    path.write_text(CONFIG)
+    removed = dpctl("ledger", "apply", str(path), "--url", url)
+    assert "updated account 'survey': allowed_roles (team_methods, team_survey -> any spender)" in removed.stdout
+    assert "not enforced" not in removed.stderr

@@ -262,7 +262,7 @@ def stored_allowed_roles(base: LedgerBase) -> dict[str, str | None]:
     base.check_schema()
     accounts = schema.accounts.c
     with base._read() as conn:
-        return dict(conn.execute(sa.select(accounts.name, accounts.allowed_roles)).tuples().all())
+        return {name: roles for name, roles in conn.execute(sa.select(accounts.name, accounts.allowed_roles))}
 
 
 def describe_allowed_roles(stored: str | None) -> str:
