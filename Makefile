@@ -5,12 +5,13 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test test-fast demo-reset benchmarks clean
 
+# uv (from PyPI) resolves and installs the same versions as pip, in about a quarter of the time.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet uv
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[test]"
 	touch $@
 
 demo: $(VENV)/.installed
