@@ -32,7 +32,6 @@ decisions behind them in ``docs/adr/0010`` to ``0014``.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from dp_operators.release.diagnostics import DiagnosticsReport
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
 from dp_operators.release.inputs import PreparedInputs, prepare_inputs
 from dp_operators.release.plan import ReleasePlan, plan_release
-from dp_operators.release.publish import check_plain_json, publish_aggregate
+from dp_operators.release.publish import check_plain_json, in_key_order, publish_aggregate
 from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, RowsStore, cells_tables, check_rows_files, write_rows_file
 from dp_operators.spec import ReleaseSpec
 
@@ -302,8 +301,8 @@ def run_release(
         _give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=False) from error
     # the committed form: what the ledger stores and every replay returns (sorted keys), so a first run and its
-    # replays publish the same bytes and the same XCom; decoded from the text the ledger stored, not encoded again
-    return ReleaseResult(output=json.loads(text), replayed=False)
+    # replays publish the same bytes and the same XCom
+    return ReleaseResult(output=in_key_order(output), replayed=False)
 
 
 def _replay(stored: dict[str, Any], spec_hash: str, key: ReleaseKey, rows_store: RowsStore | None) -> ReleaseResult:

@@ -330,3 +330,32 @@ def test_a_release_encodes_its_output_once_for_the_ledger_and_the_returned_form(
     ledger = spender(f"sqlite:///{tmp_path / 'publish.db'}")  # the same ledger: a replay
     key = ReleaseKey(dag_id="adult_census_release", run_id="r", task_id="t", map_index=-1, release_name="publish")
     assert run_release(spec, {}, ledger, key, spec_hash="0" * 64).output == output
+
+
+def _key_orders(value) -> list:
+    """Every dict's key order, depth first: what tells two equal documents' encodings apart."""
+    if type(value) is dict:
+        return [list(value), *[o for v in value.values() for o in _key_orders(v)]]
+    if type(value) is list:
+        return [o for v in value for o in _key_orders(v)]
+    return []
+
+
+def test_a_first_run_returns_the_document_a_replay_decodes_key_order_included():
+    """``in_key_order`` gives ``json.loads(canonical_json(v))`` exactly, key orders included, for rows built in any
+    key order, mixed rows, nested containers and empty ones; a document left in its built order does not."""
+    from dp_operators.ledger.chain import canonical_json
+    from dp_operators.release.publish import in_key_order
+
+    document = {
+        "zeta": 1, "alpha": {"y": [1, 2.5, None], "b": {"d": [], "c": {}}},
+        "rows": [{"x": 1, "value": 2.0, "half_width": 0.5}, {"half_width": 0.5, "value": 3.0, "x": 2},
+                 {"x": 3, "value": -0.0, "half_width": 0.5, "saturated": True, "interval": "high"}],
+        "mixed": [{"b": [1], "a": 2}, 3, "s", [{"z": 1, "a": {"k": 0, "j": 1}}]],
+        "text": "\u00e9\n\"",
+    }
+    decoded = json.loads(canonical_json(document))
+    ordered = in_key_order(document)
+    assert ordered == decoded and _key_orders(ordered) == _key_orders(decoded)
+    assert json.dumps(ordered) == json.dumps(decoded)
+    assert json.dumps(document) != json.dumps(decoded)  # negative control: the built order differs
