@@ -305,6 +305,17 @@ def cluster(pg_database: sa.URL) -> Iterator[Cluster]:
                 c.admin(f'DROP OWNED BY "{role}"', f'DROP ROLE "{role}"')
 
 
+#: Whether ``worker`` holds exactly the spender's privileges on every table and function of the ledger's schema.
+_SAME_PRIVILEGES = """
+SELECT coalesce(bool_and(has_table_privilege('{worker}', c.oid, p) = has_table_privilege('{spender}', c.oid, p)), false)
+   AND coalesce((SELECT bool_and(has_function_privilege('{worker}', f.oid, 'EXECUTE')
+                                 = has_function_privilege('{spender}', f.oid, 'EXECUTE'))
+                 FROM pg_proc f WHERE f.pronamespace = '"{schema}"'::regnamespace), true)
+FROM pg_class c CROSS JOIN unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) AS p
+WHERE c.relnamespace = '"{schema}"'::regnamespace AND c.relkind = 'r'
+"""
+
+
 def _roles_command(c: Cluster, config: Path, *more: str):
     return CliRunner().invoke(
         app,
@@ -343,7 +354,7 @@ def test_dpctl_roles_creates_team_roles_whose_logins_spend_only_through_the_spen
     worker = c.role("team_a_worker", f'LOGIN IN ROLE "{team_a}"')
     assert c.scalar(f"SELECT pg_has_role('{worker}', '{c.spender_role}', 'MEMBER')") is True
     assert c.scalar(f"SELECT pg_has_role('{worker}', '{team_b}', 'MEMBER')") is False
-    assert c.scalar(f"SELECT has_table_privilege('{worker}', 'dp_charges', 'INSERT')") is True
+    assert c.scalar(_SAME_PRIVILEGES.format(worker=worker, spender=c.spender_role, schema=c.schema)) is True
     assert c.scalar(f"SELECT has_column_privilege('{worker}', 'dp_budget_accounts', 'cap', 'UPDATE')") is False
 
     officer = c.role("officer", f'LOGIN IN ROLE "{c.governor_role}"')
@@ -425,3 +436,4 @@ def test_apply_names_a_team_role_missing_from_the_database(cluster, tmp_path):
     assert applied.exit_code == 0, applied.output
     assert f"note: role {team!r} (allowed_roles of 'census') does not exist in this database" in applied.stderr
     assert f"dpctl ledger roles --config {config} --create --execute" in applied.stderr
+
