@@ -203,11 +203,7 @@ class AccountChain:
         """
         taken = conn.execute(_EVENT_ID_AT_SEQ, {"account": self.row.name, "seq": self.seq + 1}).first()
         if taken is not None:
-            raise AuditChainError(
-                f"budget account {self.row.name!r}: audit row id={taken.id} already holds sequence number "
-                f"{self.seq + 1}, which the ledger did not write (the account row says the chain ends at "
-                f"{self.seq}); nothing was changed. A privacy officer runs 'dpctl ledger verify'"
-            )
+            raise seq_taken(self.row.name, taken.id, self.seq + 1)
         values = self.signed_row(event, context, **fields)
         conn.execute(_INSERT_EVENT, values)
         return values
@@ -261,11 +257,26 @@ def _check_head(conn: Connection, row: Any, key: AuditKey) -> None:
             and own.delta_spent_after == row.delta_spent
         )
     if not intact:
-        raise AuditChainError(
-            f"budget account {row.name!r}: its running totals or chain head disagree with the last event of its "
-            "audit chain (edited outside the ledger); nothing was changed. A privacy officer runs 'dpctl ledger "
-            "verify' and restores the account row from the chain (docs/ledger.md, 'Repairing an account')"
-        )
+        raise head_mismatch(row.name)
+
+
+def head_mismatch(account: str) -> AuditChainError:
+    """The refusal of an account whose row disagrees with the head of its audit chain (both paths: the Python
+    chain's and the PostgreSQL functions')."""
+    return AuditChainError(
+        f"budget account {account!r}: its running totals or chain head disagree with the last event of its "
+        "audit chain (edited outside the ledger); nothing was changed. A privacy officer runs 'dpctl ledger "
+        "verify' and restores the account row from the chain (docs/ledger.md, 'Repairing an account')"
+    )
+
+
+def seq_taken(account: str, event_id: int, seq: int) -> AuditChainError:
+    """The refusal of an append whose sequence number a row the ledger did not write already holds."""
+    return AuditChainError(
+        f"budget account {account!r}: audit row id={event_id} already holds sequence number {seq}, which the "
+        f"ledger did not write (the account row says the chain ends at {seq - 1}); nothing was changed. A privacy "
+        "officer runs 'dpctl ledger verify'"
+    )
 
 
 def charge_event_fields(charge: Any) -> dict[str, Any]:

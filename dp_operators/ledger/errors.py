@@ -31,6 +31,30 @@ class DagNotAllowedError(LedgerError):
         )
 
 
+class RoleNotAllowedError(LedgerError):
+    """The connection's database role (PostgreSQL ``session_user``) is not a member of any role in the account's
+    ``allowed_roles``: the database refused the spend and nothing was written (not even a ``refused`` event).
+
+    Attributes:
+        account: the budget account; role: the session's role; allowed: the account's ``allowed_roles``.
+    """
+
+    def __init__(self, message: str, *, account: str, role: str, allowed: object) -> None:
+        super().__init__(message)
+        self.account, self.role, self.allowed = account, role, allowed
+
+    @classmethod
+    def of(cls, account: str, role: str, allowed: object) -> RoleNotAllowedError:
+        """The refusal of ``role`` on ``account`` (whose ``allowed_roles`` is ``allowed``)."""
+        return cls(
+            f"budget account {account!r} may be spent only by members of the database roles {allowed}; this "
+            f"connection's role {role!r} is a member of none of them, so the database refused and nothing was "
+            "written. Give the team's workers a login role that is a member of one of those roles (GRANT role TO "
+            "login), or have a privacy officer change the account's allowed_roles and run 'dpctl ledger apply'",
+            account=account, role=role, allowed=allowed,
+        )
+
+
 class BudgetExhaustedError(LedgerError):
     """The requested charge exceeds the remaining budget.
 

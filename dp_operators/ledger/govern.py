@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from dp_operators.accounting import unit_of
-from dp_operators.ledger import schema
+from dp_operators.ledger import pg_functions, schema
 from dp_operators.ledger.chain import GOVERNANCE_EVENTS, AccountChain, audit_context, canonical_json, now
 from dp_operators.ledger.config import LedgerConfig
 from dp_operators.ledger.errors import LedgerKeyError, LedgerNotInitialisedError
@@ -89,7 +89,10 @@ class LedgerGovernor(LedgerBase):
     # -- schema --------------------------------------------------------------------------------------------------
     def init_schema(self) -> int:
         """Create the tables and the guard triggers if missing, upgrade an older schema in place, and record the
-        schema version. Explicit (``dpctl ledger init``): never called at import. Idempotent.
+        schema version; on PostgreSQL also install pgcrypto and (re)create the spend functions the spender role
+        executes (:mod:`~dp_operators.ledger.pg_functions`; grants made by ``dpctl ledger roles`` survive, but a
+        ledger upgraded from schema 3 needs ``dpctl ledger roles --execute`` again to grant them). Explicit
+        (``dpctl ledger init``): never called at import. Idempotent.
 
         Returns the schema version.
 
@@ -121,7 +124,9 @@ class LedgerGovernor(LedgerBase):
 
         def create(conn: Connection) -> None:
             for statement in schema.trigger_ddl(dialect):
-                conn.exec_driver_sql(statement)
+                conn.exec_driver_sql(statement.replace("%", "%%") if dialect == "postgresql" else statement)
+            if dialect == "postgresql":
+                pg_functions.install(conn)  # pgcrypto and the spend functions (docs/adr/0029)
             if found is not None and found < KEYED_CHAIN_VERSION:
                 self._migrate_chains(conn, found)
             if found is None or found < schema.SCHEMA_VERSION:

@@ -1,29 +1,33 @@
 """PostgreSQL roles of the ledger: the database, not only the Python API, decides who may spend and who may govern.
 
-Three roles (docs/adr/0020), the third optional:
+Three roles (docs/adr/0020, docs/adr/0029), the third optional:
 
-* the **spender** (what release tasks connect as) may read every ledger table, insert charges and audit events, and
-  update only what the release path changes: a charge's ``state``, ``output``, ``output_digest``, ``updated_at`` and
-  ``lease_expires_at`` (:data:`~dp_operators.ledger.schema.SPENDER_CHARGE_COLUMNS`), and an account's running
-  totals and chain head (:data:`~dp_operators.ledger.schema.SPENDER_ACCOUNT_COLUMNS`). It has no privilege on caps,
-  allowlists, accountants or spend key ids, cannot create an account, and cannot delete anything.
+* the **spender** (what release tasks connect as) may read every ledger table and execute the spend functions
+  (``dp_reserve``, ``dp_commit``, ``dp_release``, ``dp_abandon``, ``dp_renew``, ``dp_reconcile``:
+  :mod:`~dp_operators.ledger.pg_functions`), and nothing else: no INSERT, UPDATE, DELETE or TRUNCATE on any table,
+  no sequence. The functions belong to the tables' owner and run with its rights (``SECURITY DEFINER``); they write
+  only what the ledger's state machine allows, stamp time and caller from the database, and check the spend key,
+  the reservation token, the lease, the budget and the account's team roles (``allowed_roles``). So the spender
+  can neither change a cap, an allowlist or a spend key id, nor forge a charge, an event, a running total, a
+  timestamp or another worker's reservation.
 * the **governor** (what the privacy officer's ``dpctl ledger apply`` and ``reconcile`` connect as) may read
   everything, create accounts and update every account column but ``name`` and ``created_at``, insert audit events,
-  and move a charge's ``state`` (reconcile's ``abandoned``).
+  and move a charge's ``state`` (reconcile's ``abandoned``, signed with the governor key, runs the Python path).
 * the **reader** (e.g. the budget dashboard's connection, issue 12) may read every ledger table and nothing else:
-  no INSERT, UPDATE, DELETE or TRUNCATE, no sequence, so it can neither spend nor change a cap. Nor can it lock
-  rows (``FOR UPDATE`` and ``FOR SHARE`` need an UPDATE privilege), so it cannot hold up a spender's
-  check-and-charge.
+  no INSERT, UPDATE, DELETE or TRUNCATE, no sequence, no function, so it can neither spend nor change a cap. Nor
+  can it lock rows (``FOR UPDATE`` and ``FOR SHARE`` need an UPDATE privilege), so it cannot hold up a spender's
+  check-and-charge; neither can the spender any more, outside the functions' own transactions.
 
-None may own the tables: the owner (the admin role that ran ``dpctl ledger init``) is the only one who can drop,
-disable or replace the guard triggers (PostgreSQL allows ``ALTER TABLE ... DISABLE TRIGGER``, ``DROP TRIGGER`` and
-``CREATE OR REPLACE FUNCTION`` only to the owner of the table or function). The generated SQL refuses to grant to a
-role that owns the tables, is a member of their owner, is a superuser or may create roles (a superuser ignores
-every privilege check, so a "read-only" superuser could still write).
+None may own the tables or the functions: the owner (the admin role that ran ``dpctl ledger init``) is the only one
+who can drop, disable or replace the guard triggers and the functions (PostgreSQL allows ``ALTER TABLE ... DISABLE
+TRIGGER``, ``DROP TRIGGER`` and ``CREATE OR REPLACE FUNCTION`` only to the owner of the table or function). The
+generated SQL refuses to grant to a role that owns the tables, is a member of their owner, is a superuser or may
+create roles (a superuser ignores every privilege check, so a "read-only" superuser could still write), and
+revokes CREATE on the ledger's schema from PUBLIC and the three roles, so nobody else can add an object the
+functions' pinned ``search_path`` would find.
 
-Row locks: ``SELECT ... FOR UPDATE`` needs the UPDATE privilege on at least one column of the locked table
-(PostgreSQL documentation, SELECT, "The Locking Clause"); the spender's and the governor's column grants give it on
-``dp_budget_accounts`` and ``dp_charges``; the reader has none.
+Run it after ``dpctl ledger init`` (the functions must exist to be granted), and again after an upgrade from
+schema 3: it revokes the spender's old table privileges and grants the functions.
 
 The statements use unqualified table names and ``current_schema()``: run them with the same ``search_path`` as the
 ledger's connections (``dpctl ledger roles`` uses the ledger's URL).
@@ -36,7 +40,7 @@ import re
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from dp_operators.ledger import schema
+from dp_operators.ledger import pg_functions, schema
 
 #: The ledger's tables.
 LEDGER_TABLES = (
@@ -50,6 +54,10 @@ LEDGER_TABLES = (
 CHARGE_ID_SEQUENCE = "dp_charges_id_seq"
 AUDIT_ID_SEQUENCE = "dp_audit_events_id_seq"
 LEDGER_SEQUENCES = (CHARGE_ID_SEQUENCE, AUDIT_ID_SEQUENCE, "dp_schema_version_version_seq")
+
+#: The functions the spender may execute, and every function of the ledger (revoked from everybody else).
+SPEND_FUNCTIONS = tuple(function.signature for function in pg_functions.SPEND_FUNCTIONS)
+LEDGER_FUNCTIONS = tuple(function.signature for function in pg_functions.FUNCTIONS)
 
 #: Account columns the governor may update: all but the primary key (charges and events refer to it) and the
 #: creation time.
@@ -94,10 +102,10 @@ def role_statements(
 
     In order: optionally create the roles (``NOLOGIN``: grant them to login roles, or ``ALTER ROLE ... LOGIN``);
     refuse roles that own the tables, are members of their owner, are superusers or may create roles; revoke every
-    privilege on the ledger's tables and sequences from ``PUBLIC`` and from the roles (so re-running converges on
-    exactly these grants); grant ``USAGE`` on the ledger's schema (``current_schema()``); then the grants of each
-    role (module docstring). Idempotent. Run as the tables' owner (or a superuser), with the ledger's
-    ``search_path``. Without ``reader_role`` the statements are those of the two-role setup, unchanged.
+    privilege on the ledger's tables, sequences and functions from ``PUBLIC`` and from the roles (so re-running
+    converges on exactly these grants); grant ``USAGE`` on the ledger's schema (``current_schema()``) and revoke
+    ``CREATE`` on it from ``PUBLIC`` and the roles; then the grants of each role (module docstring). Idempotent.
+    Run as the tables' owner (or a superuser), with the ledger's ``search_path``, after ``dpctl ledger init``.
 
     Args:
         spender_role, governor_role: role names (letters, digits, underscores; case-sensitive, as quoted
@@ -151,20 +159,21 @@ def role_statements(
             "create roles), so it could drop or disable the guard triggers: grant the ledger privileges to a role "
             f"that is not', {name}; END IF; END $$"
         )
+    names = ", ".join(_literal(quoted[1:-1]) for quoted in granted)
+    placeholders = ", ".join(["%I"] * len(granted))
     statements += [
         f"REVOKE ALL ON TABLE {tables} FROM PUBLIC, {roles}",
         f"REVOKE ALL ON SEQUENCE {sequences} FROM PUBLIC, {roles}",
+        f"REVOKE ALL ON FUNCTION {', '.join(LEDGER_FUNCTIONS)} FROM PUBLIC, {roles}",
         "DO $$ BEGIN "
         "IF current_schema() IS NULL THEN RAISE EXCEPTION 'no schema on the search_path: set the search_path of "
         "the ledger''s connection'; END IF; "
-        f"EXECUTE format('GRANT USAGE ON SCHEMA %I TO {', '.join(['%I'] * len(granted))}', current_schema(), "
-        f"{', '.join(_literal(quoted[1:-1]) for quoted in granted)}); END $$",
-        # the spender: read, spend, and nothing that governs
+        f"EXECUTE format('GRANT USAGE ON SCHEMA %I TO {placeholders}', current_schema(), {names}); "
+        f"EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC, {placeholders}', current_schema(), {names}); "
+        "END $$",
+        # the spender: read, and spend only through the functions (it writes no table)
         f"GRANT SELECT ON TABLE {tables} TO {spender}",
-        f"GRANT INSERT ON TABLE {schema.charges.name}, {schema.audit_events.name} TO {spender}",
-        f"GRANT UPDATE ({_columns(schema.SPENDER_CHARGE_COLUMNS)}) ON TABLE {schema.charges.name} TO {spender}",
-        f"GRANT UPDATE ({_columns(schema.SPENDER_ACCOUNT_COLUMNS)}) ON TABLE {schema.accounts.name} TO {spender}",
-        f"GRANT USAGE ON SEQUENCE {CHARGE_ID_SEQUENCE}, {AUDIT_ID_SEQUENCE} TO {spender}",
+        f"GRANT EXECUTE ON FUNCTION {', '.join(SPEND_FUNCTIONS)} TO {spender}",
         # the governor: read, govern accounts, sign events, abandon expired reservations
         f"GRANT SELECT ON TABLE {tables} TO {governor}",
         f"GRANT INSERT ON TABLE {schema.accounts.name}, {schema.audit_events.name} TO {governor}",

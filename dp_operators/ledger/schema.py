@@ -153,10 +153,6 @@ CHARGE_FIXED_COLUMNS = (
 #: Governed columns of an account: only governance events (``dpctl ledger apply``) change them.
 ACCOUNT_GOVERNED_COLUMNS = ("accountant", "cap", "delta", "privacy_unit", "allowed_dags", "spend_key_id")
 
-#: Columns of ``dp_charges`` and ``dp_budget_accounts`` a spender may update (PostgreSQL column privileges).
-SPENDER_CHARGE_COLUMNS = ("state", "output", "output_digest", "updated_at", "lease_expires_at")
-SPENDER_ACCOUNT_COLUMNS = ("spent", "delta_spent", "audit_seq", "audit_head", "updated_at")
-
 #: The longest lease a reservation may hold (seconds): the guard trigger refuses a later lease end, and the
 #: ledger treats one as expired, so a tampered lease cannot block a release key for ever.
 MAX_LEASE_SECONDS = 3600
@@ -186,9 +182,11 @@ def _sqlite_triggers() -> dict[str, str]:
     }
 
 
+#: PostgreSQL trigger functions: name -> body. Each pins its ``search_path`` to the ledger's schema, then
+#: ``pg_temp`` (as the spend functions do: :mod:`dp_operators.ledger.pg_functions`).
 _PG_FUNCTIONS = {
-    "dp_audit_append_only": " BEGIN RAISE EXCEPTION 'dp_audit_events is append-only: %% refused', TG_OP; END ",
-    "dp_rows_kept": " BEGIN RAISE EXCEPTION '%% rows are kept: %% refused', TG_TABLE_NAME, TG_OP; END ",
+    "dp_audit_append_only": " BEGIN RAISE EXCEPTION 'dp_audit_events is append-only: % refused', TG_OP; END ",
+    "dp_rows_kept": " BEGIN RAISE EXCEPTION '% rows are kept: % refused', TG_TABLE_NAME, TG_OP; END ",
     "dp_charges_guard": (
         " BEGIN "
         "IF OLD.state <> 'reserved' OR NEW.state NOT IN ('reserved', 'committed', 'released', 'abandoned') "
@@ -220,6 +218,10 @@ AUDIT_TRIGGER_NAMES = ("dp_audit_no_update", "dp_audit_no_delete")
 def trigger_ddl(dialect: str) -> list[str]:
     """DDL statements (re)creating the guard triggers on ``dialect`` (``sqlite`` or ``postgresql``); idempotent.
 
+    On PostgreSQL the trigger functions pin their ``search_path`` to the connection's ``current_schema()`` (then
+    ``pg_temp``); the statements hold ``%`` as PostgreSQL reads it (a driver whose paramstyle uses ``%`` needs it
+    doubled).
+
     Raises:
         ValueError: another dialect.
     """
@@ -230,7 +232,8 @@ def trigger_ddl(dialect: str) -> list[str]:
         return statements
     if dialect == "postgresql":
         statements = [
-            f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $${body}$$"
+            "DO $do$ BEGIN EXECUTE format('CREATE OR REPLACE FUNCTION " + name + "() RETURNS trigger LANGUAGE "
+            "plpgsql SET search_path = %I, pg_temp AS %L', current_schema(), $body$" + body + "$body$); END $do$"
             for name, body in _PG_FUNCTIONS.items()
         ]
         for name, (table, when, level, function) in _PG_TRIGGERS.items():
@@ -243,8 +246,9 @@ def trigger_ddl(dialect: str) -> list[str]:
 
 
 _PG_TRIGGER_QUERY = """
-SELECT t.tgname, t.tgenabled, pg_get_triggerdef(t.oid), p.proname, p.prosrc
-FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+SELECT t.tgname, t.tgenabled, pg_get_triggerdef(t.oid), p.proname, p.prosrc, p.proconfig,
+       format('search_path=%%I, pg_temp', n.nspname)
+FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid JOIN pg_namespace n ON n.oid = p.pronamespace
 WHERE NOT t.tgisinternal
   AND t.tgrelid IN ('dp_audit_events'::regclass, 'dp_charges'::regclass, 'dp_budget_accounts'::regclass)
 """
@@ -257,7 +261,9 @@ def _normalise(sql: str) -> str:
 def trigger_problems(conn) -> list[str]:
     """Compare the guard triggers in the database with their expected definitions: each must exist, be enabled
     (PostgreSQL ``tgenabled = 'O'``) and run the expected body (SQLite: the stored ``CREATE TRIGGER`` text;
-    PostgreSQL: ``pg_get_triggerdef`` and the trigger function's source). Returns one line per problem.
+    PostgreSQL: ``pg_get_triggerdef``, the trigger function's source and its ``search_path``, pinned to its own
+    schema then ``pg_temp``). On PostgreSQL the spend functions are compared too
+    (:func:`~dp_operators.ledger.pg_functions.function_problems`). Returns one line per problem.
 
     Args:
         conn: a SQLAlchemy connection to the ledger database.
@@ -286,18 +292,25 @@ def trigger_problems(conn) -> list[str]:
         if row is None:
             problems.append(f"trigger {name} on {table} is missing (dropped)")
             continue
-        _, enabled, definition, proname, prosrc = row
+        _, enabled, definition, proname, prosrc, config, pinned = row
         expected = f"CREATE TRIGGER {name} {when} ON {table} FOR EACH {level} EXECUTE FUNCTION {function}()"
         unqualified = " ".join(definition.split()).replace(f" ON {_schema_prefix(definition, table)}{table} ", f" ON {table} ")
         if enabled != "O":
             problems.append(f"trigger {name} on {table} is disabled (tgenabled={enabled!r})")
         if unqualified != expected or proname != function:
             problems.append(f"trigger {name} on {table} does not have its expected definition (replaced)")
-        elif " ".join(prosrc.split()) != " ".join(_PG_FUNCTIONS[function].replace("%%", "%").split()):
+        elif " ".join(prosrc.split()) != " ".join(_PG_FUNCTIONS[function].split()):
             problems.append(f"trigger function {function}() of {name} was replaced (its body differs)")
+        elif list(config or []) != [pinned]:
+            problems.append(
+                f"trigger function {function}() of {name} does not pin its search_path to its schema, then pg_temp "
+                "(replaced; 'dpctl ledger init' restores it)"
+            )
     for name in sorted(set(rows) - set(_PG_TRIGGERS)):
         problems.append(f"trigger {name} is not one of the ledger's (added outside 'dpctl ledger init')")
-    return problems
+    from dp_operators.ledger.pg_functions import function_problems  # it imports this module
+
+    return problems + function_problems(conn)
 
 
 def _schema_prefix(definition: str, table: str) -> str:

@@ -14,6 +14,12 @@ Leases: a reservation holds a lease (``lease_seconds``) its owner renews while i
 A second attempt of the same key meanwhile gets :class:`~dp_operators.ledger.errors.LeaseHeldError` and is not
 charged; once the lease has expired (the owner died), the next attempt marks the reservation ``abandoned`` (still
 spent) and is charged. :meth:`Ledger.reconcile` abandons every expired reservation.
+
+Two paths, one behaviour: on SQLite each call runs the Python code below in one transaction; on PostgreSQL it is
+one call of the ledger's function of the same name (``dp_reserve``, ``dp_commit``, ``dp_release``, ``dp_abandon``,
+``dp_renew``, ``dp_reconcile``: :mod:`~dp_operators.ledger.pg_functions`), which does the same steps inside the
+database, so the spender's database role needs no write privilege on any table (docs/adr/0029). The functions'
+errors come back as the same exceptions, with the same messages.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from dp_operators.accounting import exact_number, round_down, round_up, unit_of
-from dp_operators.ledger import schema
+from dp_operators.ledger import pg_functions, schema
 from dp_operators.ledger.chain import (
     AccountChain,
     CanonicalOutput,
@@ -41,6 +47,8 @@ from dp_operators.ledger.chain import (
     audit_row_mac,
     canonical_json,
     charge_event_fields,
+    head_mismatch,
+    seq_taken,
 )
 from dp_operators.ledger.errors import (
     AccountNotFoundError,
@@ -50,6 +58,8 @@ from dp_operators.ledger.errors import (
     DagNotAllowedError,
     LeaseHeldError,
     LedgerKeyError,
+    LedgerNotInitialisedError,
+    RoleNotAllowedError,
     stored_fraction,
 )
 from dp_operators.ledger.keys import AuditKey, Keyring, as_key
@@ -92,6 +102,18 @@ _INSERT_CHARGE = schema.charges.insert()
 _UPDATE_CHARGE = schema.charges.update().where(_c.id == sa.bindparam("charge_id"))
 
 
+def _function_call(function: pg_functions.Function) -> sa.TextClause:
+    """``SELECT name(CAST(:arg AS type), ...)`` for a spend function: every argument typed, so no overload and no
+    driver's guess of a type can pick another function."""
+    arguments = [arg.strip().split(" ", 1) for arg in function.args.split(",")]
+    typed = ", ".join(f"CAST(:{name.removeprefix('p_')} AS {kind})" for name, kind in arguments)
+    return sa.text(f"SELECT {function.name}({typed})")
+
+
+#: One statement per spend call on PostgreSQL (one round trip, one transaction).
+_CALLS = {function.name: _function_call(function) for function in pg_functions.SPEND_FUNCTIONS}
+
+
 def token_hash(token: str) -> str:
     """SHA-256 (hex) of a reservation token, as stored with the charge."""
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
@@ -114,13 +136,45 @@ def _raise_if_leased(charges: Any, key: ReleaseKey, now: dt.datetime) -> None:
     for charge in charges:
         lease = _aware(charge.lease_expires_at)
         if charge.state == "reserved" and _live(lease, now):
-            raise LeaseHeldError(
-                f"attempt {charge.attempt} of release {key.release_name!r} (run {key.run_id!r}, task "
-                f"{key.task_id!r}) is still running and holds its lease until {lease.isoformat()}; "
-                "nothing was charged. Retry after the lease: it ends early only if that attempt finishes",
-                attempt=charge.attempt,
-                expires_at=lease,
-            )
+            raise _lease_held(key, charge.attempt, lease)
+
+
+def _lease_held(key: ReleaseKey, attempt: int, lease: dt.datetime) -> LeaseHeldError:
+    return LeaseHeldError(
+        f"attempt {attempt} of release {key.release_name!r} (run {key.run_id!r}, task {key.task_id!r}) is still "
+        f"running and holds its lease until {lease.isoformat()}; nothing was charged. Retry after the lease: it ends "
+        "early only if that attempt finishes",
+        attempt=attempt,
+        expires_at=lease,
+    )
+
+
+def _key_refused(account: str, accepts: str | None, given: str, done: str = "nothing was reserved") -> LedgerKeyError:
+    return LedgerKeyError(
+        f"budget account {account!r} accepts spend key id {accepts!r}, but this connection's audit key has id "
+        f"{given!r} (rotated, or the wrong key); {done}. Set the ledger connection's 'audit_key' to the current "
+        "spend key"
+    )
+
+
+def _reconcile_key_refused(account: str, accepts: str | None, given: str) -> LedgerKeyError:
+    return LedgerKeyError(
+        f"budget account {account!r} accepts spend key id {accepts!r}, not {given!r}; nothing was reconciled. Use "
+        "the current spend key, or the governor key"
+    )
+
+
+def _not_owned(where: str, action: str) -> ChargeStateError:
+    return ChargeStateError(
+        f"{where} is not this reservation's (the account, release key, attempt or token differ); nothing {action}"
+    )
+
+
+def _not_reserved(where: str, state: str, action: str) -> ChargeStateError:
+    return ChargeStateError(
+        f"{where} is {state}, no longer reserved (another attempt took over the release after its lease expired); "
+        f"nothing {action}, and the charge stays spent"
+    )
 
 
 def _stored_context(charge: Any) -> dict[str, Any]:
@@ -164,10 +218,7 @@ def reconcile_expired(
             if chain is None:  # pragma: no cover - the foreign key keeps charges' accounts
                 continue
             if not governor and chain.row.spend_key_id != key.key_id:
-                raise LedgerKeyError(
-                    f"budget account {account!r} accepts spend key id {chain.row.spend_key_id!r}, not {key.key_id!r}; "
-                    "nothing was reconciled. Use the current spend key, or the governor key"
-                )
+                raise _reconcile_key_refused(account, chain.row.spend_key_id, key.key_id)
             for charge_id in [row.id for row in expired if row.account == account]:
                 charge = conn.execute(_CHARGE, {"charge_id": charge_id}).first()
                 lease = _aware(charge.lease_expires_at)
@@ -230,11 +281,7 @@ class Ledger(LedgerBase):
     def _check_key(self, row: Any) -> None:
         key = self._spend_key()
         if row.spend_key_id != key.key_id:
-            raise LedgerKeyError(
-                f"budget account {row.name!r} accepts spend key id {row.spend_key_id!r}, but this connection's "
-                f"audit key has id {key.key_id!r} (rotated, or the wrong key); nothing was reserved. Set the ledger "
-                "connection's 'audit_key' to the current spend key"
-            )
+            raise _key_refused(row.name, row.spend_key_id, key.key_id)
 
     def authenticated_output(self, key: ReleaseKey) -> dict | None:
         """The committed output of ``key`` (parsed JSON), or ``None``, once it is shown to be what the attempt that
@@ -365,6 +412,10 @@ class Ledger(LedgerBase):
         mechanisms_text = canonical_json(mechanisms)
         key_fields = {**key.as_dict(), "try_number": try_number, "spec_hash": spec_hash}
         token = secrets.token_urlsafe(32)
+        if self._in_database:
+            return self._reserve_in_database(
+                key, account, amount, delta, mechanisms_text, spec_hash, try_number, context, signing_key, token
+            )
         self._refuse_live_lease(key)
 
         def work(conn: Connection) -> Reservation | dict | Refusal:
@@ -485,16 +536,10 @@ class Ledger(LedgerBase):
             and secrets.compare_digest(charge.token_hash, token_hash(reservation.token))
         )
         if not owned:
-            raise ChargeStateError(
-                f"{where} is not this reservation's (the account, release key, attempt or token differ); nothing "
-                f"{action}"
-            )
+            raise _not_owned(where, action)
         self._check_key(chain.row)
         if charge.state != "reserved":
-            raise ChargeStateError(
-                f"{where} is {charge.state}, no longer reserved (another attempt took over the release after its "
-                f"lease expired); nothing {action}, and the charge stays spent"
-            )
+            raise _not_reserved(where, charge.state, action)
         return chain, charge
 
     def commit(self, reservation: Reservation, output: dict, *, audit: Mapping[str, Any] | None = None,
@@ -515,6 +560,9 @@ class Ledger(LedgerBase):
                             f"{type(canonical).__name__}: pass the output alone and the ledger encodes it")
         text = canonical_json(output) if canonical is None else str(canonical)
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        if self._in_database:
+            self._call_owned("dp_commit", reservation, "committed", output=text, **self._audit_params(audit))
+            return digest
 
         def work(conn: Connection) -> str:
             chain, charge = self._owned_charge(conn, reservation, "committed")
@@ -542,6 +590,9 @@ class Ledger(LedgerBase):
             ChargeStateError: the reservation is not this charge's owner, or the charge is not ``reserved``.
         """
         self.check_schema()
+        if self._in_database:
+            self._call_owned("dp_release", reservation, "released", **self._audit_params(audit))
+            return
 
         def work(conn: Connection) -> None:
             chain, charge = self._owned_charge(conn, reservation, "released")
@@ -564,6 +615,9 @@ class Ledger(LedgerBase):
             ChargeStateError: the reservation is not this charge's owner, or the charge is not ``reserved``.
         """
         self.check_schema()
+        if self._in_database:
+            self._call_owned("dp_abandon", reservation, "abandoned", **self._audit_params(audit))
+            return
 
         def work(conn: Connection) -> None:
             chain, charge = self._owned_charge(conn, reservation, "abandoned")
@@ -581,6 +635,11 @@ class Ledger(LedgerBase):
             ChargeStateError: the reservation is not this charge's owner, or it is no longer ``reserved``.
         """
         self.check_schema()
+        if self._in_database:
+            result = self._call_owned(
+                "dp_renew", reservation, "renewed", retries=3, lease_seconds=float(self.lease_seconds)
+            )
+            return dt.datetime.fromisoformat(result["lease_expires_at"])
 
         def work(conn: Connection) -> dt.datetime:
             _, charge = self._owned_charge(conn, reservation, "renewed")
@@ -623,4 +682,140 @@ class Ledger(LedgerBase):
     def reconcile(self, *, audit: Mapping[str, Any] | None = None) -> list[dict]:
         """Mark every reservation whose lease has expired ``abandoned`` (still counted as spent); see
         :func:`reconcile_expired`."""
-        return reconcile_expired(self, self._spend_key(), audit)
+        if not self._in_database:
+            return reconcile_expired(self, self._spend_key(), audit)
+        self.check_schema()
+        key = self._spend_key()
+        done = self._call("dp_reconcile", {"key": key.secret, "context": canonical_json(audit_context(audit))})
+        for charge in done:
+            lease = charge["lease_expires_at"]
+            charge["lease_expires_at"] = None if lease is None else dt.datetime.fromisoformat(lease)
+        return done
+
+    # -- PostgreSQL: the spend functions (docs/adr/0029) ----------------------------------------------------------
+    @property
+    def _in_database(self) -> bool:
+        """Whether spend calls are the database's functions (PostgreSQL) rather than this module's Python (SQLite)."""
+        return self.dialect == "postgresql"
+
+    def _reserve_in_database(
+        self, key: ReleaseKey, account: str, amount: Fraction, delta: Fraction, mechanisms: str, spec_hash: str,
+        try_number: int | None, context: Mapping[str, Any], signing_key: AuditKey, token: str,
+    ) -> Reservation | dict:
+        result = self._call(
+            "dp_reserve",
+            {
+                "key": signing_key.secret, "account": account, **key.as_dict(), "amount": str(amount),
+                "delta": str(delta), "mechanisms": mechanisms, "spec_hash": spec_hash, "try_number": try_number,
+                "context": canonical_json(dict(context)), "token_hash": token_hash(token),
+                "lease_seconds": float(self.lease_seconds),
+            },
+            key=key,
+        )
+        status = result["status"]
+        if status == "reserved":
+            return Reservation(
+                charge_id=result["charge_id"], key=key, account=account, amount=amount, attempt=result["attempt"],
+                delta=delta, token=token, lease_expires_at=dt.datetime.fromisoformat(result["lease_expires_at"]),
+            )
+        if status == "replay":
+            return json.loads(result["output"])
+        if status == "dag_not_allowed":
+            raise DagNotAllowedError.of(key.dag_id, account, result["allowed"])
+        if status == "budget_exhausted":
+            requested = delta if result["unit"] == "delta" else amount
+            raise BudgetExhaustedError(account, result["unit"], requested, Fraction(result["remaining"]))
+        raise AssertionError(f"dp_reserve returned an unknown status {status!r}")  # pragma: no cover
+
+    @staticmethod
+    def _audit_params(audit: Mapping[str, Any] | None) -> dict[str, str]:
+        """An event's context as the functions take it: this process's defaults and the caller's ``audit``, apart
+        (the charge's stored context goes between them, as :func:`~dp_operators.ledger.chain.audit_context` orders
+        them); ``audit`` is checked here first, so a bad one fails with the same message as on SQLite."""
+        audit_context(audit)
+        return {"defaults": canonical_json(audit_context()), "audit": canonical_json(dict(audit or {}))}
+
+    def _call_owned(self, name: str, reservation: Reservation, action: str, *, retries: int | None = None,
+                    **params: Any) -> Any:
+        """Call spend function ``name`` on ``reservation``'s charge (its owner's proof: account, key, attempt,
+        token)."""
+        owner = {
+            "key": self._spend_key().secret, "charge_id": reservation.charge_id, "account": reservation.account,
+            **reservation.key.as_dict(), "attempt": reservation.attempt, "token": reservation.token,
+        }
+        where = f"charge {reservation.charge_id} for {reservation.key}"
+        return self._call(name, {**owner, **params}, retries=retries, where=where, action=action)
+
+    def _call(self, name: str, params: Mapping[str, Any], *, retries: int | None = None, **about: Any) -> Any:
+        """One call of spend function ``name`` in its own transaction (retried like any write when it loses a lock
+        race); its refusals are raised as the ledger's exceptions (:func:`_refusal`)."""
+        statement = _CALLS[name]
+        try:
+            return self._write(lambda conn: conn.execute(statement, params).scalar_one(), retries=retries)
+        except sa.exc.DBAPIError as error:
+            refusal = _refusal(error, self.url, **about)
+            if refusal is None:
+                raise
+            raise refusal from None
+
+
+
+def _refusal(
+    error: sa.exc.DBAPIError, url: str, *, key: ReleaseKey | None = None, where: str = "", action: str = ""
+) -> Exception | None:
+    """The ledger's exception for a refusal raised by a spend function (SQLSTATE class ``DP``, parameters in the
+    error's DETAIL as JSON; :mod:`~dp_operators.ledger.pg_functions`), with the message the Python path gives;
+    ``None`` for any other database error."""
+    original = error.orig
+    code = getattr(original, "sqlstate", None) or ""
+    diag = getattr(original, "diag", None)
+    message = getattr(diag, "message_primary", None) or str(original)
+    if code == "42883" and "dp_" in message:  # undefined_function: a schema-4 ledger initialised without them
+        return LedgerNotInitialisedError(
+            f"the ledger at {url} has no spend functions ({message}); a privacy officer runs 'dpctl ledger init' "
+            "(then 'dpctl ledger roles --execute' again, which grants them to the spender)"
+        )
+    if not code.startswith("DPL"):
+        return None
+    try:
+        detail = json.loads(getattr(diag, "message_detail", None) or "{}")
+    except ValueError:  # pragma: no cover - the functions write JSON
+        detail = {}
+    kind = detail.get("kind")
+    if code == pg_functions.ACCOUNT_NOT_FOUND:
+        return AccountNotFoundError(not_found(detail["account"]))
+    if code == pg_functions.KEY_REFUSED:
+        if kind == "spend_key":
+            return _key_refused(detail["account"], detail["accepts"], detail["given"])
+        if kind == "reconcile":
+            return _reconcile_key_refused(detail["account"], detail["accepts"], detail["given"])
+        return LedgerKeyError(message)
+    if code == pg_functions.CHARGE_STATE:
+        if kind == "missing":
+            return ChargeStateError(f"{where} does not exist; nothing {action}")
+        if kind == "not_owner":
+            return _not_owned(where, action)
+        return _not_reserved(where, detail["state"], action)
+    if code == pg_functions.LEASE_HELD and key is not None:
+        return _lease_held(key, detail["attempt"], dt.datetime.fromisoformat(detail["expires_at"]))
+    if code == pg_functions.CHAIN_BROKEN:
+        if kind == "head":
+            return head_mismatch(detail["account"])
+        if kind == "seq_taken":
+            return seq_taken(detail["account"], detail["id"], detail["seq"])
+        if kind == "number":
+            what = (f"budget account {detail['account']!r}: {detail['column']}" if "account" in detail
+                    else f"charge {detail['charge']}: {detail['column']}")
+            try:
+                stored_fraction(detail["value"], what)
+            except AuditChainError as refused:
+                return refused
+        return AuditChainError(message)
+    if code == pg_functions.BAD_VALUE:
+        if kind == "no_delta":
+            return ValueError(f"account {detail['account']!r} is {detail['accountant']}: a charge on it has no delta "
+                              "part")
+        return ValueError(message)
+    if code == pg_functions.ROLE_NOT_ALLOWED:
+        return RoleNotAllowedError.of(detail["account"], detail["role"], detail["allowed"])
+    return None

@@ -1,4 +1,4 @@
-"""PostgreSQL roles (docs/adr/0020): the database itself refuses governance to the spender role.
+"""PostgreSQL roles (docs/adr/0020, docs/adr/0029): the database itself refuses governance to the spender role.
 
 The ledger is initialised by the admin (``postgres``, the tables' owner); :func:`apply_roles` grants a spender and a
 governor login role their privileges; then task code holding the spender connection tries, in raw SQL, everything
@@ -28,7 +28,14 @@ from dp_operators.ledger import (
 )
 from dp_operators.ledger import schema
 from dp_operators.ledger.keys import Keyring
-from dp_operators.ledger.roles import LEDGER_SEQUENCES, LEDGER_TABLES, apply_roles, role_statements
+from dp_operators.ledger.roles import (
+    LEDGER_FUNCTIONS,
+    LEDGER_SEQUENCES,
+    LEDGER_TABLES,
+    SPEND_FUNCTIONS,
+    apply_roles,
+    role_statements,
+)
 from ledger_backends import account_config
 from support import GOVERNOR_KEY, SPEND_KEY
 
@@ -307,9 +314,12 @@ def test_a_release_cycle_works_as_the_spender_role(deployment):
     assert ledger.account("a").spent == spent_before + 5 * Fraction(1, 4)
     assert [event["event"] for event in ledger.events("a")][-2:] == ["committed", "abandoned"]
 
-    with deployment.raw(deployment.spender_role).begin() as conn:  # row locks need UPDATE on some column
-        assert conn.exec_driver_sql("SELECT name FROM dp_budget_accounts WHERE name = 'a' FOR UPDATE").all()
-        assert conn.exec_driver_sql(f"SELECT id FROM dp_charges WHERE id = {committed.charge_id} FOR UPDATE").all()
+    # the spend functions lock rows for it: the spender itself may not (row locks need UPDATE on some column)
+    spender = deployment.raw(deployment.spender_role)
+    for statement in ("SELECT name FROM dp_budget_accounts WHERE name = 'a' FOR UPDATE",
+                      f"SELECT id FROM dp_charges WHERE id = {committed.charge_id} FOR UPDATE"):
+        error, message = _denied(spender, statement)
+        assert error == "InsufficientPrivilege (42501)" and DENIED in message, (statement, message)
 
 
 #: What the governor role may not do either: it governs accounts, it does not own the tables or rewrite spend.
@@ -453,14 +463,18 @@ def test_roles_are_refused_on_sqlite(tmp_path):
         apply_roles(f"sqlite:///{tmp_path / 'ledger.db'}", "s", "g")
 
 
-def test_the_spender_grants_name_no_governed_column():
+def test_the_spender_is_granted_reads_and_the_spend_functions_only():
+    """The spender's grants: SELECT on the tables and EXECUTE on the six spend functions; no write, no sequence."""
     statements = role_statements("s", "g")
-    spender_updates = [s for s in statements if s.startswith("GRANT UPDATE") and s.endswith('TO "s"')]
-    assert spender_updates == [
-        'GRANT UPDATE (state, output, output_digest, updated_at, lease_expires_at) ON TABLE dp_charges TO "s"',
-        'GRANT UPDATE (spent, delta_spent, audit_seq, audit_head, updated_at) ON TABLE dp_budget_accounts TO "s"',
+    spender_grants = [s for s in statements if s.startswith("GRANT") and s.endswith('TO "s"')]
+    assert spender_grants == [
+        f"GRANT SELECT ON TABLE {', '.join(LEDGER_TABLES)} TO \"s\"",
+        f"GRANT EXECUTE ON FUNCTION {', '.join(SPEND_FUNCTIONS)} TO \"s\"",
     ]
+    assert [signature.split("(")[0] for signature in SPEND_FUNCTIONS] == [
+        "dp_reserve", "dp_commit", "dp_release", "dp_abandon", "dp_renew", "dp_reconcile"]
     assert not [s for s in statements if "OWNER" in s or "DELETE" in s or "TRUNCATE" in s or "TRIGGER" in s]
+    assert f"REVOKE ALL ON FUNCTION {', '.join(LEDGER_FUNCTIONS)} FROM PUBLIC, \"s\", \"g\"" in statements
 
 
 # ---- the reader role (the budget dashboard reads the ledger and can change nothing) ------------------------------
@@ -552,7 +566,7 @@ def test_the_spend_api_with_the_reader_connection_spends_nothing(deployment, rea
             release_key("reader-1"), account="a", amount=Fraction(1, 4), mechanisms=NO_MECHANISMS, spec_hash="0" * 64
         )
     assert isinstance(refused.value.orig, psycopg.errors.InsufficientPrivilege)
-    assert "permission denied for table" in str(refused.value.orig)
+    assert "permission denied for function dp_reserve" in str(refused.value.orig)
     officer = LedgerGovernor(deployment.url(reader), governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY)
     deployment.engines += [officer.engine, officer._reader]
     with pytest.raises(sa.exc.ProgrammingError) as refused:
@@ -673,8 +687,10 @@ def test_the_reader_statements_add_select_and_nothing_else():
     assert added[1:] == [
         f'REVOKE ALL ON TABLE {tables} FROM PUBLIC, "s", "g", "r"',
         f'REVOKE ALL ON SEQUENCE {", ".join(LEDGER_SEQUENCES)} FROM PUBLIC, "s", "g", "r"',
+        f'REVOKE ALL ON FUNCTION {", ".join(LEDGER_FUNCTIONS)} FROM PUBLIC, "s", "g", "r"',
         "DO $$ BEGIN IF current_schema() IS NULL THEN RAISE EXCEPTION 'no schema on the search_path: set the "
         "search_path of the ledger''s connection'; END IF; EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I, %I, %I', "
+        "current_schema(), 's', 'g', 'r'); EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC, %I, %I, %I', "
         "current_schema(), 's', 'g', 'r'); END $$",
         f'GRANT SELECT ON TABLE {tables} TO "r"',
     ]

@@ -1,0 +1,929 @@
+"""The ledger's spend functions on PostgreSQL: the spender role executes them and writes no table (docs/adr/0029).
+
+Each spend call of :class:`~dp_operators.ledger.spend.Ledger` is one call of one PL/pgSQL function, in one
+transaction: ``dp_reserve``, ``dp_commit``, ``dp_release``, ``dp_abandon``, ``dp_renew`` and ``dp_reconcile``. The
+functions belong to the tables' owner (the role that ran ``dpctl ledger init``), run with its rights (``SECURITY
+DEFINER``) and pin their ``search_path`` to the ledger's schema, then ``pg_temp`` (PostgreSQL documentation, CREATE
+FUNCTION, "Writing SECURITY DEFINER Functions Safely"). Only the spender may execute the six
+(:mod:`dp_operators.ledger.roles`); the helpers they call may be executed by nobody else.
+
+What a function does is what the Python path of :mod:`~dp_operators.ledger.spend` does on SQLite, step for step:
+lock the account row, compare it with the head of its audit chain, check the caller's team role
+(``allowed_roles``), the spend key, the allowlist, a committed output to replay, a live lease, the budget (exact
+fractions, rounded as :func:`~dp_operators.accounting.round_up` and ``round_down`` round), the reservation token
+and the state machine. It computes the running totals, ``audit_seq``, ``prev_hash`` and each event's MAC itself
+(HMAC-SHA256 of the canonical JSON :func:`~dp_operators.ledger.chain.audit_row_mac` signs, built in SQL: pgcrypto's
+``hmac``), stamps time with the database's clock and the caller with ``session_user`` (the context's ``db_role``),
+and bounds every input. So the spender cannot write a row the ledger would not write: it has no INSERT, UPDATE or
+DELETE on any table (the functions do the writing), and a function refuses anything the state machine refuses.
+
+Refusals that are recorded (a DAG not allowed, budget exhausted) return a status and commit their ``refused``
+event; every other refusal raises one of the SQLSTATEs below, naming its parameters in the error's DETAIL (JSON),
+and writes nothing; :mod:`~dp_operators.ledger.spend` maps them to the ledger's exceptions.
+
+The spend key is an argument of every function (the database does not keep it): see the ADR for who can see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dp_operators.accounting import ACCOUNTANTS, MAX_DENOMINATOR
+from dp_operators.ledger import schema
+from dp_operators.ledger.chain import AUDIT_CONTEXT_KEYS, GENESIS_HASH
+
+#: SQLSTATEs the functions raise (class ``DP``, outside PostgreSQL's own classes), by what they mean.
+ACCOUNT_NOT_FOUND = "DPL01"
+KEY_REFUSED = "DPL02"
+CHARGE_STATE = "DPL03"
+LEASE_HELD = "DPL04"
+CHAIN_BROKEN = "DPL05"
+BAD_VALUE = "DPL06"
+ROLE_NOT_ALLOWED = "DPL07"
+
+#: Bounds of the functions' inputs.
+MAX_MECHANISMS_BYTES = 64 * 1024
+MAX_JSON_DEPTH = 16
+MAX_CONTEXT_BYTES = 16 * 1024
+MAX_CONTEXT_VALUE_CHARS = 1000
+MAX_AMOUNT_NUMERATOR_DIGITS = 40
+MAX_KEY_BYTES = 4096
+MAX_TOKEN_CHARS = 100  # dp_audit_events.proof holds the token
+
+#: The bytes :attr:`~dp_operators.ledger.keys.AuditKey.key_id` puts before the secret (a test checks the two agree).
+KEY_ID_DOMAIN = b"dp-operators audit key id\0"
+
+
+@dataclass(frozen=True)
+class Function:
+    """One function of the ledger: ``CREATE OR REPLACE FUNCTION name(args) RETURNS returns`` with ``body``."""
+
+    name: str
+    args: str
+    returns: str
+    body: str
+    language: str = "plpgsql"
+    volatility: str = "VOLATILE"
+    definer: bool = False
+
+    @property
+    def identity(self) -> str:
+        """The argument types, as ``GRANT``/``REVOKE ... ON FUNCTION name(types)`` takes them."""
+        return ", ".join(arg.strip().split(" ", 1)[1] for arg in self.args.split(",")) if self.args else ""
+
+    @property
+    def signature(self) -> str:
+        return f"{self.name}({self.identity})"
+
+    def source(self, crypto_schema: str) -> str:
+        """The body as stored (``pg_proc.prosrc``), pgcrypto's schema filled in."""
+        return self.body.replace("@CRYPTO@", crypto_schema)
+
+    def ddl(self, ledger_schema: str, crypto_schema: str) -> list[str]:
+        """``CREATE OR REPLACE`` it, pinned to ``ledger_schema`` (quoted), and revoke it from PUBLIC."""
+        definer = " SECURITY DEFINER" if self.definer else ""
+        return [
+            f"CREATE OR REPLACE FUNCTION {self.name}({self.args}) RETURNS {self.returns} LANGUAGE {self.language} "
+            f"{self.volatility}{definer} SET search_path = {ledger_schema}, pg_temp AS $fn${self.source(crypto_schema)}$fn$",
+            f"REVOKE ALL ON FUNCTION {self.signature} FROM PUBLIC",
+        ]
+
+
+def _fail(code: str, message: str, detail: str) -> str:
+    """A PL/pgSQL statement raising ``code`` with ``message`` (a ``format()`` call or literal) and ``detail`` (jsonb)."""
+    return f"PERFORM dp_fail('{code}', {message}, {detail});"
+
+
+_KEY_MATCHES = (
+    "x.dag_id = p_dag_id AND x.run_id = p_run_id AND x.task_id = p_task_id AND x.map_index = p_map_index "
+    "AND x.release_name = p_release_name"
+)
+_RELEASE_KEY_ARGS = "p_dag_id text, p_run_id text, p_task_id text, p_map_index integer, p_release_name text"
+_OWNER_ARGS = (
+    f"p_key bytea, p_charge_id bigint, p_account text, {_RELEASE_KEY_ARGS}, p_attempt integer, p_token text"
+)
+_LIVE = "(x.lease_expires_at > p_now AND x.lease_expires_at <= p_now + interval '{max} seconds')"
+_M = str(MAX_DENOMINATOR)
+_MAX_LEASE = schema.MAX_LEASE_SECONDS
+
+_EVENT_COLUMNS = [c.name for c in schema.audit_events.c if c.name != "id"]
+_INTEGER_COLUMNS = {c.name for c in schema.audit_events.c if c.type.python_type is int}
+
+
+def _canonical_event_json() -> str:
+    """SQL building :func:`~dp_operators.ledger.chain.audit_row_mac`'s message from an event ``e``: Python's
+    ``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` of the hashed columns (``to_json`` of
+    text escapes as Python does without ``ensure_ascii``: ``\\"``, ``\\\\``, ``\\b\\f\\n\\r\\t``, other controls
+    as lowercase ``\\u00xx``, nothing else)."""
+    parts = []
+    for i, name in enumerate(sorted(schema.AUDIT_HASHED_COLUMNS)):
+        value = f"e.{name}::text" if name in _INTEGER_COLUMNS else f"to_json(e.{name})::text"
+        parts.append(f"'{',' if i else '{'}\"{name}\":' || coalesce({value}, 'null')")
+    return " || ".join(parts) + " || '}'"
+
+
+_ACCOUNTANT_UNITS = " ".join(f"WHEN '{name}' THEN '{unit}'" for name, unit in sorted(ACCOUNTANTS.items()))
+_CONTEXT_KEYS = ", ".join(f"'{key}'" for key in sorted(AUDIT_CONTEXT_KEYS))
+
+HELPERS: tuple[Function, ...] = (
+    Function("dp_fail", "p_code text, p_message text, p_detail jsonb", "void", """
+BEGIN
+  RAISE EXCEPTION USING ERRCODE = p_code, MESSAGE = p_message, DETAIL = coalesce(p_detail, '{}'::jsonb)::text;
+END
+"""),
+    # -- exact fractions: numeric[] {numerator, denominator > 0}, in lowest terms ---------------------------------
+    Function("dp_q", "p_n numeric, p_d numeric", "numeric[]", """
+SELECT ARRAY[div(p_n, s.g), div(p_d, s.g)] FROM (SELECT gcd(p_n, p_d) AS g) AS s
+""", language="sql", volatility="IMMUTABLE STRICT"),
+    Function("dp_q_text", "p_q numeric[]", "text", """
+SELECT CASE WHEN p_q[2] = 1 THEN p_q[1]::text ELSE p_q[1]::text || '/' || p_q[2]::text END
+""", language="sql", volatility="IMMUTABLE STRICT"),
+    Function("dp_q_add", "p_a numeric[], p_b numeric[]", "numeric[]", """
+SELECT dp_q(p_a[1] * p_b[2] + p_b[1] * p_a[2], p_a[2] * p_b[2])
+""", language="sql", volatility="IMMUTABLE STRICT"),
+    Function("dp_q_sub", "p_a numeric[], p_b numeric[]", "numeric[]", """
+SELECT dp_q(p_a[1] * p_b[2] - p_b[1] * p_a[2], p_a[2] * p_b[2])
+""", language="sql", volatility="IMMUTABLE STRICT"),
+    Function("dp_q_cmp", "p_a numeric[], p_b numeric[]", "integer", """
+SELECT sign(p_a[1] * p_b[2] - p_b[1] * p_a[2])::integer
+""", language="sql", volatility="IMMUTABLE STRICT"),
+    # round_up / round_down of accounting.budget: to a multiple of 1/MAX_DENOMINATOR when the denominator is larger
+    Function("dp_q_round", "p_q numeric[], p_up boolean", "numeric[]", f"""
+DECLARE
+  v_scaled numeric;
+  v_quotient numeric;
+  v_rest numeric;
+BEGIN
+  IF p_q[2] <= {_M} THEN
+    RETURN p_q;
+  END IF;
+  v_scaled := p_q[1] * {_M};
+  v_quotient := div(v_scaled, p_q[2]);
+  v_rest := mod(v_scaled, p_q[2]);
+  IF p_up AND v_rest > 0 THEN
+    v_quotient := v_quotient + 1;
+  ELSIF NOT p_up AND v_rest < 0 THEN
+    v_quotient := v_quotient - 1;
+  END IF;
+  RETURN dp_q(v_quotient, {_M});
+END
+""", volatility="IMMUTABLE STRICT"),
+    # a number as the ledger stores it (errors.stored_fraction): anything else is an edit outside the ledger
+    Function("dp_stored_number", "p_text text, p_where jsonb", "numeric[]", f"""
+DECLARE
+  v_num text;
+  v_den text;
+BEGIN
+  IF p_text IS NOT NULL AND p_text ~ '^-?[0-9]+(/[0-9]+)?$' THEN
+    v_num := split_part(p_text, '/', 1);
+    v_den := coalesce(nullif(split_part(p_text, '/', 2), ''), '1');
+    IF length(ltrim(v_num, '-')) <= 400 AND length(v_den) <= 400 AND v_den::numeric <> 0 THEN
+      RETURN dp_q(v_num::numeric, v_den::numeric);
+    END IF;
+  END IF;
+  {_fail(CHAIN_BROKEN, "format('%s is %L, not a number the ledger writes (edited outside the ledger); nothing was "
+         "changed. A privacy officer runs ''dpctl ledger verify''', p_where ->> 'what', left(p_text, 40))",
+         "p_where || jsonb_build_object('kind', 'number', 'value', left(p_text, 1000))")}
+  RETURN NULL;
+END
+""", volatility="IMMUTABLE"),
+    # an amount a caller gives: str(Fraction) of a number >= 0 (> 0 if p_positive), bounded
+    Function("dp_amount", "p_text text, p_name text, p_positive boolean", "numeric[]", f"""
+DECLARE
+  v_num text;
+  v_den text;
+  v_q numeric[];
+BEGIN
+  IF p_text IS NULL OR p_text !~ '^[0-9]+(/[0-9]+)?$' THEN
+    {_fail(BAD_VALUE, "format('%s must be a number >= 0 written as str(Fraction) (p or p/q), got %L', "
+           "p_name, left(p_text, 60))", "jsonb_build_object('kind', 'amount')")}
+  END IF;
+  v_num := split_part(p_text, '/', 1);
+  v_den := coalesce(nullif(split_part(p_text, '/', 2), ''), '1');
+  IF length(v_num) > {MAX_AMOUNT_NUMERATOR_DIGITS} OR length(v_den) > 19 OR v_den::numeric = 0
+      OR v_den::numeric > {_M} THEN
+    {_fail(BAD_VALUE, "format('%s %s is out of bounds: at most " + str(MAX_AMOUNT_NUMERATOR_DIGITS) + " digits "
+           "over a denominator in (0, " + _M + "]', p_name, left(p_text, 60))", "jsonb_build_object('kind', 'amount')")}
+  END IF;
+  v_q := dp_q(v_num::numeric, v_den::numeric);
+  IF dp_q_text(v_q) <> p_text THEN
+    {_fail(BAD_VALUE, "format('%s %s is not in lowest terms (write it as str(Fraction))', p_name, p_text)",
+           "jsonb_build_object('kind', 'amount')")}
+  END IF;
+  IF p_positive AND v_q[1] = 0 THEN
+    {_fail(BAD_VALUE, "format('a charge must be > 0, got %s', p_text)", "jsonb_build_object('kind', 'amount')")}
+  END IF;
+  RETURN v_q;
+END
+""", volatility="IMMUTABLE"),
+    # accounting.unit_of (NULL for an accountant it does not know)
+    Function("dp_unit", "p_accountant text", "text", f"""
+SELECT CASE p_accountant {_ACCOUNTANT_UNITS} END
+""", language="sql", volatility="IMMUTABLE"),
+    Function("dp_ts_text", "p_at timestamp with time zone", "text", """
+SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US') || '+00:00'
+""", language="sql", volatility="IMMUTABLE STRICT"),
+    # the spend key's id as AuditKey.key_id computes it, after bounding the key
+    Function("dp_spend_key_id", "p_key bytea", "text", f"""
+BEGIN
+  IF p_key IS NULL OR octet_length(p_key) < 32 OR octet_length(p_key) > {MAX_KEY_BYTES} THEN
+    {_fail(KEY_REFUSED, "'the spend key must have 32 to " + str(MAX_KEY_BYTES) + " bytes; nothing was changed'",
+           "jsonb_build_object('kind', 'key_length')")}
+  END IF;
+  RETURN left(encode(sha256(decode('{KEY_ID_DOMAIN.hex()}', 'hex') || p_key), 'hex'), 16);
+END
+""", volatility="IMMUTABLE"),
+    Function("dp_check_release_key", f"p_account text, {_RELEASE_KEY_ARGS}", "void", f"""
+BEGIN
+  IF p_account IS NULL OR length(p_account) > 200 OR p_dag_id IS NULL OR length(p_dag_id) > 250
+      OR p_run_id IS NULL OR length(p_run_id) > 250 OR p_task_id IS NULL OR length(p_task_id) > 250
+      OR p_map_index IS NULL OR p_release_name IS NULL OR length(p_release_name) > 200 THEN
+    {_fail(BAD_VALUE, "'a release key needs a dag_id, run_id and task_id of at most 250 characters, a map_index, and "
+           "a release name and account of at most 200 characters'", "jsonb_build_object('kind', 'release_key')")}
+  END IF;
+END
+""", volatility="IMMUTABLE"),
+    # JSON text a caller gives: at most p_max_bytes, nested at most p_max_depth levels, of JSON type p_type
+    Function("dp_check_json", "p_text text, p_name text, p_max_bytes integer, p_max_depth integer, p_type text",
+             "void", f"""
+DECLARE
+  v_shape text;
+  v_type text;
+BEGIN
+  IF p_text IS NULL OR octet_length(p_text) > p_max_bytes THEN
+    {_fail(BAD_VALUE, "format('%s must be JSON text of at most %s bytes', p_name, p_max_bytes)",
+           "jsonb_build_object('kind', 'json')")}
+  END IF;
+  -- the brackets outside strings, then one level of empty pairs off per pass
+  v_shape := regexp_replace(regexp_replace(p_text, '"(\\\\.|[^"\\\\])*"', '', 'g'), '[^][{{}}]', '', 'g');
+  FOR i IN 1..p_max_depth LOOP
+    EXIT WHEN v_shape = '';
+    v_shape := regexp_replace(v_shape, '\\[\\]|\\{{\\}}', '', 'g');
+  END LOOP;
+  IF v_shape <> '' THEN
+    {_fail(BAD_VALUE, "format('%s nests deeper than %s levels (or is not JSON)', p_name, p_max_depth)",
+           "jsonb_build_object('kind', 'json')")}
+  END IF;
+  BEGIN
+    v_type := json_typeof(p_text::json);
+  EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+    v_type := NULL;
+  END;
+  IF v_type IS NULL OR v_type <> coalesce(p_type, v_type) THEN
+    {_fail(BAD_VALUE, "format('%s must be a JSON %s', p_name, coalesce(p_type, 'value'))",
+           "jsonb_build_object('kind', 'json')")}
+  END IF;
+END
+""", volatility="IMMUTABLE"),
+    # an audit context (chain.audit_context): an object of AUDIT_CONTEXT_KEYS, values strings, integers or null
+    Function("dp_context", "p_text text", "jsonb", f"""
+DECLARE
+  v_context jsonb;
+  v_item record;
+BEGIN
+  IF p_text IS NULL OR octet_length(p_text) > {MAX_CONTEXT_BYTES} THEN
+    {_fail(BAD_VALUE, "'an audit context must be a JSON object of at most " + str(MAX_CONTEXT_BYTES) + " bytes'",
+           "jsonb_build_object('kind', 'context')")}
+  END IF;
+  BEGIN
+    v_context := p_text::jsonb;
+  EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+    v_context := NULL;
+  END;
+  IF v_context IS NULL OR jsonb_typeof(v_context) <> 'object' THEN
+    {_fail(BAD_VALUE, "'an audit context must be a JSON object'", "jsonb_build_object('kind', 'context')")}
+  END IF;
+  FOR v_item IN SELECT key, value FROM jsonb_each(v_context) LOOP
+    IF NOT v_item.key = ANY (ARRAY[{_CONTEXT_KEYS}]) THEN
+      {_fail(BAD_VALUE, "format('audit context key %L is not one of [" + _CONTEXT_KEYS.replace("'", "''") + "]', "
+             "v_item.key)", "jsonb_build_object('kind', 'context')")}
+    END IF;
+    IF NOT (jsonb_typeof(v_item.value) = 'null'
+        OR (jsonb_typeof(v_item.value) = 'string' AND length(v_item.value #>> '{{}}') <= {MAX_CONTEXT_VALUE_CHARS})
+        OR (jsonb_typeof(v_item.value) = 'number' AND (v_item.value #>> '{{}}') ~ '^-?[0-9]{{1,18}}$')) THEN
+      {_fail(BAD_VALUE, "format('audit context %L must be a string (at most " + str(MAX_CONTEXT_VALUE_CHARS)
+             + " characters), an integer or None', v_item.key)", "jsonb_build_object('kind', 'context')")}
+    END IF;
+  END LOOP;
+  RETURN v_context;
+END
+""", volatility="IMMUTABLE"),
+    # canonical_json of a checked context (sorted keys, no whitespace)
+    Function("dp_context_text", "p_context jsonb", "text", """
+SELECT '{' || coalesce(string_agg(to_json(key)::text || ':' || CASE jsonb_typeof(value)
+    WHEN 'string' THEN to_json(value #>> '{}')::text
+    WHEN 'number' THEN ((value #>> '{}')::numeric)::text
+    ELSE 'null' END, ',' ORDER BY key COLLATE "C"), '') || '}'
+FROM jsonb_each(p_context)
+""", language="sql", volatility="IMMUTABLE STRICT"),
+    # chain.audit_row_mac, in SQL
+    Function("dp_event_mac", "e dp_audit_events, p_key bytea", "text", f"""
+SELECT encode(@CRYPTO@.hmac(convert_to({_canonical_event_json()}, 'UTF8'), p_key, 'sha256'::text), 'hex')
+""", language="sql", volatility="IMMUTABLE"),
+    # the database roles whose members may spend from the account (NULL: any spender)
+    Function("dp_check_roles", "a dp_budget_accounts", "void", f"""
+DECLARE
+  v_roles jsonb;
+BEGIN
+  IF a.allowed_roles IS NULL THEN
+    RETURN;
+  END IF;
+  BEGIN
+    v_roles := a.allowed_roles::jsonb;
+  EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+    v_roles := NULL;
+  END;
+  IF jsonb_typeof(v_roles) = 'array' AND EXISTS (
+      SELECT FROM jsonb_array_elements(v_roles) AS r(role)
+      JOIN pg_catalog.pg_roles AS pr ON pr.rolname = r.role #>> '{{}}'
+      WHERE jsonb_typeof(r.role) = 'string' AND pg_catalog.pg_has_role(session_user, pr.oid, 'MEMBER')) THEN
+    RETURN;
+  END IF;
+  {_fail(ROLE_NOT_ALLOWED, "format('budget account %L may be spent only by members of the database roles %s; "
+         "role %L is not a member of any; nothing was changed', a.name, a.allowed_roles, session_user)",
+         "jsonb_build_object('account', a.name, 'role', session_user, 'allowed', coalesce(v_roles, "
+         "to_jsonb(a.allowed_roles)))")}
+END
+""", volatility="STABLE"),
+    # chain._check_head: the row must agree with the head of its chain (and with the newest event of its key)
+    Function("dp_check_head", "a dp_budget_accounts, p_key bytea, p_key_id text", "void", f"""
+DECLARE
+  v_head dp_audit_events;
+  v_own dp_audit_events;
+  v_intact boolean;
+BEGIN
+  IF coalesce(a.audit_seq, 0) = 0 THEN
+    RETURN;
+  END IF;
+  SELECT * INTO v_head FROM dp_audit_events AS x WHERE x.account = a.name AND x.account_seq = a.audit_seq;
+  v_intact := FOUND AND coalesce(v_head.row_hash = a.audit_head AND v_head.spent_after = a.spent
+                                 AND v_head.delta_spent_after = a.delta_spent, false);
+  IF v_intact AND a.spend_key_id = p_key_id THEN
+    IF v_head.key_id = p_key_id THEN
+      v_own := v_head;
+    ELSE
+      SELECT * INTO v_own FROM dp_audit_events AS x WHERE x.account = a.name AND x.key_id = p_key_id
+        ORDER BY x.account_seq DESC LIMIT 1;
+    END IF;
+    IF v_own.id IS NOT NULL THEN
+      v_intact := coalesce(dp_event_mac(v_own, p_key) = v_own.row_hash AND v_own.spent_after = a.spent
+                           AND v_own.delta_spent_after = a.delta_spent, false);
+    END IF;
+  END IF;
+  IF NOT v_intact THEN
+    {_fail(CHAIN_BROKEN, "format('budget account %L: its running totals or chain head disagree with the last event "
+           "of its audit chain (edited outside the ledger); nothing was changed. A privacy officer runs ''dpctl "
+           "ledger verify''', a.name)", "jsonb_build_object('kind', 'head', 'account', a.name)")}
+  END IF;
+END
+""", volatility="STABLE"),
+    # AccountChain.lock: lock the account row, check the caller's role, the stored totals and the chain head
+    Function("dp_lock_account", "p_account text, p_key bytea, p_key_id text", "dp_budget_accounts", f"""
+DECLARE
+  a dp_budget_accounts;
+BEGIN
+  SELECT * INTO a FROM dp_budget_accounts AS x WHERE x.name = p_account FOR UPDATE;
+  IF NOT FOUND THEN
+    {_fail(ACCOUNT_NOT_FOUND, "format('budget account %L is not in the ledger', p_account)",
+           "jsonb_build_object('account', p_account)")}
+  END IF;
+  PERFORM dp_check_roles(a);
+  PERFORM dp_stored_number(a.spent, jsonb_build_object('what', format('budget account %L: spent', a.name),
+                                                       'account', a.name, 'column', 'spent'));
+  PERFORM dp_stored_number(a.delta_spent, jsonb_build_object('what', format('budget account %L: delta_spent',
+                                                             a.name), 'account', a.name, 'column', 'delta_spent'));
+  PERFORM dp_check_head(a, p_key, p_key_id);
+  RETURN a;
+END
+"""),
+    Function("dp_check_key", "a dp_budget_accounts, p_key_id text", "void", f"""
+BEGIN
+  IF a.spend_key_id IS DISTINCT FROM p_key_id THEN
+    {_fail(KEY_REFUSED, "format('budget account %L accepts spend key id %L, not %L; nothing was changed', a.name, "
+           "a.spend_key_id, p_key_id)", "jsonb_build_object('kind', 'spend_key', 'account', a.name, 'accepts', "
+           "a.spend_key_id, 'given', p_key_id)")}
+  END IF;
+END
+""", volatility="IMMUTABLE"),
+    # AccountChain.append: the next event of the account's chain, signed; returns the account with its new head
+    Function("dp_append", "a dp_budget_accounts, e dp_audit_events, p_key bytea, p_key_id text",
+             "dp_budget_accounts", f"""
+DECLARE
+  v_taken bigint;
+BEGIN
+  e.account := a.name;
+  e.account_seq := coalesce(a.audit_seq, 0) + 1;
+  e.spent_after := a.spent;
+  e.delta_spent_after := a.delta_spent;
+  e.created_at := coalesce(e.created_at, dp_ts_text(clock_timestamp()));
+  e.key_id := p_key_id;
+  e.prev_hash := coalesce(a.audit_head, '{GENESIS_HASH}');
+  e.row_hash := dp_event_mac(e, p_key);
+  INSERT INTO dp_audit_events ({", ".join(_EVENT_COLUMNS)})
+    VALUES ({", ".join(f"e.{name}" for name in _EVENT_COLUMNS)})
+    ON CONFLICT DO NOTHING;
+  IF NOT FOUND THEN
+    SELECT x.id INTO v_taken FROM dp_audit_events AS x WHERE x.account = a.name AND x.account_seq = e.account_seq;
+    {_fail(CHAIN_BROKEN, "format('budget account %L: audit row id=%s already holds sequence number %s, which the "
+           "ledger did not write; nothing was changed. A privacy officer runs ''dpctl ledger verify''', a.name, "
+           "v_taken, e.account_seq)", "jsonb_build_object('kind', 'seq_taken', 'account', a.name, 'id', v_taken, "
+           "'seq', e.account_seq)")}
+  END IF;
+  a.audit_seq := e.account_seq;
+  a.audit_head := e.row_hash;
+  RETURN a;
+END
+"""),
+    # AccountChain.flush
+    Function("dp_flush", "a dp_budget_accounts", "void", """
+BEGIN
+  UPDATE dp_budget_accounts AS x SET spent = a.spent, delta_spent = a.delta_spent, audit_seq = a.audit_seq,
+    audit_head = a.audit_head, updated_at = clock_timestamp()
+  WHERE x.name = a.name;
+END
+"""),
+    # chain.charge_event_fields
+    Function("dp_charge_event", "p_event text, c dp_charges, p_context text, p_details text", "dp_audit_events", """
+DECLARE
+  e dp_audit_events;
+BEGIN
+  e.event := p_event;
+  e.charge_id := c.id;
+  e.dag_id := c.dag_id;
+  e.run_id := c.run_id;
+  e.task_id := c.task_id;
+  e.map_index := c.map_index;
+  e.release_name := c.release_name;
+  e.attempt := c.attempt;
+  e.try_number := c.try_number;
+  e.spec_hash := c.spec_hash;
+  e.amount := c.amount;
+  e.delta_amount := c.delta_amount;
+  e.mechanisms := c.mechanisms;
+  e.context := p_context;
+  e.details := p_details;
+  RETURN e;
+END
+""", volatility="IMMUTABLE"),
+    # spend.abandon: the charge stays spent; the event records why
+    Function("dp_abandon_charge",
+             "a dp_budget_accounts, c dp_charges, p_key bytea, p_key_id text, p_context text, p_reason text",
+             "dp_budget_accounts", """
+BEGIN
+  UPDATE dp_charges AS x SET state = 'abandoned', updated_at = clock_timestamp() WHERE x.id = c.id;
+  RETURN dp_append(a, dp_charge_event('abandoned', c, p_context, '{"reason":' || to_json(p_reason)::text || '}'),
+                   p_key, p_key_id);
+END
+"""),
+    Function("dp_charge_account", "p_charge_id bigint", "text", f"""
+DECLARE
+  v_account text;
+BEGIN
+  SELECT x.account INTO v_account FROM dp_charges AS x WHERE x.id = p_charge_id;
+  IF NOT FOUND THEN
+    {_fail(CHARGE_STATE, "format('charge %s does not exist; nothing was changed', p_charge_id)",
+           "jsonb_build_object('kind', 'missing')")}
+  END IF;
+  RETURN v_account;
+END
+""", volatility="STABLE"),
+    # Ledger._owned_charge, once the account is locked: this reservation's charge, still reserved
+    Function("dp_owned_charge",
+             f"a dp_budget_accounts, p_charge_id bigint, p_account text, {_RELEASE_KEY_ARGS}, p_attempt integer, "
+             "p_token text, p_key_id text", "dp_charges", f"""
+DECLARE
+  c dp_charges;
+BEGIN
+  SELECT * INTO c FROM dp_charges AS x WHERE x.id = p_charge_id;
+  IF NOT coalesce(c.account = p_account AND c.dag_id = p_dag_id AND c.run_id = p_run_id AND c.task_id = p_task_id
+      AND c.map_index = p_map_index AND c.release_name = p_release_name AND c.attempt = p_attempt
+      AND length(p_token) <= {MAX_TOKEN_CHARS}
+      AND c.token_hash = encode(sha256(convert_to(p_token, 'UTF8')), 'hex'), false) THEN
+    {_fail(CHARGE_STATE, "format('charge %s is not this reservation''s (the account, release key, attempt or token "
+           "differ); nothing was changed', p_charge_id)", "jsonb_build_object('kind', 'not_owner')")}
+  END IF;
+  PERFORM dp_check_key(a, p_key_id);
+  IF c.state <> 'reserved' THEN
+    {_fail(CHARGE_STATE, "format('charge %s is %s, no longer reserved; nothing was changed, and the charge stays "
+           "spent', p_charge_id, c.state)", "jsonb_build_object('kind', 'state', 'state', c.state)")}
+  END IF;
+  RETURN c;
+END
+""", volatility="STABLE"),
+    # spend._raise_if_leased: another attempt of the key holds a live lease
+    Function("dp_check_lease", f"{_RELEASE_KEY_ARGS}, p_now timestamp with time zone", "void", f"""
+DECLARE
+  v_attempt integer;
+  v_lease timestamp with time zone;
+BEGIN
+  SELECT x.attempt, x.lease_expires_at INTO v_attempt, v_lease FROM dp_charges AS x
+    WHERE {_KEY_MATCHES} AND x.state = 'reserved' AND {_LIVE.format(max=_MAX_LEASE)}
+    ORDER BY x.attempt LIMIT 1;
+  IF FOUND THEN
+    {_fail(LEASE_HELD, "format('attempt %s of release %L (run %L, task %L) is still running and holds its lease "
+           "until %s; nothing was charged', v_attempt, p_release_name, p_run_id, p_task_id, dp_ts_text(v_lease))",
+           "jsonb_build_object('attempt', v_attempt, 'expires_at', dp_ts_text(v_lease))")}
+  END IF;
+END
+""", volatility="STABLE"),
+)
+
+
+_RESERVE = Function(
+    "dp_reserve",
+    f"p_key bytea, p_account text, {_RELEASE_KEY_ARGS}, p_amount text, p_delta text, p_mechanisms text, "
+    "p_spec_hash text, p_try_number integer, p_context text, p_token_hash text, p_lease_seconds double precision",
+    "jsonb",
+    f"""
+DECLARE
+  v_key_id text;
+  v_amount numeric[];
+  v_delta numeric[];
+  v_spent numeric[];
+  v_delta_spent numeric[];
+  v_remaining numeric[];
+  v_unit text;
+  v_context text;
+  v_now timestamp with time zone;
+  v_created timestamp with time zone;
+  v_lease timestamp with time zone;
+  v_output text;
+  v_attempt integer;
+  v_refused dp_audit_events;
+  a dp_budget_accounts;
+  o dp_budget_accounts;
+  c dp_charges;
+  e dp_audit_events;
+BEGIN
+  v_key_id := dp_spend_key_id(p_key);
+  PERFORM dp_check_release_key(p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name);
+  v_amount := dp_amount(p_amount, 'amount', true);
+  v_delta := dp_amount(p_delta, 'delta', false);
+  PERFORM dp_check_json(p_mechanisms, 'mechanisms', {MAX_MECHANISMS_BYTES}, {MAX_JSON_DEPTH}, 'array');
+  IF p_spec_hash IS NULL OR length(p_spec_hash) > 64 THEN
+    {_fail(BAD_VALUE, "'spec_hash must be text of at most 64 characters'", "jsonb_build_object('kind', 'spec_hash')")}
+  END IF;
+  IF p_token_hash IS NULL OR p_token_hash !~ '^[0-9a-f]{{64}}$' THEN
+    {_fail(BAD_VALUE, "'token_hash must be the SHA-256 of the reservation token, in 64 lowercase hex digits'",
+           "jsonb_build_object('kind', 'token_hash')")}
+  END IF;
+  IF NOT coalesce(p_lease_seconds > 0 AND p_lease_seconds <= {_MAX_LEASE}, false) THEN
+    {_fail(BAD_VALUE, "format('lease_seconds must be in (0, {_MAX_LEASE}], got %s', p_lease_seconds)",
+           "jsonb_build_object('kind', 'lease')")}
+  END IF;
+  v_context := dp_context_text(dp_context(p_context) || jsonb_build_object('db_role', session_user));
+  -- before the lock, so tries polling a busy key do not queue on the account ahead of the owner's renewals
+  PERFORM dp_check_lease(p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, clock_timestamp());
+
+  a := dp_lock_account(p_account, p_key, v_key_id);
+  PERFORM dp_check_key(a, v_key_id);
+  IF v_delta[1] <> 0 AND a.accountant <> 'approx_dp' THEN
+    {_fail(BAD_VALUE, "format('account %L is %s: a charge on it has no delta part', a.name, a.accountant)",
+           "jsonb_build_object('kind', 'no_delta', 'account', a.name, 'accountant', a.accountant)")}
+  END IF;
+  v_refused.event := 'refused';
+  v_refused.dag_id := p_dag_id;
+  v_refused.run_id := p_run_id;
+  v_refused.task_id := p_task_id;
+  v_refused.map_index := p_map_index;
+  v_refused.release_name := p_release_name;
+  v_refused.try_number := p_try_number;
+  v_refused.spec_hash := p_spec_hash;
+  v_refused.amount := p_amount;
+  v_refused.delta_amount := p_delta;
+  v_refused.mechanisms := p_mechanisms;
+  v_refused.context := v_context;
+  IF NOT coalesce(a.allowed_dags::jsonb ? p_dag_id, false) THEN
+    v_refused.details := '{{"reason":"dag_not_allowed"}}';
+    a := dp_append(a, v_refused, p_key, v_key_id);
+    PERFORM dp_flush(a);
+    RETURN jsonb_build_object('status', 'dag_not_allowed', 'allowed', a.allowed_dags::jsonb);
+  END IF;
+
+  SELECT x.output INTO v_output FROM dp_charges AS x WHERE {_KEY_MATCHES} AND x.state = 'committed'
+    ORDER BY x.attempt LIMIT 1;
+  IF FOUND THEN
+    RETURN jsonb_build_object('status', 'replay', 'output', v_output);
+  END IF;
+  v_now := clock_timestamp();
+  FOR c IN SELECT * FROM dp_charges AS x WHERE {_KEY_MATCHES} AND x.state = 'reserved' ORDER BY x.attempt LOOP
+    IF c.lease_expires_at > v_now AND c.lease_expires_at <= v_now + interval '{_MAX_LEASE} seconds' THEN
+      PERFORM dp_check_lease(p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, v_now);
+    END IF;
+    -- the try that died may have been charged to another account: its own chain records the abandonment
+    IF c.account = a.name THEN
+      a := dp_abandon_charge(a, c, p_key, v_key_id, v_context,
+                             'lease expired; a later attempt of the same release key took over');
+    ELSE
+      o := dp_lock_account(c.account, p_key, v_key_id);
+      PERFORM dp_check_key(o, v_key_id);
+      o := dp_abandon_charge(o, c, p_key, v_key_id, v_context,
+                             'lease expired; a later attempt of the same release key took over');
+      PERFORM dp_flush(o);
+    END IF;
+  END LOOP;
+
+  v_spent := dp_stored_number(a.spent, jsonb_build_object('what', format('budget account %L: spent', a.name),
+                                                          'account', a.name, 'column', 'spent'));
+  v_delta_spent := dp_stored_number(a.delta_spent, jsonb_build_object(
+    'what', format('budget account %L: delta_spent', a.name), 'account', a.name, 'column', 'delta_spent'));
+  v_remaining := dp_q_round(dp_q_sub(dp_stored_number(a.cap, jsonb_build_object(
+    'what', format('budget account %L: cap', a.name), 'account', a.name, 'column', 'cap')), v_spent), false);
+  IF dp_q_cmp(v_amount, v_remaining) > 0 THEN
+    v_unit := dp_unit(a.accountant);
+    IF v_unit IS NULL THEN
+      {_fail(BAD_VALUE, "format('unknown accountant %L', a.accountant)", "jsonb_build_object('kind', 'accountant')")}
+    END IF;
+  ELSIF a.accountant = 'approx_dp' THEN
+    v_remaining := dp_q_round(dp_q_sub(dp_stored_number(a.delta, jsonb_build_object(
+      'what', format('budget account %L: delta', a.name), 'account', a.name, 'column', 'delta')), v_delta_spent),
+      false);
+    IF dp_q_cmp(v_delta, v_remaining) > 0 THEN
+      v_unit := 'delta';
+    END IF;
+  END IF;
+  IF v_unit IS NOT NULL THEN
+    IF v_remaining[1] < 0 THEN
+      v_remaining := ARRAY[0, 1]::numeric[];
+    END IF;
+    v_refused.details := '{{"reason":"budget_exhausted","remaining":' || to_json(dp_q_text(v_remaining))::text
+      || ',"unit":' || to_json(v_unit)::text || '}}';
+    a := dp_append(a, v_refused, p_key, v_key_id);
+    PERFORM dp_flush(a);
+    RETURN jsonb_build_object('status', 'budget_exhausted', 'unit', v_unit, 'remaining', dp_q_text(v_remaining));
+  END IF;
+
+  SELECT coalesce(max(x.attempt), 0) + 1 INTO v_attempt FROM dp_charges AS x WHERE {_KEY_MATCHES};
+  v_created := clock_timestamp();
+  v_lease := v_now + make_interval(secs => p_lease_seconds);
+  INSERT INTO dp_charges (account, dag_id, run_id, task_id, map_index, release_name, attempt, state, amount,
+                          delta_amount, mechanisms, spec_hash, try_number, context, token_hash, lease_expires_at,
+                          created_at, updated_at)
+    VALUES (a.name, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, v_attempt, 'reserved', p_amount,
+            p_delta, p_mechanisms, p_spec_hash, p_try_number, v_context, p_token_hash, v_lease, v_created, v_created)
+    RETURNING * INTO c;
+  a.spent := dp_q_text(dp_q_round(dp_q_add(v_spent, v_amount), true));
+  a.delta_spent := dp_q_text(dp_q_round(dp_q_add(v_delta_spent, v_delta), true));
+  e := dp_charge_event('reserved', c, v_context, NULL);
+  e.token_hash := p_token_hash;
+  e.created_at := dp_ts_text(v_created);
+  a := dp_append(a, e, p_key, v_key_id);
+  PERFORM dp_flush(a);
+  RETURN jsonb_build_object('status', 'reserved', 'charge_id', c.id, 'attempt', v_attempt,
+                            'lease_expires_at', dp_ts_text(v_lease));
+END
+""",
+    definer=True,
+)
+
+
+_CONTEXTS_GIVEN = """
+  v_base := dp_context(p_defaults);
+  v_over := dp_context(p_audit);
+"""
+#: The event's context: the defaults of the caller's process, the charge's stored context, the caller's ``audit``
+#: (chain.audit_context(audit, stored)), and the caller's database role.
+_CONTEXT_OF_CHARGE = """
+  v_context := dp_context_text(v_base || CASE WHEN coalesce(c.context, '') = '' THEN '{}'::jsonb
+    ELSE dp_context(c.context) END || v_over || jsonb_build_object('db_role', session_user));
+"""
+
+
+def _owner_function(name: str, extra_args: str, declare: str, before: str, after: str) -> Function:
+    """A function acting on a reservation its caller owns: ``before`` (checks of the arguments), then lock the
+    charge's account and check the charge is the caller's (``Ledger._owned_charge``), then ``after`` (with ``a``,
+    ``c``, ``v_key_id``, and ``v_context`` if the function takes ``p_defaults`` and ``p_audit``)."""
+    audited = "p_defaults" in extra_args
+    return Function(
+        name,
+        _OWNER_ARGS + extra_args,
+        "jsonb",
+        f"""
+DECLARE
+  v_key_id text;
+  v_context text;
+  v_base jsonb;
+  v_over jsonb;
+  a dp_budget_accounts;
+  c dp_charges;
+  e dp_audit_events;{declare}
+BEGIN
+  v_key_id := dp_spend_key_id(p_key);
+  PERFORM dp_check_release_key(p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name);
+{_CONTEXTS_GIVEN if audited else ""}{before}
+  a := dp_lock_account(dp_charge_account(p_charge_id), p_key, v_key_id);
+  c := dp_owned_charge(a, p_charge_id, p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name,
+                       p_attempt, p_token, v_key_id);
+{_CONTEXT_OF_CHARGE if audited else ""}{after}END
+""",
+        definer=True,
+    )
+
+
+_AUDITED = ", p_defaults text, p_audit text"
+
+_COMMIT = _owner_function("dp_commit", ", p_output text" + _AUDITED, """
+  v_digest text;""", """
+  BEGIN
+    PERFORM p_output::json;
+  EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+    p_output := NULL;
+  END;
+  IF p_output IS NULL THEN
+    """ + _fail(BAD_VALUE, "'output must be JSON text'", "jsonb_build_object('kind', 'json')") + """
+  END IF;""", """
+  v_digest := encode(sha256(convert_to(p_output, 'UTF8')), 'hex');
+  UPDATE dp_charges AS x SET state = 'committed', output = p_output, output_digest = v_digest,
+    updated_at = clock_timestamp() WHERE x.id = c.id;
+  e := dp_charge_event('committed', c, v_context, NULL);
+  e.output_digest := v_digest;
+  e.proof := p_token;
+  a := dp_append(a, e, p_key, v_key_id);
+  PERFORM dp_flush(a);
+  RETURN jsonb_build_object('status', 'committed', 'output_digest', v_digest);
+""")
+
+_RELEASE = _owner_function("dp_release", _AUDITED, "", "", """
+  UPDATE dp_charges AS x SET state = 'released', updated_at = clock_timestamp() WHERE x.id = c.id;
+  a.spent := dp_q_text(dp_q_sub(
+    dp_stored_number(a.spent, jsonb_build_object('what', format('budget account %L: spent', a.name),
+                                                 'account', a.name, 'column', 'spent')),
+    dp_stored_number(c.amount, jsonb_build_object('what', format('charge %s: amount', c.id), 'charge', c.id,
+                                                  'column', 'amount'))));
+  a.delta_spent := dp_q_text(dp_q_sub(
+    dp_stored_number(a.delta_spent, jsonb_build_object('what', format('budget account %L: delta_spent', a.name),
+                                                       'account', a.name, 'column', 'delta_spent')),
+    dp_stored_number(c.delta_amount, jsonb_build_object('what', format('charge %s: delta_amount', c.id),
+                                                        'charge', c.id, 'column', 'delta_amount'))));
+  e := dp_charge_event('released', c, v_context, '{"reason":"no noise was drawn"}');
+  e.proof := p_token;
+  a := dp_append(a, e, p_key, v_key_id);
+  PERFORM dp_flush(a);
+  RETURN jsonb_build_object('status', 'released');
+""")
+
+_ABANDON = _owner_function("dp_abandon", _AUDITED, "", "", """
+  a := dp_abandon_charge(a, c, p_key, v_key_id, v_context, 'its attempt failed after noise may have been drawn');
+  PERFORM dp_flush(a);
+  RETURN jsonb_build_object('status', 'abandoned');
+""")
+
+_RENEW = _owner_function("dp_renew", ", p_lease_seconds double precision", """
+  v_end timestamp with time zone;""", f"""
+  IF NOT coalesce(p_lease_seconds > 0 AND p_lease_seconds <= {_MAX_LEASE}, false) THEN
+    {_fail(BAD_VALUE, "format('lease_seconds must be in (0, " + str(_MAX_LEASE) + "], got %s', p_lease_seconds)",
+           "jsonb_build_object('kind', 'lease')")}
+  END IF;""", """
+  v_end := clock_timestamp() + make_interval(secs => p_lease_seconds);
+  UPDATE dp_charges AS x SET lease_expires_at = v_end WHERE x.id = c.id;
+  RETURN jsonb_build_object('status', 'renewed', 'lease_expires_at', dp_ts_text(v_end));
+""")
+
+_RECONCILE = Function(
+    "dp_reconcile",
+    "p_key bytea, p_context text",
+    "jsonb",
+    f"""
+DECLARE
+  v_key_id text;
+  v_context text;
+  v_now timestamp with time zone;
+  v_expired record;
+  v_id bigint;
+  v_dirty boolean;
+  v_done jsonb := '[]'::jsonb;
+  a dp_budget_accounts;
+  c dp_charges;
+BEGIN
+  v_key_id := dp_spend_key_id(p_key);
+  v_context := dp_context_text(dp_context(p_context) || jsonb_build_object('db_role', session_user));
+  v_now := clock_timestamp();
+  FOR v_expired IN
+    SELECT x.account, array_agg(x.id ORDER BY x.id) AS ids FROM dp_charges AS x
+    WHERE x.state = 'reserved' AND (x.lease_expires_at IS NULL OR x.lease_expires_at <= v_now
+                                    OR x.lease_expires_at > v_now + interval '{_MAX_LEASE} seconds')
+    GROUP BY x.account ORDER BY x.account COLLATE "C"
+  LOOP
+    a := dp_lock_account(v_expired.account, p_key, v_key_id);
+    IF a.spend_key_id IS DISTINCT FROM v_key_id THEN
+      {_fail(KEY_REFUSED, "format('budget account %L accepts spend key id %L, not %L; nothing was reconciled', "
+             "a.name, a.spend_key_id, v_key_id)", "jsonb_build_object('kind', 'reconcile', 'account', a.name, "
+             "'accepts', a.spend_key_id, 'given', v_key_id)")}
+    END IF;
+    v_dirty := false;
+    FOREACH v_id IN ARRAY v_expired.ids LOOP
+      SELECT * INTO c FROM dp_charges AS x WHERE x.id = v_id;
+      CONTINUE WHEN c.state <> 'reserved'
+        OR (c.lease_expires_at > v_now AND c.lease_expires_at <= v_now + interval '{_MAX_LEASE} seconds');
+      a := dp_abandon_charge(a, c, p_key, v_key_id, v_context, 'lease expired (reconcile)');
+      v_dirty := true;
+      v_done := v_done || jsonb_build_array(jsonb_build_object(
+        'id', c.id, 'account', c.account, 'dag_id', c.dag_id, 'run_id', c.run_id, 'task_id', c.task_id,
+        'map_index', c.map_index, 'release_name', c.release_name, 'attempt', c.attempt, 'amount', c.amount,
+        'delta_amount', c.delta_amount, 'lease_expires_at', dp_ts_text(c.lease_expires_at)));
+    END LOOP;
+    IF v_dirty THEN
+      PERFORM dp_flush(a);
+    END IF;
+  END LOOP;
+  RETURN v_done;
+END
+""",
+    definer=True,
+)
+
+#: The functions the spender executes (one per spend call of :class:`~dp_operators.ledger.spend.Ledger`).
+SPEND_FUNCTIONS: tuple[Function, ...] = (_RESERVE, _COMMIT, _RELEASE, _ABANDON, _RENEW, _RECONCILE)
+
+#: Every function of the ledger's (helpers first: a SQL function's body is checked when it is created).
+FUNCTIONS: tuple[Function, ...] = HELPERS + SPEND_FUNCTIONS
+
+#: Install pgcrypto once per database: where it already is, else in ``public`` if the caller may create there (so
+#: it outlives any one ledger schema), else in the ledger's schema.
+_ENSURE_PGCRYPTO = """
+DO $do$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pgcrypto') THEN
+    IF EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = 'public')
+        AND pg_catalog.has_schema_privilege('public', 'CREATE') THEN
+      CREATE EXTENSION IF NOT EXISTS pgcrypto SCHEMA public;
+    ELSE
+      CREATE EXTENSION IF NOT EXISTS pgcrypto;
+    END IF;
+  END IF;
+END $do$
+"""
+
+_SCHEMAS = """
+SELECT format('%I', current_schema()),
+       (SELECT format('%I', n.nspname) FROM pg_catalog.pg_extension AS e
+        JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = 'pgcrypto')
+"""
+
+
+def _sql(conn, statement: str):
+    return conn.exec_driver_sql(statement.replace("%", "%%"))  # the driver's paramstyle escapes %
+
+
+def install(conn) -> None:
+    """Install pgcrypto (if missing) and (re)create every ledger function in the connection's current schema,
+    owned by the connecting role (the tables' owner), pinned to that schema; revoke them from PUBLIC. Idempotent:
+    grants made by :func:`~dp_operators.ledger.roles.apply_roles` survive (``CREATE OR REPLACE`` keeps them).
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: no schema on the ``search_path``, or the role may not create the extension or
+            the functions.
+    """
+    _sql(conn, _ENSURE_PGCRYPTO)
+    ledger_schema, crypto_schema = _sql(conn, _SCHEMAS).one()
+    if ledger_schema is None:
+        raise ValueError("no schema on the search_path: set the search_path of the ledger's connection")
+    for function in FUNCTIONS:
+        for statement in function.ddl(ledger_schema, crypto_schema):
+            _sql(conn, statement)
+
+
+_FUNCTION_QUERY = """
+SELECT p.proname, p.prosrc, p.prosecdef, p.proconfig, format('search_path=%I, pg_temp', n.nspname),
+       p.proowner = t.relowner, pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE'),
+       pg_catalog.pg_get_function_identity_arguments(p.oid)
+FROM pg_catalog.pg_class AS t
+JOIN pg_catalog.pg_namespace AS n ON n.oid = t.relnamespace
+JOIN pg_catalog.pg_proc AS p ON p.pronamespace = n.oid
+WHERE t.oid = 'dp_charges'::regclass AND p.proname = ANY (@NAMES@)
+"""
+
+
+def function_problems(conn) -> list[str]:
+    """Compare the ledger's functions in the database with their definitions: each must exist in the tables'
+    schema, owned by the tables' owner, with its expected body, ``SECURITY DEFINER`` exactly for the spend
+    functions, its ``search_path`` pinned to that schema then ``pg_temp``, and no EXECUTE for PUBLIC. One line per
+    problem (PostgreSQL only)."""
+    names = [function.name for function in FUNCTIONS]
+    query = _FUNCTION_QUERY.replace("@NAMES@", "ARRAY[" + ", ".join(f"'{name}'" for name in names) + "]")
+    found: dict[str, list[tuple]] = {}
+    for row in _sql(conn, query):
+        found.setdefault(row[0], []).append(tuple(row))
+    crypto = _sql(conn, _SCHEMAS).one()[1]
+    problems = []
+    if crypto is None:
+        problems.append("the pgcrypto extension is not installed (run 'dpctl ledger init')")
+    for function in FUNCTIONS:
+        what = f"ledger function {function.signature}"
+        rows = found.get(function.name, [])
+        if not rows:
+            problems.append(f"{what} is missing (run 'dpctl ledger init')")
+            continue
+        if len(rows) > 1:
+            problems.append(f"{what} has {len(rows) - 1} other overload(s) (added outside 'dpctl ledger init')")
+        _, source, definer, config, pinned, owned, public, _ = rows[0]
+        if crypto is not None and " ".join(source.split()) != " ".join(function.source(crypto).split()):
+            problems.append(f"{what} was replaced (its body differs)")
+        if definer != function.definer:
+            problems.append(f"{what} is {'not ' if function.definer else ''}SECURITY DEFINER (replaced)")
+        if list(config or []) != [pinned]:
+            problems.append(f"{what} does not pin its search_path to its schema, then pg_temp (replaced)")
+        if not owned:
+            problems.append(f"{what} is not owned by the ledger tables' owner")
+        if public:
+            problems.append(f"{what} may be executed by PUBLIC (run 'dpctl ledger init')")
+    return problems
