@@ -15,8 +15,8 @@ The shape, per team (docs/ledger.md, "Team roles"):
 :func:`team_role_statements` is the SQL ``dpctl ledger roles --config ledgers.yaml`` prints (or runs with
 ``--execute``): optionally create the team roles, refuse the roles that must not receive the spender's privileges
 (the same refusals as :mod:`dp_operators.ledger.roles`, plus a team role inside another team role or the
-governor role), revoke any privilege granted to them directly on the ledger's tables and sequences (so they converge
-on the spender's privileges only), and grant them the spender role. Idempotent.
+governor role), revoke any privilege granted to them directly on the ledger's tables, sequences and functions (so
+they converge on the spender's privileges only), and grant them the spender role. Idempotent.
 
 On SQLite there are no roles: ``allowed_roles`` is recorded and signed but nothing enforces it (whoever can write
 the file governs it).
@@ -92,7 +92,7 @@ def team_role_statements(
     is a superuser, may create roles, owns the ledger's tables or is a member of their owner (its members could
     drop or disable the guard triggers), is a member of another of ``teams`` (its members could spend that team's
     accounts) or of ``governor_role``; revoke every privilege granted to the team roles directly on the ledger's
-    tables and sequences; grant them ``spender_role``. Idempotent. Run after
+    tables, sequences and functions; grant them ``spender_role``. Idempotent. Run after
     :func:`dp_operators.ledger.roles.role_statements` (the spender's grants), as a role that may grant membership
     in the spender role (a superuser, or one with ``CREATEROLE``; PostgreSQL 16 and later: one with ``ADMIN
     OPTION`` on the spender role, as its creator has), with the ledger's ``search_path``.
@@ -111,7 +111,7 @@ def team_role_statements(
         ValueError: a name that is not a plain role name or is reserved; a team role that is the spender, governor
             or reader role.
     """
-    from dp_operators.ledger.roles import LEDGER_SEQUENCES, LEDGER_TABLES
+    from dp_operators.ledger.roles import LEDGER_FUNCTIONS, LEDGER_SEQUENCES, LEDGER_TABLES
 
     names = sorted(set(teams))
     if not names:
@@ -178,6 +178,7 @@ def team_role_statements(
     statements += [
         f"REVOKE ALL ON TABLE {', '.join(LEDGER_TABLES)} FROM {roles}",
         f"REVOKE ALL ON SEQUENCE {', '.join(LEDGER_SEQUENCES)} FROM {roles}",
+        f"REVOKE ALL ON FUNCTION {', '.join(LEDGER_FUNCTIONS)} FROM {roles}",
         f"GRANT {spender} TO {roles}",
     ]
     return statements

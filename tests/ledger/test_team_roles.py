@@ -22,10 +22,19 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from dp_operators.cli import app
-from dp_operators.ledger import AccountConfig, Ledger, LedgerConfig, LedgerConfigError, ReleaseKey, load_ledger_config
+from dp_operators.ledger import (
+    AccountConfig,
+    Ledger,
+    LedgerConfig,
+    LedgerConfigError,
+    LedgerGovernor,
+    ReleaseKey,
+    load_ledger_config,
+)
+from dp_operators.ledger.errors import RoleNotAllowedError
 from dp_operators.ledger.govern import account_values
 from dp_operators.ledger.keys import Keyring
-from dp_operators.ledger.roles import apply_roles
+from dp_operators.ledger.roles import LEDGER_FUNCTIONS, SPEND_FUNCTIONS, apply_roles
 from dp_operators.ledger.team_roles import apply_team_roles, team_role_statements, team_roles
 from ledger_backends import account_config
 from support import GOVERNOR_KEY, SPEND_KEY, governor
@@ -228,11 +237,12 @@ def test_team_role_statements_grant_the_spender_role_and_revoke_direct_privilege
         "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'team_b') THEN "
         'CREATE ROLE "team_b" NOLOGIN; END IF; END $$',
     ]
-    assert statements[-3:] == [
+    assert statements[-4:] == [
         'REVOKE ALL ON TABLE dp_schema_version, dp_budget_accounts, dp_charges, dp_audit_events FROM "team_a", '
         '"team_b"',
         'REVOKE ALL ON SEQUENCE dp_charges_id_seq, dp_audit_events_id_seq, dp_schema_version_version_seq FROM '
         '"team_a", "team_b"',
+        f'REVOKE ALL ON FUNCTION {", ".join(LEDGER_FUNCTIONS)} FROM "team_a", "team_b"',
         'GRANT "s" TO "team_a", "team_b"',
     ]
     assert not [s for s in statements if "OWNER" in s or "DELETE" in s or "TRUNCATE" in s or "TRIGGER" in s]
@@ -375,15 +385,21 @@ def test_dpctl_roles_creates_team_roles_whose_logins_spend_only_through_the_spen
 
 
 def test_rerunning_the_team_roles_revokes_privileges_granted_to_them_directly(cluster):
-    """A team role granted a governed column directly loses it when the statements run again."""
+    """A team role granted a governed column or a function the spender may not run loses it when the statements
+    run again."""
     c = cluster
     team = c.role("team_direct")
     apply_team_roles(c.engine(), [team], c.spender_role, c.governor_role)
+    [function, *_] = sorted(set(LEDGER_FUNCTIONS) - set(SPEND_FUNCTIONS))
+    may_run = f"SELECT has_function_privilege('{team}', '{function}', 'EXECUTE')"
     with c.engine().begin() as conn:
         conn.exec_driver_sql(f'GRANT UPDATE (cap) ON dp_budget_accounts TO "{team}"')
+        conn.exec_driver_sql(f'GRANT EXECUTE ON FUNCTION {function} TO "{team}"')
     assert c.scalar(f"SELECT has_column_privilege('{team}', 'dp_budget_accounts', 'cap', 'UPDATE')") is True
+    assert c.scalar(may_run) is True
     apply_team_roles(c.engine(), [team], c.spender_role, c.governor_role)
     assert c.scalar(f"SELECT has_column_privilege('{team}', 'dp_budget_accounts', 'cap', 'UPDATE')") is False
+    assert c.scalar(may_run) is False
     assert c.scalar(f"SELECT pg_has_role('{team}', '{c.spender_role}', 'MEMBER')") is True
 
 
@@ -437,3 +453,41 @@ def test_apply_names_a_team_role_missing_from_the_database(cluster, tmp_path):
     assert f"note: role {team!r} (allowed_roles of 'census') does not exist in this database" in applied.stderr
     assert f"dpctl ledger roles --config {config} --create --execute" in applied.stderr
 
+
+def test_a_team_login_cannot_spend_another_teams_account_whatever_dag_it_claims(cluster):
+    """The spend functions refuse team A's login on team B's account, even under team B's DAG id, and charge
+    nothing; it spends its own account, and verify stays clean."""
+    c = cluster
+    team_a, team_b = _unique("team_a"), _unique("team_b")
+    c.roles += [team_a, team_b]
+    config = LedgerConfig(
+        version=1,
+        accounts={
+            "a": account_config(cap=1, dags=("dag_a",), allowed_roles=[team_a]),
+            "b": account_config(cap=1, dags=("dag_b",), allowed_roles=[team_b]),
+        },
+    )
+    apply_team_roles(c.engine(), team_roles(config), c.spender_role, c.governor_role, create=True)
+    officer = LedgerGovernor(
+        c.url(c.role("officer", f'LOGIN IN ROLE "{c.governor_role}"')), governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY
+    )
+    c.engines += [officer.engine, officer._reader]
+    officer.apply_config(config)
+    worker_a = c.role("worker_a", f'LOGIN IN ROLE "{team_a}"')
+    ledger = Ledger(c.url(worker_a), audit_key=SPEND_KEY)
+    c.engines += [ledger.engine, ledger._reader]
+
+    def reserve(dag: str, account: str):
+        return ledger.reserve(
+            ReleaseKey(dag, "run-1", "t", -1, "r"), account=account, amount=Fraction(1, 4), mechanisms=[],
+            spec_hash="0" * 64,
+        )
+
+    ledger.commit(reserve("dag_a", "a"), {"count": 1})
+    with pytest.raises(RoleNotAllowedError) as refused:
+        reserve("dag_b", "b")
+    assert refused.value.account == "b" and refused.value.role == worker_a
+    assert ledger.account("a").spent == Fraction(1, 4)
+    assert ledger.account("b").spent == 0 and list(ledger.charges(account="b")) == []
+    report = officer.verify(Keyring([GOVERNOR_KEY, SPEND_KEY]))
+    assert report.problems == [] and report.authenticated
