@@ -133,20 +133,32 @@ END
 """),
     # -- exact fractions: numeric[] {numerator, denominator > 0}, in lowest terms ---------------------------------
     Function("dp_q", "p_n numeric, p_d numeric", "numeric[]", """
-SELECT ARRAY[div(p_n, s.g), div(p_d, s.g)] FROM (SELECT gcd(p_n, p_d) AS g) AS s
-""", language="sql", volatility="IMMUTABLE STRICT"),
+DECLARE
+  v_gcd numeric := gcd(p_n, p_d);
+BEGIN
+  RETURN ARRAY[div(p_n, v_gcd), div(p_d, v_gcd)];
+END
+""", volatility="IMMUTABLE STRICT"),
     Function("dp_q_text", "p_q numeric[]", "text", """
-SELECT CASE WHEN p_q[2] = 1 THEN p_q[1]::text ELSE p_q[1]::text || '/' || p_q[2]::text END
-""", language="sql", volatility="IMMUTABLE STRICT"),
+BEGIN
+  RETURN CASE WHEN p_q[2] = 1 THEN p_q[1]::text ELSE p_q[1]::text || '/' || p_q[2]::text END;
+END
+""", volatility="IMMUTABLE STRICT"),
     Function("dp_q_add", "p_a numeric[], p_b numeric[]", "numeric[]", """
-SELECT dp_q(p_a[1] * p_b[2] + p_b[1] * p_a[2], p_a[2] * p_b[2])
-""", language="sql", volatility="IMMUTABLE STRICT"),
+BEGIN
+  RETURN dp_q(p_a[1] * p_b[2] + p_b[1] * p_a[2], p_a[2] * p_b[2]);
+END
+""", volatility="IMMUTABLE STRICT"),
     Function("dp_q_sub", "p_a numeric[], p_b numeric[]", "numeric[]", """
-SELECT dp_q(p_a[1] * p_b[2] - p_b[1] * p_a[2], p_a[2] * p_b[2])
-""", language="sql", volatility="IMMUTABLE STRICT"),
+BEGIN
+  RETURN dp_q(p_a[1] * p_b[2] - p_b[1] * p_a[2], p_a[2] * p_b[2]);
+END
+""", volatility="IMMUTABLE STRICT"),
     Function("dp_q_cmp", "p_a numeric[], p_b numeric[]", "integer", """
-SELECT sign(p_a[1] * p_b[2] - p_b[1] * p_a[2])::integer
-""", language="sql", volatility="IMMUTABLE STRICT"),
+BEGIN
+  RETURN sign(p_a[1] * p_b[2] - p_b[1] * p_a[2])::integer;
+END
+""", volatility="IMMUTABLE STRICT"),
     # round_up / round_down of accounting.budget: to a multiple of 1/MAX_DENOMINATOR when the denominator is larger
     Function("dp_q_round", "p_q numeric[], p_up boolean", "numeric[]", f"""
 DECLARE
@@ -218,11 +230,15 @@ END
 """, volatility="IMMUTABLE"),
     # accounting.unit_of (NULL for an accountant it does not know)
     Function("dp_unit", "p_accountant text", "text", f"""
-SELECT CASE p_accountant {_ACCOUNTANT_UNITS} END
-""", language="sql", volatility="IMMUTABLE"),
+BEGIN
+  RETURN CASE p_accountant {_ACCOUNTANT_UNITS} END;
+END
+""", volatility="IMMUTABLE"),
     Function("dp_ts_text", "p_at timestamp with time zone", "text", """
-SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US') || '+00:00'
-""", language="sql", volatility="IMMUTABLE STRICT"),
+BEGIN
+  RETURN to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US') || '+00:00';
+END
+""", volatility="IMMUTABLE STRICT"),
     # the spend key's id as AuditKey.key_id computes it, after bounding the key
     Function("dp_spend_key_id", "p_key bytea", "text", f"""
 BEGIN
@@ -310,16 +326,20 @@ END
 """, volatility="IMMUTABLE"),
     # canonical_json of a checked context (sorted keys, no whitespace)
     Function("dp_context_text", "p_context jsonb", "text", """
-SELECT '{' || coalesce(string_agg(to_json(key)::text || ':' || CASE jsonb_typeof(value)
-    WHEN 'string' THEN to_json(value #>> '{}')::text
-    WHEN 'number' THEN ((value #>> '{}')::numeric)::text
-    ELSE 'null' END, ',' ORDER BY key COLLATE "C"), '') || '}'
-FROM jsonb_each(p_context)
-""", language="sql", volatility="IMMUTABLE STRICT"),
+BEGIN
+  RETURN (SELECT '{' || coalesce(string_agg(to_json(key)::text || ':' || CASE jsonb_typeof(value)
+      WHEN 'string' THEN to_json(value #>> '{}')::text
+      WHEN 'number' THEN ((value #>> '{}')::numeric)::text
+      ELSE 'null' END, ',' ORDER BY key COLLATE "C"), '') || '}'
+    FROM jsonb_each(p_context));
+END
+""", volatility="IMMUTABLE STRICT"),
     # chain.audit_row_mac, in SQL
     Function("dp_event_mac", "e dp_audit_events, p_key bytea", "text", f"""
-SELECT encode(@CRYPTO@.hmac(convert_to({_canonical_event_json()}, 'UTF8'), p_key, 'sha256'::text), 'hex')
-""", language="sql", volatility="IMMUTABLE"),
+BEGIN
+  RETURN encode(@CRYPTO@.hmac(convert_to({_canonical_event_json()}, 'UTF8'), p_key, 'sha256'::text), 'hex');
+END
+""", volatility="IMMUTABLE"),
     # the database roles whose members may spend from the account (NULL: any spender)
     Function("dp_check_roles", "a dp_budget_accounts", "void", f"""
 DECLARE

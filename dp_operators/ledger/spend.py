@@ -29,8 +29,10 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import random
 import secrets
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from fractions import Fraction
 from typing import Any
@@ -64,6 +66,7 @@ from dp_operators.ledger.errors import (
 )
 from dp_operators.ledger.keys import AuditKey, Keyring, as_key
 from dp_operators.ledger.store import KEY_MATCHES, LedgerBase, Refusal, ReleaseKey, Reservation, not_found
+from dp_operators.ledger.store import _is_retryable as is_retryable
 
 log = logging.getLogger(__name__)
 
@@ -747,16 +750,29 @@ class Ledger(LedgerBase):
         return self._call(name, {**owner, **params}, retries=retries, where=where, action=action)
 
     def _call(self, name: str, params: Mapping[str, Any], *, retries: int | None = None, **about: Any) -> Any:
-        """One call of spend function ``name`` in its own transaction (retried like any write when it loses a lock
-        race); its refusals are raised as the ledger's exceptions (:func:`_refusal`)."""
+        """One call of spend function ``name``: one statement, one round trip, its own transaction (autocommit: the
+        server commits as the function returns, so the account row's lock is never held while this process is
+        scheduled out between the result and a ``COMMIT``). Retried like any write when it lost a lock race (it
+        rolled back: :meth:`~dp_operators.ledger.store.LedgerBase._write`'s backoff); its refusals are raised as
+        the ledger's exceptions (:func:`_refusal`)."""
         statement = _CALLS[name]
-        try:
-            return self._write(lambda conn: conn.execute(statement, params).scalar_one(), retries=retries)
-        except sa.exc.DBAPIError as error:
-            refusal = _refusal(error, self.url, **about)
-            if refusal is None:
-                raise
-            raise refusal from None
+        retries = self.max_retries if retries is None else retries
+        delay = 0.01
+        for attempt in range(retries + 1):
+            try:
+                with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                    result = conn.execute(statement, params).scalar_one()
+                    conn.commit()  # nothing to send (the server committed); ends SQLAlchemy's logical transaction
+                    return result
+            except sa.exc.DBAPIError as error:
+                refusal = _refusal(error, self.url, **about)
+                if refusal is not None:
+                    raise refusal from None
+                if attempt == retries or not is_retryable(error):
+                    raise
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 
