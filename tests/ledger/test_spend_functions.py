@@ -709,6 +709,7 @@ def test_the_spend_key_is_not_in_the_query_text_other_sessions_see(deployment):
         with deployment.raw().connect() as owner, deployment.raw(deployment.outsider).connect() as outsider:
             while seen is None and time.monotonic() < deadline:
                 seen = owner.execute(sa.text(query), {"u": deployment.spender_role}).scalar()
+                owner.rollback()  # pg_stat_activity is read once per transaction
                 time.sleep(0.02)
             hidden = outsider.execute(sa.text("SELECT query FROM pg_stat_activity WHERE usename = :u"),
                                       {"u": deployment.spender_role}).scalars().all()
