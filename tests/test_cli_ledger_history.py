@@ -192,3 +192,45 @@ def test_history_json_nests_json_instead_of_strings_of_json(demo_ledger):
     assert [c["context"] for c in printed] == [json.loads(row["context"]) for row in stored]
     assert all(isinstance(c["context"], dict) for c in printed)
     assert all(c["amount"] == "1/400" and c["map_index"] == -1 for c in printed)  # exact numbers stay text
+
+
+def test_a_run_id_that_looks_like_rich_markup_prints_as_it_is(demo_ledger):
+    """A run id such as ``[/x] [bold]b[/bold]`` is text in the table, not markup (which would fail to render)."""
+    run = "[/x] [bold]b[/bold]"
+    charge(spender(demo_ledger), run, dag="adult_census_release", task="release", release="adult_census_statistics")
+    table = dpctl_in_terminal(160, "ledger", "history", "--url", demo_ledger).stdout
+    assert run in table
+
+
+@pytest.mark.parametrize("form", ["table", "aligned lines", "json lines"])
+def test_a_charge_holding_values_the_ledger_never_writes_prints_as_unreadable(applied, form, monkeypatch):
+    """A charge whose amount is ``1e-99999999`` and whose context nests 100,000 deep prints as unreadable, naming
+    both columns; the other charges print as usual."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(applied)
+    with engine.begin() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.exec_driver_sql("DROP TRIGGER dp_charges_guard")
+        else:
+            conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+        hostile = conn.exec_driver_sql("SELECT max(id) FROM dp_charges").scalar()
+        conn.execute(sa.text("UPDATE dp_charges SET amount = :amount, context = :context WHERE id = :id"),
+                     {"amount": "1e-99999999", "context": "[" * 100_000 + "]" * 100_000, "id": hostile})
+    engine.dispose()
+    if form == "table":  # wide enough that no cell folds
+        result = dpctl_in_terminal(400, "ledger", "history", "--url", applied)
+    else:
+        monkeypatch.setattr(charges_cli, "HISTORY_TABLE_ROWS", 1)
+        result = dpctl("ledger", "history", "--url", applied, *(["--json"] if form == "json lines" else []))
+        assert result.exit_code == 0, result.output
+    if form == "json lines":
+        lines = [json.loads(line) for line in result.stdout.splitlines()]
+        assert [line.get("unreadable") for line in lines] == [None, [
+            "amount '1e-99999999' is not of the form p, -p or p/q in ASCII digits (str(Fraction))",
+            "context nests deeper than 64 levels"]]
+        assert lines[1]["amount"] is None and lines[1]["context"] is None and lines[1]["run_id"] == "run-1"
+        return
+    assert result.stdout.count("UNREADABLE ROW: amount '1e-99999999' is not of the form p, -p or p/q in ASCII digits "
+                               "(str(Fraction)); context nests deeper than 64 levels") == 1
+    assert "run-0" in result.stdout and "run-1" in result.stdout and "0.0025" in result.stdout

@@ -4,6 +4,11 @@ A charge is identified by its release key (DAG, run, task and map index, release
 (``manual__2026-11-30T16:05:01.123456+00:00``), so a table that cut them short made different charges look the
 same: tables stack the release key in one column, one part a line, and never cut a part (a part wider than the
 terminal folds onto the next line).
+
+``ledger history`` checks every charge as it streams (:func:`~dp_operators.ledger.store.read_charge`: numbers in
+``str(Fraction)`` form within their digit bound, JSON text of bounded length and depth, text that fits its column):
+a row holding a value the ledger does not write is printed as unreadable, naming its id and each unreadable column,
+and every other row prints as usual; nothing a row holds can make the command fail or hang.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from typing import Any
 
 from rich.cells import cell_len
 from rich.table import Table
+from rich.text import Text
 
-from dp_operators.cli.common import _decimal, console
+from dp_operators.cli.common import console
+from dp_operators.ledger.bounded import BoundsError, read_number
 
 #: ``ledger history`` prints a table when the charges fit in this many rows; longer histories stream as aligned
 #: lines (a table needs every row in memory before it prints the first).
@@ -35,7 +42,9 @@ def task_label(c: dict[str, Any]) -> str:
     """The charge's task as Airflow names a mapped task instance: ``release`` or ``release[2]`` (task ids cannot
     contain brackets, so the label is unambiguous)."""
     map_index = c.get("map_index")
-    return c["task_id"] if map_index is None or map_index < 0 else f"{c['task_id']}[{map_index}]"
+    if not isinstance(map_index, int):  # None, or "?" where unreadable
+        return str(c["task_id"]) + ("" if map_index is None else f"[{map_index}]")
+    return c["task_id"] if map_index < 0 else f"{c['task_id']}[{map_index}]"
 
 
 def release_key_cell(c: dict[str, Any]) -> str:
@@ -44,10 +53,10 @@ def release_key_cell(c: dict[str, Any]) -> str:
 
 
 def amount_text(c: dict[str, Any], separator: str = " ") -> str:
-    """The amount in the account's unit, and the delta when the charge has one."""
-    amount = _decimal(c["amount"])
+    """The amount in the account's unit, and the delta when the charge has one (``?`` for an unreadable one)."""
+    amount = _amount(c["amount"])
     if c["delta_amount"] != "0":
-        amount += f"{separator}(delta {_decimal(c['delta_amount'])})"
+        amount += f"{separator}(delta {_amount(c['delta_amount'])})"
     return amount
 
 
@@ -58,11 +67,39 @@ def account_amount_cell(c: dict[str, Any]) -> str:
 
 def charge_document(c: dict[str, Any]) -> dict[str, Any]:
     """A charge row as one JSON object: the columns stored as JSON text become nested JSON, the rest as they are
-    (times as text)."""
-    return {
-        name: json.loads(value) if name in JSON_TEXT_COLUMNS and isinstance(value, str) else value
+    (times as text). A row with unreadable values (:func:`~dp_operators.ledger.store.read_charge`) has each of them
+    ``null`` and one more key, ``unreadable``: a list of ``"column [value cut short] what is wrong"``."""
+    from dp_operators.ledger.store import read_charge
+
+    read = read_charge(c)
+    document = {
+        name: read.values[name] if name in JSON_TEXT_COLUMNS else (None if read.values[name] is None else value)
         for name, value in c.items()
     }
+    if not read.ok:
+        document["unreadable"] = read.reasons()
+    return document
+
+
+def _readable(c: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The charge as the table and the aligned lines print it: each readable value as it is, each unreadable one
+    ``"?"``; and the unreadable columns, each as ``column [value cut short] what is wrong``."""
+    from dp_operators.ledger.store import read_charge
+
+    read = read_charge(c)
+    if read.ok:
+        return c, []
+    return {name: "?" if name in read.unreadable else value for name, value in c.items()}, read.reasons()
+
+
+def _amount(text: Any) -> str:
+    """An amount as the ledger stores it (``"1/400"``) with 6 significant digits (an integer in full); ``?`` for an
+    unreadable one. Parsed by :func:`~dp_operators.ledger.bounded.read_number`, never by ``Fraction(text)``."""
+    try:
+        value = read_number(text)
+    except BoundsError:
+        return "?"
+    return f"{float(value):.6g}" if value.denominator != 1 else str(value.numerator)
 
 
 def _print_charges_table(title: str, last_header: str, rows: list[list[str]]) -> None:
@@ -95,20 +132,23 @@ def _print_charges_table(title: str, last_header: str, rows: list[list[str]]) ->
             width=widths[column],
         )
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # plain text: a run id such as "[/x]" is not markup
     console.print(table)
 
 
 def print_history_table(charges: list[dict[str, Any]]) -> None:
-    rows = [
-        [
+    rows = []
+    for charge in charges:
+        c, unreadable = _readable(charge)
+        key = release_key_cell(c)
+        if unreadable:
+            key = "UNREADABLE ROW: " + "; ".join(unreadable) + "\n" + key
+        rows.append([
             str(c["id"]),
-            release_key_cell(c),
+            key,
             account_amount_cell(c),
             f"{c['state']}\nattempt {c['attempt']}\n{str(c['created_at'])[:19]}",
-        ]
-        for c in charges
-    ]
+        ])
     _print_charges_table("Charges", "state / attempt / created", rows)
 
 
@@ -127,11 +167,16 @@ def print_reconciled_table(abandoned: list[dict[str, Any]]) -> None:
     )
 
 
-def _history_cells(c: dict[str, Any]) -> list[str]:
-    return [
+def _history_cells(charge: dict[str, Any]) -> list[str]:
+    c, unreadable = _readable(charge)
+    cells = [
         str(c["id"]), c["account"], c["dag_id"], c["run_id"], task_label(c), c["release_name"], str(c["attempt"]),
         c["state"], amount_text(c), str(c["created_at"])[:19],
     ]
+    cells = [str(cell) for cell in cells]
+    if unreadable:  # after the last column, which is never padded
+        cells[-1] += "  UNREADABLE ROW: " + "; ".join(unreadable)
+    return cells
 
 
 def print_history(charges: Iterator[dict[str, Any]], as_json: bool) -> tuple[int, int | None]:

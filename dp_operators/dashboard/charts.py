@@ -17,10 +17,11 @@ from __future__ import annotations
 import datetime as dt
 import html
 import sys
-from fractions import Fraction
 from typing import Any
 
 import plotly.graph_objects as go
+
+from dp_operators.ledger.bounded import read_number
 
 _FONT = {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 13}
 _SPENT, _RESERVED, _CAP, _FORECAST = "#3b6ea8", "#e0a030", "#b03a2e", "#6c757d"
@@ -57,11 +58,14 @@ def overview_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     Returns:
         the figure: x is the fraction of the cap (1 = the cap, drawn as a line), computed exactly from the
-        strings and rounded to floats once; an account with a zero cap gets empty bars.
+        strings and rounded to floats once; an account with a zero cap gets empty bars; an unreadable account
+        (``unreadable`` in its row) gets no bar.
     """
     names, settled, reserved = [], [], []
     for row in rows:
-        cap, spent, held = Fraction(row["cap"]), Fraction(row["spent"]), Fraction(row["reserved"])
+        if row.get("unreadable"):
+            continue  # its numbers are None; the table names what is wrong
+        cap, spent, held = read_number(row["cap"]), read_number(row["spent"]), read_number(row["reserved"])
         names.append(_label(row["name"]))
         settled.append(float((spent - held) / cap) if cap else 0.0)
         reserved.append(float(held / cap) if cap else 0.0)

@@ -41,7 +41,6 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path as FilePath
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
@@ -64,6 +63,7 @@ from dp_operators.dashboard.app import (
     unavailable_message,
 )
 from dp_operators.dashboard.queries import MAX_PAGE
+from dp_operators.ledger.bounded import SHOWN_CHARS, BoundsError, read_number, shown
 
 #: Most published values of one aggregate drawn and listed on a release page (what the JSON gives by default).
 MAX_SHOWN_VALUES = DEFAULT_RELEASE_VALUES
@@ -152,17 +152,22 @@ def _href(request: Request, route: str, query: dict[str, Any] | None = None, /, 
 
 
 def _number(value: Any) -> str:
-    """6 significant digits; an int as it is; an exact fraction string as its nearest float; ``-`` for None.
-    Anything else (a published value that is no number, a fraction beyond the doubles) as its text."""
+    """6 significant digits; an int as it is; an exact fraction string in
+    the ledger's form (:func:`~dp_operators.ledger.bounded.read_number`) as its nearest float; ``-`` for None.
+    Anything else (a published value that is no number, text such as ``"1e-99999999"``, which is never handed to
+    ``Fraction``) as its text, cut to :data:`~dp_operators.ledger.bounded.SHOWN_CHARS` characters."""
     if value is None:
         return "-"
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return str(value)  # stored JSON holds at most 4,300 digits, which Python prints
+        except ValueError:
+            return shown(value)
     if isinstance(value, str):
         try:
-            value = float(Fraction(value))
-        except (ValueError, ZeroDivisionError, OverflowError):
-            return value
+            value = float(read_number(value))
+        except BoundsError:
+            return value if len(value) <= SHOWN_CHARS else value[:SHOWN_CHARS] + "…"
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
@@ -277,7 +282,7 @@ def account_page(
         request,
         "account.html",
         account=detail,
-        figure=charts.burn_down_figure(detail),
+        figure=None if detail.get("unreadable") else charts.burn_down_figure(detail),
         audit=request.app.state.verify.status(),
         page=page,
         query=query,

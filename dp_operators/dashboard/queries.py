@@ -17,6 +17,14 @@ cannot add fractions exactly: there each stored amount is converted to a double 
 Spend over time counts *settled* charges: ``committed`` and ``abandoned`` (both spent for good). ``reserved``
 charges are in flight (their total is the account's ``reserved``) and ``released`` ones were returned.
 
+Hostile rows. Whoever can write the ledger's tables can store any value (docs/ledger.md, "Hostile rows"). Every
+value read is checked against the bounds of :mod:`dp_operators.ledger.bounded` before it is used
+(:func:`~dp_operators.ledger.store.read_row`): a row that holds a value the ledger does not write is returned with
+its id (an account: its name) and ``"unreadable"``, a list of ``"column [value] what is wrong"``, and ``None`` in
+each unreadable field; every other row as usual. In SQL, the burn-down and the forecast convert only amounts in the
+ledger's form (``p``, ``-p``, ``p/q`` of at most 60 digits a side) and times within the years 1 to 9999; anything
+else is left out of the sums (it is named on the charge's row). No stored value makes a query raise or run long.
+
 Errors. A ledger without its schema raises :class:`~dp_operators.ledger.LedgerNotInitialisedError` and a database
 failure a SQLAlchemy error; their messages can hold the ledger's URL, host, login or database name, so what a viewer
 is told is :func:`ledger_error_hint`'s fixed text, never the message.
@@ -26,10 +34,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import weakref
 from collections.abc import Callable, Iterator
 from fractions import Fraction
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
@@ -38,8 +46,18 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from dp_operators.ledger import schema
-from dp_operators.ledger.errors import LedgerNotInitialisedError
-from dp_operators.ledger.store import LedgerBase, account_status, reserved_totals
+from dp_operators.ledger.bounded import MAX_DIGITS, shown
+from dp_operators.ledger.errors import LedgerNotInitialisedError, UnreadableValueError
+from dp_operators.ledger.store import (
+    ACCOUNT_READ_COLUMNS,
+    LedgerBase,
+    account_status,
+    lenient_sqlite_text,
+    read_row,
+    reserved_totals,
+    sqlite_timestamp,
+    timestamp_column,
+)
 
 #: The states of a charge (DESIGN.md 3).
 CHARGE_STATES = ("reserved", "committed", "released", "abandoned")
@@ -65,7 +83,11 @@ _DAY = 86_400.0
 
 # -- SQL building blocks (one expression, compiled per dialect) ---------------------------------------------------
 class _fraction_as_double(FunctionElement):
-    """A ``str(Fraction)`` text column (``"3"``, ``"-1/3"``) as a double: numerator / denominator."""
+    """A ``str(Fraction)`` text column (``"3"``, ``"-1/3"``) as a double: numerator / denominator; NULL for any
+    other text (so ``SUM`` leaves it out): PostgreSQL checks the grammar and the 60-digit bound with a regular
+    expression (a cast of ``'1e-99999999'`` or ``'abc'`` would fail the query); SQLite, which has none, keeps texts
+    of ASCII digits, ``-`` and one ``/`` within the length bound (its casts never fail; a text such as ``'1-2'``
+    casts to a wrong but finite number, for display only, and the charge's row names it unreadable)."""
 
     type = sa.Float()
     name = "fraction_as_double"
@@ -75,18 +97,23 @@ class _fraction_as_double(FunctionElement):
 @compiles(_fraction_as_double, "sqlite")
 def _fraction_sqlite(element, compiler, **kw) -> str:
     x = compiler.process(element.clauses, **kw)
+    numerator = f"substr({x}, 1, instr({x}, '/') - 1)"
+    denominator = f"substr({x}, instr({x}, '/') + 1)"
     return (
-        f"(CASE WHEN instr({x}, '/') > 0 THEN CAST(substr({x}, 1, instr({x}, '/') - 1) AS REAL) "
-        f"/ CAST(substr({x}, instr({x}, '/') + 1) AS REAL) ELSE CAST({x} AS REAL) END)"
+        f"(CASE WHEN typeof({x}) <> 'text' OR length({x}) NOT BETWEEN 1 AND {2 * MAX_DIGITS + 2} "
+        f"OR {x} GLOB '*[^0-9/-]*' OR {x} GLOB '*/*/*' THEN NULL "
+        f"WHEN instr({x}, '/') > 0 THEN CAST({numerator} AS REAL) / NULLIF(CAST({denominator} AS REAL), 0) "
+        f"ELSE CAST({x} AS REAL) END)"
     )
 
 
 @compiles(_fraction_as_double, "postgresql")
 def _fraction_postgresql(element, compiler, **kw) -> str:
     x = compiler.process(element.clauses, **kw)
+    grammar = f"^-?(0|[1-9][0-9]{{0,{MAX_DIGITS - 1}}})(/[1-9][0-9]{{0,{MAX_DIGITS - 1}}})?$"
     return (
-        f"(CAST(split_part({x}, '/', 1) AS DOUBLE PRECISION) "
-        f"/ CAST(COALESCE(NULLIF(split_part({x}, '/', 2), ''), '1') AS DOUBLE PRECISION))"
+        f"(CASE WHEN {x} ~ '{grammar}' THEN CAST(split_part({x}, '/', 1) AS DOUBLE PRECISION) "
+        f"/ CAST(COALESCE(NULLIF(split_part({x}, '/', 2), ''), '1') AS DOUBLE PRECISION) END)"
     )
 
 
@@ -112,30 +139,64 @@ def _epoch_postgresql(element, compiler, **kw) -> str:
 _AMOUNT = _fraction_as_double(_c.amount)
 _SETTLED = _c.state.in_(SETTLED_STATES)
 _OF_ACCOUNT = _c.account == sa.bindparam("account")
+#: A charge's creation time in seconds since 1970 (a double), and the charges whose time is one the dashboard can
+#: show: within the years 1 to 9999 (NULL, SQLite text that is no time, PostgreSQL's infinity are left out).
+_CREATED = _epoch_seconds(_c.created_at)
+_FIRST_SECOND = dt.datetime(1, 1, 2, tzinfo=dt.timezone.utc).timestamp()
+_LAST_SECOND = dt.datetime(9999, 12, 30, tzinfo=dt.timezone.utc).timestamp()
+_SHOWN_TIME = _CREATED.between(_FIRST_SECOND, _LAST_SECOND)
 
-_ACCOUNT_ROW = sa.select(schema.accounts).where(_a.name == sa.bindparam("account"))
+#: ``created_at`` as the burn-down reads it, per dialect: SQLite's text (read back by ``sqlite_timestamp``; the
+#: rows are those of :data:`_SHOWN_TIME`, which PostgreSQL's driver can always return).
+_CREATED_AT = {"sqlite": sa.type_coerce(_c.created_at, sa.String)}
+
+_ACCOUNT_ROW = sa.select(*ACCOUNT_READ_COLUMNS).where(_a.name == sa.bindparam("account"))
 _STATE_COUNTS = sa.select(_c.state, sa.func.count()).where(_OF_ACCOUNT).group_by(_c.state)
-_SETTLED_SPAN = sa.select(sa.func.min(_c.created_at), sa.func.max(_c.created_at), sa.func.count()).where(
-    _OF_ACCOUNT, _SETTLED
-)
-_BUCKET = sa.cast((_epoch_seconds(_c.created_at) - sa.bindparam("t0")) / sa.bindparam("width"), sa.Integer)
-_BURN_DOWN = (
-    sa.select(sa.func.max(_c.created_at), sa.func.sum(_AMOUNT), sa.func.count())
-    .where(_OF_ACCOUNT, _SETTLED)
-    .group_by(_BUCKET)
-    .order_by(_BUCKET)
-)
+_BUCKET = sa.cast((_CREATED - sa.bindparam("t0")) / sa.bindparam("width"), sa.Integer)
+
+
+def _settled_span(dialect: str) -> Any:
+    created = _CREATED_AT.get(dialect, _c.created_at)
+    return sa.select(sa.func.min(created), sa.func.max(created), sa.func.count()).where(
+        _OF_ACCOUNT, _SETTLED, _SHOWN_TIME
+    )
+
+
+def _burn_down_buckets(dialect: str) -> Any:
+    return (
+        sa.select(sa.func.max(_CREATED_AT.get(dialect, _c.created_at)), sa.func.sum(_AMOUNT), sa.func.count())
+        .where(_OF_ACCOUNT, _SETTLED, _SHOWN_TIME)
+        .group_by(_BUCKET)
+        .order_by(_BUCKET)
+    )
+
+
 _WINDOW_SPEND = sa.select(sa.func.sum(_AMOUNT), sa.func.count()).where(
-    _OF_ACCOUNT, _SETTLED, _c.created_at >= sa.bindparam("start"), _c.created_at <= sa.bindparam("end")
+    _OF_ACCOUNT, _SETTLED, _SHOWN_TIME, _c.created_at >= sa.bindparam("start"), _c.created_at <= sa.bindparam("end")
 )
+
+
+def _read_columns(conn: Connection, columns: tuple[sa.Column, ...]) -> list[Any]:
+    """``columns`` as the dashboard selects them on ``conn``'s database: a timestamp so that no stored value makes
+    the read raise (:func:`~dp_operators.ledger.store.timestamp_column`; :func:`_row_values` reads it back)."""
+    return [timestamp_column(column, conn.dialect.name) for column in columns]
+
+
+def _row_values(row: Any) -> dict[str, Any]:
+    """A row selected through :func:`_read_columns` as a dict, SQLite's timestamp texts as datetimes where they
+    hold one (:func:`~dp_operators.ledger.store.sqlite_timestamp`)."""
+    return {name: sqlite_timestamp(value) if name in _TIMES else value for name, value in row._mapping.items()}
+
+
+_TIMES = frozenset({"created_at", "updated_at", "lease_expires_at"})
 _PAGE_COLUMNS = (
     _c.id, _c.dag_id, _c.run_id, _c.task_id, _c.map_index, _c.release_name, _c.attempt, _c.state, _c.amount,
     _c.delta_amount, _c.mechanisms, _c.created_at, _c.updated_at,
 )
-_RELEASE = sa.select(
+_RELEASE_COLUMNS = (
     _c.id, _c.account, _c.dag_id, _c.run_id, _c.task_id, _c.map_index, _c.release_name, _c.attempt, _c.state,
     _c.amount, _c.output, _c.output_digest, _c.created_at, _c.updated_at,
-).where(_c.id == sa.bindparam("charge_id"))
+)
 
 
 # -- errors a viewer may be told about ----------------------------------------------------------------------
@@ -203,6 +264,7 @@ def _reading(ledger: LedgerBase | Engine | str) -> Iterator[Connection]:
         with base._read() as conn:
             if conn.dialect.name == "postgresql":
                 conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            lenient_sqlite_text(conn)
             yield conn
     finally:
         if isinstance(ledger, str):
@@ -231,7 +293,20 @@ def _exact(value: Fraction | None) -> tuple[str | None, float | None]:
     return (None, None) if value is None else (str(value), float(value))
 
 
+def _time(value: Any) -> dt.datetime | None:
+    """A timestamp as read (:func:`_row_values`): a datetime, or ``None`` for anything else."""
+    return value if isinstance(value, dt.datetime) else None
+
+
 # -- accounts -------------------------------------------------------------------------------------------------
+#: The fields of an account row (:func:`accounts_overview`), all ``None`` in an unreadable account's row.
+_OVERVIEW_FIELDS = (
+    "accountant", "unit", "cap", "spent", "reserved", "remaining", "delta", "delta_spent", "cap_mu", "spent_mu",
+    "spent_epsilon", "cap_epsilon", "privacy_unit", "allowed_dags", "cap_float", "spent_float", "reserved_float",
+    "remaining_float", "delta_float", "fraction_spent",
+)
+
+
 def _overview_row(status) -> dict[str, Any]:
     """The fields of ``dpctl ledger show --json`` for one account (``account`` named ``name``), plus floats."""
     shown = status.summary()
@@ -240,6 +315,21 @@ def _overview_row(status) -> dict[str, Any]:
         row[f"{field}_float"] = _exact(getattr(status, field))[1]
     row["fraction_spent"] = float(status.spent / status.cap) if status.cap else None
     return row
+
+
+def _unreadable_account(name: Any, error: UnreadableValueError) -> dict[str, Any]:
+    """The row of an account whose row (or a reserved charge of it) holds a value the ledger does not write: its
+    name (cut short if it is itself unreadable), every other field ``None``, and ``unreadable``."""
+    readable = isinstance(name, str) and len(name) <= 200
+    return {"name": name if readable else shown(name, 80), **dict.fromkeys(_OVERVIEW_FIELDS),
+            "unreadable": [f"{error.where}: {error.detail}"]}
+
+
+def _account_row(conn: Connection, row: Any) -> dict[str, Any]:
+    try:
+        return _overview_row(account_status(row, *reserved_totals(conn, row.name)))
+    except UnreadableValueError as error:
+        return _unreadable_account(row.name, error)
 
 
 def accounts_overview(ledger: LedgerBase | Engine | str) -> list[dict[str, Any]]:
@@ -253,22 +343,29 @@ def accounts_overview(ledger: LedgerBase | Engine | str) -> list[dict[str, Any]]
     rounded up; ``None`` without a delta); ``privacy_unit``; ``allowed_dags`` (list); ``fraction_spent``
     (spent / cap as a float, for a bar).
 
+    An account whose row, or one of its reserved charges, holds a value the ledger does not write has ``name``
+    (cut to 80 characters if the name itself is unreadable), every other field ``None`` and ``unreadable``: a list
+    of ``"<table> <row>: <column> [value] what is wrong"`` (docs/ledger.md, "Hostile rows").
+
     Raises:
         LedgerNotInitialisedError: the ledger has no schema (or another version).
     """
     with _reading(ledger) as conn:
-        rows = conn.execute(sa.select(schema.accounts).order_by(_a.name)).all()
-        return [_overview_row(account_status(row, *reserved_totals(conn, row.name))) for row in rows]
+        rows = conn.execute(sa.select(*ACCOUNT_READ_COLUMNS).order_by(_a.name)).all()
+        return [_account_row(conn, row) for row in rows]
 
 
 def _status(conn: Connection, name: str):
+    """The account's status; ``None`` if there is no such account. Raises UnreadableValueError."""
     row = conn.execute(_ACCOUNT_ROW, {"account": name}).first()
     return None if row is None else account_status(row, *reserved_totals(conn, name))
 
 
 def _burn_down(conn: Connection, name: str, max_points: int) -> tuple[list[dict[str, Any]], dt.datetime | None]:
-    first, last, count = conn.execute(_SETTLED_SPAN, {"account": name}).one()
-    if not count:
+    dialect = conn.dialect.name
+    first, last, count = conn.execute(_settled_span(dialect), {"account": name}).one()
+    first, last = _time(sqlite_timestamp(first)), _time(sqlite_timestamp(last))
+    if not count or first is None or last is None:
         return [], None
     first, last = as_utc(first), as_utc(last)
     span = (last - first).total_seconds()
@@ -276,11 +373,11 @@ def _burn_down(conn: Connection, name: str, max_points: int) -> tuple[list[dict[
     # (truncated on SQLite, rounded on PostgreSQL) runs from 0 to max_points - 1
     width = span / (max_points - 1) if span > 0 else 1.0
     points, total, charges = [], 0.0, 0
-    rows = conn.execute(_BURN_DOWN, {"account": name, "t0": first.timestamp(), "width": width})
+    rows = conn.execute(_burn_down_buckets(dialect), {"account": name, "t0": first.timestamp(), "width": width})
     for time, amount, number in rows:
-        total += amount
+        total += amount or 0.0  # NULL: no amount in the bucket in the ledger's form
         charges += number
-        points.append({"time": _iso(time), "cumulative": total, "charges": charges})
+        points.append({"time": _iso(_time(sqlite_timestamp(time))), "cumulative": total, "charges": charges})
     return points, first
 
 
@@ -360,7 +457,11 @@ def account_detail(
       ``None`` when there is a rate, else why not in words (``"no settled spend in the last 30 days"``, ``"not
       enough history: settled spend spans less than 1 day"``), and then ``rate_per_day``, ``days_left`` and
       ``exhausts_at`` are ``None``.
-    * ``charge_counts``: ``{state: count}`` for every state of :data:`CHARGE_STATES`, and ``total``.
+    * ``charge_counts``: ``{state: count}`` for every state of :data:`CHARGE_STATES`, and ``total`` (every charge of
+      the account, also those whose state is none of them).
+
+    An account whose row (or a reserved charge of it) is unreadable is its :func:`accounts_overview` row
+    (``unreadable``, the other fields ``None``) with ``charge_counts``, and ``burn_down`` and ``forecast`` ``None``.
 
     Args:
         now: the forecast's reference time (default: the current time, UTC).
@@ -375,13 +476,22 @@ def account_detail(
         raise ValueError(f"max_points must be at least 2, got {max_points}")
     now = as_utc(now) or dt.datetime.now(dt.timezone.utc)
     with _reading(ledger) as conn:
-        status = _status(conn, name)
+        try:
+            status = _status(conn, name)
+        except UnreadableValueError as error:
+            status = error
         if status is None:
             return None
-        detail = _overview_row(status)
         counts = dict.fromkeys(CHARGE_STATES, 0)
-        counts.update({state: number for state, number in conn.execute(_STATE_COUNTS, {"account": name})})
-        counts["total"] = sum(counts.values())
+        total = 0
+        for state, number in conn.execute(_STATE_COUNTS, {"account": name}):
+            if state in counts:
+                counts[state] = number
+            total += number
+        counts["total"] = total
+        if isinstance(status, UnreadableValueError):
+            return {**_unreadable_account(name, status), "burn_down": None, "forecast": None, "charge_counts": counts}
+        detail = _overview_row(status)
         points, first = _burn_down(conn, name, max_points)
         detail["burn_down"] = {"unit": status.unit, "cap_float": float(status.cap), "points": points}
         detail["forecast"] = _forecast(conn, name, status.remaining, first, now, window_days)
@@ -390,35 +500,32 @@ def account_detail(
 
 
 # -- charges --------------------------------------------------------------------------------------------------
-def _mechanism_names(text: str) -> list[str]:
-    try:
-        described = json.loads(text)
-    except ValueError:
-        return []
+def _mechanism_names(described: Any) -> list[str]:
+    """The mechanism names of a charge's mechanisms (parsed JSON), in order, without repeats."""
     if not isinstance(described, list):
         return []
     names = [m.get("mechanism") for m in described if isinstance(m, dict)]
-    return list(dict.fromkeys(str(n) for n in names if n))
+    return list(dict.fromkeys(n if isinstance(n, str) and len(n) <= 200 else shown(n, 80) for n in names if n))
 
 
 def _charge_row(row: Any) -> dict[str, Any]:
-    amount = Fraction(row.amount)
-    return {
-        "id": row.id,
-        "dag_id": row.dag_id,
-        "run_id": row.run_id,
-        "task_id": row.task_id,
-        "map_index": row.map_index,
-        "release_name": row.release_name,
-        "attempt": row.attempt,
-        "state": row.state,
-        "amount": str(amount),
-        "amount_float": float(amount),
-        "delta_amount": row.delta_amount,
-        "mechanisms": _mechanism_names(row.mechanisms),
-        "created_at": _iso(row.created_at),
-        "updated_at": _iso(row.updated_at),
-    }
+    """A page's charge (see :func:`account_charges`); an unreadable one with ``None`` in each unreadable field and
+    ``unreadable``."""
+    values = _row_values(row)
+    read = read_row(schema.charges, values)
+    checked = read.values
+    amount = checked["amount"]
+    charge = {name: None if name in read.unreadable else value for name, value in values.items()}
+    charge.update(
+        amount=None if amount is None else str(amount),
+        amount_float=None if amount is None else float(amount),
+        mechanisms=_mechanism_names(checked["mechanisms"]),
+        created_at=_iso(_time(checked["created_at"])),
+        updated_at=_iso(_time(checked["updated_at"])),
+    )
+    if not read.ok:
+        charge["unreadable"] = read.reasons()
+    return charge
 
 
 def account_charges(
@@ -466,13 +573,13 @@ def account_charges(
         filters.append(_c.created_at >= as_utc(since))
     if until is not None:
         filters.append(_c.created_at < as_utc(until))
-    page = sa.select(*_PAGE_COLUMNS).where(*filters).order_by(_c.id).limit(limit + 1)
-    if after is not None:
-        page = page.where(_c.id > after)
     with _reading(ledger) as conn:
         if conn.execute(sa.select(_a.name).where(_a.name == name)).first() is None:
             return None
         total = conn.execute(sa.select(sa.func.count()).select_from(schema.charges).where(*filters)).scalar()
+        page = sa.select(*_read_columns(conn, _PAGE_COLUMNS)).where(*filters).order_by(_c.id).limit(limit + 1)
+        if after is not None:
+            page = page.where(_c.id > after)
         rows = conn.execute(page).all()
     more = len(rows) > limit
     charges = [_charge_row(row) for row in rows[:limit]]
@@ -502,11 +609,12 @@ def run_charges(ledger: LedgerBase | Engine | str, dag_id: str, run_id: str, *, 
     filters = (_c.dag_id == dag_id, _c.run_id == run_id)  # the leading columns of uq_release_attempt's index
     with _reading(ledger) as conn:
         total = conn.execute(sa.select(sa.func.count()).select_from(schema.charges).where(*filters)).scalar()
-        rows = conn.execute(sa.select(_c.account, *_PAGE_COLUMNS).where(*filters).order_by(_c.id).limit(limit)).all()
+        columns = _read_columns(conn, (_c.account, *_PAGE_COLUMNS))
+        rows = conn.execute(sa.select(*columns).where(*filters).order_by(_c.id).limit(limit)).all()
     return {
         "dag_id": dag_id,
         "run_id": run_id,
-        "charges": [{"account": row.account, **_charge_row(row)} for row in rows],
+        "charges": [_charge_row(row) for row in rows],
         "total": total,
         "limit": limit,
     }
@@ -595,7 +703,11 @@ def release_detail(
     the committed output as stored (and hashes to ``output_digest``) exactly when it is true.
 
     Published values are shown as stored, whatever they are (a spender can commit any plain finite JSON): a
-    bound that cannot be computed as a double is ``None``, as an open side is.
+    bound that cannot be computed as a double is ``None``, as an open side is. A charge whose row holds a value the
+    ledger does not write (an output that is not JSON within the bounds of
+    :func:`~dp_operators.ledger.bounded.read_json`, an unreadable amount, ...) has ``None`` in each unreadable
+    field and ``unreadable``, a list of ``"column [value] what is wrong"``; an unreadable output gives no
+    aggregates.
 
     Args:
         limit: values per aggregate, 1 to :data:`MAX_RELEASE_VALUES`; ``None``: all of them.
@@ -607,10 +719,14 @@ def release_detail(
     if limit is not None and not 1 <= limit <= MAX_RELEASE_VALUES:
         raise ValueError(f"limit must be between 1 and {MAX_RELEASE_VALUES}, got {limit}")
     with _reading(ledger) as conn:
-        row = conn.execute(_RELEASE, {"charge_id": charge_id}).first()
+        query = sa.select(*_read_columns(conn, _RELEASE_COLUMNS)).where(_c.id == charge_id)
+        row = conn.execute(query).first()
     if row is None:
         return None
-    output = json.loads(row.output) if row.state == "committed" and row.output is not None else None
+    values = _row_values(row)
+    read = read_row(schema.charges, values)
+    row = SimpleNamespace(**{name: None if name in read.unreadable else value for name, value in values.items()})
+    output = read.values["output"] if row.state == "committed" else None
     stored = output.get("aggregates") if isinstance(output, dict) else None
     aggregates, cut = [], {}
     for aggregate_name, aggregate in (stored.items() if isinstance(stored, dict) else ()):
@@ -648,4 +764,5 @@ def release_detail(
         "output": output,
         "output_complete": not cut,
         "aggregates": aggregates,
+        **({} if read.ok else {"unreadable": read.reasons()}),
     }

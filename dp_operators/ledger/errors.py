@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from fractions import Fraction
 
 
@@ -108,24 +107,55 @@ class AuditChainError(LedgerError):
     that is not a number the ledger stores): nothing was changed; a privacy officer runs ``dpctl ledger verify``."""
 
 
-#: The only text form the ledger writes for an exact number: ``str(Fraction)`` ("3", "-1/10"), digits bounded so a
-#: tampered value cannot make parsing itself expensive (``Fraction("1e-999999999")`` never returns).
-_STORED_NUMBER = re.compile(r"-?[0-9]{1,400}(/[0-9]{1,400})?")
+class UnreadableValueError(AuditChainError):
+    """A stored value is outside what the ledger writes and its readers accept (:mod:`dp_operators.ledger.bounded`:
+    a number not in ``str(Fraction)`` form or over its digit bound, JSON text too long or nested too deep, a value
+    of the wrong type): it was written around the ledger. Nothing was changed.
+
+    Attributes:
+        table: the table (``dp_charges``, ``dp_budget_accounts``, ``dp_audit_events``).
+        row: the row's id, or the account's name for ``dp_budget_accounts``.
+        column: the column holding the value.
+        reason: what is wrong, in words (never more than a few characters of the value).
+        detail: the column, the value cut short when it is shown, and the reason (``amount '1e-9' is not ...``).
+
+    Args:
+        value: the value, shown cut to about 60 characters in the message (numbers and short text); ``None``: not
+            shown (JSON text, whose first characters say little).
+    """
+
+    def __init__(self, table: str, row: object, column: str, reason: str, *, value: object = None) -> None:
+        from dp_operators.ledger.bounded import shown
+
+        self.table, self.row, self.column, self.reason = table, row, column, reason
+        self.detail = f"{column}{'' if value is None else ' ' + shown(value, 60)} {reason}"
+        super().__init__(
+            f"{self.where}: {self.detail} (written outside the ledger); nothing was changed. A privacy officer runs "
+            "'dpctl ledger verify'"
+        )
+
+    @property
+    def where(self) -> str:
+        """The row as messages name it: ``dp_charges id=5`` or ``dp_budget_accounts 'census'``."""
+        from dp_operators.ledger.bounded import shown
+
+        return f"{self.table} id={self.row}" if isinstance(self.row, int) else f"{self.table} {shown(self.row)}"
 
 
 def stored_fraction(text: object, what: str) -> Fraction:
-    """Parse an exact number as the ledger stores it (``str(Fraction)``).
+    """Parse an exact number as the ledger stores it: ``str(Fraction)`` with at most
+    :data:`~dp_operators.ledger.bounded.MAX_DIGITS` digits above and below the line, checked on the text before any
+    number is built (``Fraction("1e-999999999")`` never returns).
 
     Raises:
         AuditChainError: anything else (a decimal, an exponent, a huge or non-numeric text), naming ``what``.
     """
-    if isinstance(text, str) and _STORED_NUMBER.fullmatch(text):
-        numerator, _, denominator = text.partition("/")
-        if denominator and int(denominator) == 0:
-            raise AuditChainError(f"{what} is {text!r}, not a number the ledger writes; run 'dpctl ledger verify'")
-        return Fraction(int(numerator), int(denominator or 1))
-    shown = text if not isinstance(text, str) or len(text) <= 40 else text[:40] + "..."
-    raise AuditChainError(
-        f"{what} is {shown!r}, not a number the ledger writes (edited outside the ledger); nothing was changed. "
-        "A privacy officer runs 'dpctl ledger verify'"
-    )
+    from dp_operators.ledger.bounded import BoundsError, read_number, shown
+
+    try:
+        return read_number(text)
+    except BoundsError as error:
+        raise AuditChainError(
+            f"{what} is {shown(text)}, not a number the ledger writes: it {error} (edited outside the ledger); "
+            "nothing was changed. A privacy officer runs 'dpctl ledger verify'"
+        ) from None

@@ -19,8 +19,8 @@ exponential backoff: they rolled back, so a retry is safe. PostgreSQL sessions s
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import getpass
-import json
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -31,9 +31,19 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from dp_operators.accounting import epsilon_at_delta, round_down, unit_of
+from dp_operators.accounting import ACCOUNTANTS, epsilon_at_delta, round_down, round_up, unit_of
+from dp_operators.accounting.budget import MAX_DENOMINATOR
 from dp_operators.ledger import schema
-from dp_operators.ledger.errors import AccountNotFoundError, LedgerNotInitialisedError, stored_fraction
+from dp_operators.ledger.bounded import (
+    MAX_JSON_CHARS,
+    MAX_OUTPUT_CHARS,
+    BoundsError,
+    ledger_json,
+    read_json,
+    read_number,
+    shown,
+)
+from dp_operators.ledger.errors import AccountNotFoundError, LedgerNotInitialisedError, UnreadableValueError
 
 T = TypeVar("T")
 
@@ -59,11 +69,14 @@ KEY_MATCHES = (
     _c.map_index == sa.bindparam("map_index"),
     _c.release_name == sa.bindparam("release_name"),
 )
-_ACCOUNT = sa.select(schema.accounts).where(schema.accounts.c.name == sa.bindparam("account"))
-_RESERVED_AMOUNTS = sa.select(_c.amount, _c.delta_amount).where(
+#: The columns of an account row the readers use (its timestamps are not read: a hostile text there would make
+#: SQLAlchemy's SQLite datetime parser raise before any check).
+ACCOUNT_READ_COLUMNS = tuple(column for column in schema.accounts.c if column.name not in ("created_at", "updated_at"))
+_ACCOUNT = sa.select(*ACCOUNT_READ_COLUMNS).where(schema.accounts.c.name == sa.bindparam("account"))
+_RESERVED_AMOUNTS = sa.select(_c.id, _c.amount, _c.delta_amount).where(
     _c.account == sa.bindparam("account"), _c.state == "reserved"
-)
-_COMMITTED_OUTPUT = sa.select(_c.output).where(*KEY_MATCHES, _c.state == "committed")
+).order_by(_c.id)
+_COMMITTED_OUTPUT = sa.select(_c.id, _c.output).where(*KEY_MATCHES, _c.state == "committed")
 _DB_NOW = sa.select(sa.func.clock_timestamp())
 
 
@@ -328,17 +341,23 @@ class LedgerBase:
         """All accounts, by name."""
         self.check_schema()
         with self._read() as conn:
-            rows = conn.execute(sa.select(schema.accounts).order_by(schema.accounts.c.name)).all()
+            rows = conn.execute(sa.select(*ACCOUNT_READ_COLUMNS).order_by(schema.accounts.c.name)).all()
             return [account_status(row, *reserved_totals(conn, row.name)) for row in rows]
 
     def stored_output(self, key: ReleaseKey) -> dict | None:
         """The committed output of ``key`` (parsed JSON), or ``None`` if it has none.
 
-        Raises :class:`LedgerNotInitialisedError` if the ledger has no schema."""
+        Raises:
+            LedgerNotInitialisedError: the ledger has no schema.
+            UnreadableValueError: the stored output is not JSON within the bounds of
+                :func:`~dp_operators.ledger.bounded.read_json` (at most ``MAX_OUTPUT_CHARS`` characters).
+        """
         self.check_schema()
         with self._read() as conn:
-            text = conn.execute(_COMMITTED_OUTPUT, key.as_dict()).scalar()
-        return None if text is None else json.loads(text)
+            row = conn.execute(_COMMITTED_OUTPUT, key.as_dict()).first()
+        if row is None or row.output is None:
+            return None
+        return ledger_json(row.output, table="dp_charges", row=row.id, column="output", max_chars=MAX_OUTPUT_CHARS)
 
     def charges(
         self,
@@ -354,6 +373,10 @@ class LedgerBase:
         """Charges (every column but ``output`` and ``token_hash``), by id, streamed from the database (the schema
         is checked at the call, the rows are read as the iterator is consumed).
 
+        Values are as stored; a timestamp that is not one (SQLite: any text; PostgreSQL: beyond the years 1 to
+        9999, which the driver cannot return) comes back as its text, or ``None`` on PostgreSQL, instead of making
+        the read raise. :func:`read_charge` checks a row against the bounds its readers need.
+
         Args:
             account, dag_id, state: filters.
             since, until: creation time, ``since`` inclusive, ``until`` exclusive.
@@ -362,7 +385,8 @@ class LedgerBase:
         """
         self.check_schema()
         c = schema.charges.c
-        query = sa.select(*[column for column in c if column.name not in ("output", "token_hash")]).order_by(c.id)
+        shown_columns = [column for column in c if column.name not in ("output", "token_hash")]
+        query = sa.select(*[timestamp_column(column, self.dialect) for column in shown_columns]).order_by(c.id)
         filters = [
             (account, lambda: c.account == account),
             (dag_id, lambda: c.dag_id == dag_id),
@@ -376,7 +400,7 @@ class LedgerBase:
                 query = query.where(condition())
         if limit is not None:
             query = query.limit(limit)
-        return self._stream(query)
+        return self._stream(query, timestamps=_TIMESTAMP_COLUMNS)
 
     def events(self, account: str | None = None, *, after: int | None = None, limit: int | None = None) -> Iterator[dict]:
         """Audit events in insertion order (``id``), optionally of one account, after an id, at most ``limit``;
@@ -392,12 +416,20 @@ class LedgerBase:
             query = query.limit(limit)
         return self._stream(query)
 
-    def _stream(self, query: Any) -> Iterator[dict]:
+    def _stream(self, query: Any, timestamps: frozenset[str] = frozenset()) -> Iterator[dict]:
+        """Rows of ``query`` as dicts, read in batches; on SQLite the ``timestamps`` columns (selected as text by
+        :func:`timestamp_column`) become datetimes where they hold one."""
+        sqlite = self.dialect == "sqlite" and timestamps
         with self._reader.connect() as conn:
             with conn.begin():
+                lenient_sqlite_text(conn)
                 result = conn.execution_options(stream_results=True, yield_per=STREAM_BATCH).execute(query)
                 for row in result:
-                    yield dict(row._mapping)
+                    values = dict(row._mapping)
+                    if sqlite:
+                        for name in timestamps.intersection(values):
+                            values[name] = sqlite_timestamp(values[name])
+                    yield values
 
 
 def user_name() -> str | None:
@@ -425,29 +457,255 @@ def stored_config(values: Any) -> dict[str, Any]:
     return {name: get(name) for name in schema.ACCOUNT_GOVERNED_COLUMNS}
 
 
+#: The timestamp columns of ``dp_charges`` (``DateTime``); ``dp_audit_events.created_at`` is text.
+_TIMESTAMP_COLUMNS = frozenset({"created_at", "updated_at", "lease_expires_at"})
+#: The instants PostgreSQL's driver can return whatever the session's time zone (a day inside the years 1 to 9999).
+_PG_FIRST, _PG_LAST = "0001-01-02 00:00:00+00", "9999-12-30 00:00:00+00"
+#: Longest text a SQLite timestamp is parsed from (``2026-01-31 12:00:00.123456+00:00`` is 32).
+_TIMESTAMP_CHARS = 40
+#: Every number column and JSON column of the ledger's tables (``output`` is read alone, with its own bound).
+NUMBER_COLUMNS = frozenset({"amount", "delta_amount", "cap", "spent", "delta", "delta_spent", "spent_after",
+                            "delta_spent_after"})
+JSON_COLUMNS = frozenset({"mechanisms", "context", "details", "allowed_dags", "allowed_roles", "config"})
+#: What each JSON column must hold at its top level, where the readers rely on it.
+_JSON_SHAPES: dict[str, tuple[type, ...]] = {"mechanisms": (list,), "context": (dict,), "details": (dict,),
+                                              "allowed_dags": (list,), "allowed_roles": (list,), "config": (dict,)}
+_CHARGE_STATES = frozenset({"reserved", "committed", "released", "abandoned"})
+#: Text columns whose value is also checked against a list (a charge's state, an account's accountant).
+_CHECKED_TEXT = frozenset({"state", "accountant"})
+#: The ranges of an account's numbers (``ledger apply`` and the spend path keep them), which the conversions to
+#: epsilon need: a cap and its delta of 1 or more, or a negative spend, would make them raise.
+_ACCOUNT_RANGES = {
+    "cap": (lambda value: value > 0, "> 0"),
+    "delta": (lambda value: 0 < value < 1, "in (0, 1)"),
+    "spent": (lambda value: value >= 0, ">= 0"),
+    "delta_spent": (lambda value: value >= 0, ">= 0"),
+}
+_INT64 = 2**63
+
+
+#: Decodes SQLite text as UTF-8 with replacement characters (a C-level call: no Python frame per value).
+_replace_undecodable = functools.partial(bytes.decode, encoding="utf-8", errors="replace")
+
+
+def lenient_sqlite_text(conn: Connection) -> None:
+    """On SQLite, make ``conn`` read text that is not UTF-8 (a hostile ``CAST(x'ff' AS TEXT)``) with replacement
+    characters instead of failing the whole read; the ledger writes only UTF-8, which reads the same either way.
+    Nothing on other databases (PostgreSQL checks the encoding of what it stores)."""
+    if conn.dialect.name == "sqlite":
+        conn.connection.driver_connection.text_factory = _replace_undecodable
+
+
+def timestamp_column(column: sa.Column, dialect: str) -> Any:
+    """``column`` as a reader selects it so that no stored value makes the read itself raise: on SQLite a
+    ``DateTime`` column as its text (SQLAlchemy's parser raises on anything else; :func:`sqlite_timestamp` reads
+    it), on PostgreSQL a ``DateTime`` value outside the years 1 to 9999 (``infinity``, ``20000-01-01``, BC) as
+    NULL (psycopg cannot return one); any other column as it is."""
+    if not isinstance(column.type, sa.DateTime):
+        return column
+    if dialect == "sqlite":
+        return sa.type_coerce(column, sa.String).label(column.name)
+    if dialect == "postgresql":
+        inside = sa.and_(column >= sa.literal(_PG_FIRST).cast(column.type),
+                         column <= sa.literal(_PG_LAST).cast(column.type))
+        return sa.case((inside, column), else_=sa.null()).label(column.name)
+    return column
+
+
+def sqlite_timestamp(value: Any) -> Any:
+    """A SQLite timestamp's stored text as the naive UTC datetime SQLAlchemy would return; any other value (a text
+    that is no timestamp, a number) as it is, for :func:`read_row` to name."""
+    if isinstance(value, str) and len(value) <= _TIMESTAMP_CHARS:
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            return value
+        return parsed.astimezone(dt.timezone.utc).replace(tzinfo=None) if parsed.tzinfo else parsed
+    return value
+
+
+def _row_label(table: sa.Table, values: Mapping[str, Any]) -> Any:
+    return values.get("name") if table.name == schema.accounts.name else values.get("id")
+
+
+@functools.cache
+def _column_specs(table: sa.Table) -> dict[str, tuple[str, bool, int]]:
+    """Per column of ``table``: what it holds (``number``, ``json``, ``output``, ``time``, ``int`` or ``text``),
+    whether it may be NULL, and the longest text it holds; computed once per table."""
+    specs = {}
+    for column in table.c:
+        name, kind = column.name, column.type
+        if name in NUMBER_COLUMNS:
+            what = "number"
+        elif name == "output":
+            what = "output"
+        elif name in JSON_COLUMNS:
+            what = "json"
+        elif isinstance(kind, sa.DateTime):
+            what = "time"
+        elif isinstance(kind, sa.Integer):
+            what = "int"
+        else:
+            what = "text"
+        specs[name] = (what, column.nullable or name == "id", getattr(kind, "length", None) or MAX_JSON_CHARS)
+    return specs
+
+
+def _column_problem(table: sa.Table, name: str, value: Any) -> tuple[Any, str | None]:
+    """``(value as the readers use it, None)``, or ``(None, what is wrong)``: numbers become ``Fraction``, JSON
+    text its value, timestamps must be datetimes, text must fit its column, integers 64 bits."""
+    what, nullable, limit = _column_specs(table)[name]
+    if value is None:
+        if nullable:
+            return None, None
+        if what == "time":  # timestamp_column reads one the driver cannot return as NULL
+            return None, "is empty (NULL), or a time outside the years 1 to 9999"
+        return None, "is empty (NULL)"
+    if what == "text":
+        if type(value) is not str:
+            return None, f"holds {shown(value)}, not text"
+        if len(value) > limit:
+            return None, f"is {len(value):,} characters long, more than the {limit:,} its column holds"
+        if name == "state" and table is schema.charges and value not in _CHARGE_STATES:
+            return None, f"is {shown(value)}, not a state of a charge"
+        if name == "accountant" and value not in ACCOUNTANTS:
+            return None, f"is {shown(value)}, not an accountant"
+        return value, None
+    if what == "int":
+        if type(value) is int and -_INT64 <= value < _INT64:
+            return value, None
+        return None, f"holds {shown(value)}, not a 64-bit integer"
+    if what == "time":
+        return (value, None) if isinstance(value, dt.datetime) else (None, f"holds {shown(value)}, not a time")
+    try:
+        if what == "number":
+            number = read_number(value)
+            if table is schema.accounts and name in _ACCOUNT_RANGES:
+                inside, wanted = _ACCOUNT_RANGES[name]
+                if not inside(number):
+                    return None, f"is outside what an account holds ({name} {wanted})"
+            return number, None
+        if what == "output":
+            return read_json(value, max_chars=MAX_OUTPUT_CHARS), None
+        parsed = read_json(value)
+    except BoundsError as error:
+        return None, str(error)
+    if not isinstance(parsed, _JSON_SHAPES[name]):
+        return None, f"holds JSON {type(parsed).__name__}, not the {_JSON_SHAPES[name][0].__name__} it stores"
+    if name in ("allowed_dags", "allowed_roles") and not all(isinstance(item, str) for item in parsed):
+        return None, "holds a list with an item that is not a string"
+    return parsed, None
+
+
+@dataclass(frozen=True)
+class ReadRow:
+    """A ledger row checked column by column (:func:`read_row`).
+
+    Attributes:
+        values: every column read, as the readers use it: numbers as ``Fraction``, JSON columns as their value,
+            the rest as stored; ``None`` where a value is unreadable.
+        problems: one :class:`~dp_operators.ledger.errors.UnreadableValueError` per unreadable column (table, row,
+            column, reason), in column order; empty when the row is readable.
+    """
+
+    values: dict[str, Any]
+    problems: tuple[UnreadableValueError, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def reasons(self) -> list[str]:
+        """Each problem as ``column [value] what is wrong`` (the row is named by whoever shows them)."""
+        return [problem.detail for problem in self.problems]
+
+    @property
+    def unreadable(self) -> frozenset[str]:
+        """The unreadable columns."""
+        return frozenset(problem.column for problem in self.problems)
+
+
+def read_row(table: sa.Table, row: Mapping[str, Any] | Any) -> ReadRow:
+    """Check every column of ``row`` (a mapping, or a SQLAlchemy row, of ``table``'s columns; any subset) against
+    what the ledger writes, within the bounds of :mod:`dp_operators.ledger.bounded`. Never raises for a stored
+    value: each unreadable column is a problem naming the table, the row (its id; an account's name) and the
+    column. Costs one bounded parse per number and JSON column."""
+    mapping = row if isinstance(row, Mapping) else row._mapping
+    specs = _column_specs(table)
+    values: dict[str, Any] = {}
+    problems = []
+    for name, value in mapping.items():
+        what, nullable, limit = specs[name]
+        # the common cases inline (this runs for every row verify reads); the rest in _column_problem
+        if what == "text" and type(value) is str and len(value) <= limit and name not in _CHECKED_TEXT:
+            values[name] = value
+            continue
+        if what == "int" and type(value) is int and -_INT64 <= value < _INT64:
+            values[name] = value
+            continue
+        values[name], problem = _column_problem(table, name, value)
+        if problem is not None:
+            label = _row_label(table, mapping)
+            if table is schema.accounts and not (isinstance(label, str) and len(label) <= 200):
+                label = shown(label)  # a name that is itself unreadable is shown cut, never in full
+            quoted = None if what in ("json", "output") or problem.startswith("holds") else value
+            problems.append(UnreadableValueError(table.name, label, name, problem, value=quoted))
+    return ReadRow(values, tuple(problems))
+
+
+def read_charge(row: Mapping[str, Any]) -> ReadRow:
+    """:func:`read_row` of a ``dp_charges`` row as :meth:`LedgerBase.charges` yields it."""
+    return read_row(schema.charges, row)
+
+
 def reserved_totals(conn: Connection, name: str) -> tuple[Fraction, Fraction]:
-    rows = conn.execute(_RESERVED_AMOUNTS, {"account": name})
+    """The amount and delta of account ``name``'s reserved charges: exact while the sum's denominator stays within
+    ``MAX_DENOMINATOR**2`` (any number of the ledger's own charges, whose denominators divide 10^18), else rounded
+    up to multiples of ``1/MAX_DENOMINATOR`` (rounding only overstates what is in flight), so no number of charges
+    with large coprime denominators can grow the sum without bound.
+
+    Raises:
+        UnreadableValueError: a reserved charge's amount or delta is not a number the ledger writes.
+    """
     amount, delta = Fraction(0), Fraction(0)
-    for row in rows:
-        amount += stored_fraction(row.amount, f"a reserved charge of account {name!r}: amount")
-        delta += stored_fraction(row.delta_amount, f"a reserved charge of account {name!r}: delta_amount")
+    for row in conn.execute(_RESERVED_AMOUNTS, {"account": name}):
+        read = read_row(schema.charges, row)
+        if not read.ok:
+            raise read.problems[0]
+        amount = _bounded_sum(amount, read.values["amount"])
+        delta = _bounded_sum(delta, read.values["delta_amount"])
     return amount, delta
 
 
+def _bounded_sum(total: Fraction, value: Fraction) -> Fraction:
+    total += value
+    return total if total.denominator <= MAX_DENOMINATOR**2 else round_up(total)
+
+
 def account_status(row: Any, reserved: Fraction, delta_reserved: Fraction) -> AccountStatus:
+    """The :class:`AccountStatus` of an account row (any columns of :data:`ACCOUNT_READ_COLUMNS`).
+
+    Raises:
+        UnreadableValueError: a column holds a value the ledger does not write (the first one, naming the account
+            and the column; :func:`read_row` lists them all).
+    """
+    read = read_row(schema.accounts, row)
+    if not read.ok:
+        raise read.problems[0]
+    values = read.values
     return AccountStatus(
-        name=row.name,
-        accountant=row.accountant,
-        unit=unit_of(row.accountant),
-        cap=stored_fraction(row.cap, f"budget account {row.name!r}: cap"),
-        spent=stored_fraction(row.spent, f"budget account {row.name!r}: spent"),
+        name=values["name"],
+        accountant=values["accountant"],
+        unit=unit_of(values["accountant"]),
+        cap=values["cap"],
+        spent=values["spent"],
         reserved=reserved,
-        delta=None if row.delta is None else stored_fraction(row.delta, f"budget account {row.name!r}: delta"),
-        privacy_unit=row.privacy_unit,
-        allowed_dags=tuple(json.loads(row.allowed_dags)),
-        delta_spent=stored_fraction(row.delta_spent, f"budget account {row.name!r}: delta_spent"),
+        delta=values["delta"],
+        privacy_unit=values["privacy_unit"],
+        allowed_dags=tuple(values["allowed_dags"]),
+        delta_spent=values["delta_spent"],
         delta_reserved=delta_reserved,
-        owner=row.owner,
-        description=row.description,
-        spend_key_id=row.spend_key_id,
+        owner=values["owner"],
+        description=values["description"],
+        spend_key_id=values["spend_key_id"],
     )

@@ -19,16 +19,25 @@ STREAM_BATCH` rows, so memory stays flat in the number of charges:
 3. account rows by name against the chains' ends and the last governance event (and optionally a
    ``ledgers.yaml``); then the triggers.
 
-A problem never raises: an unreadable number, JSON text or timestamp becomes a problem naming its row.
+Before pass 1 the names of the accounts are read (O(accounts) memory). Audit events of an account that has no
+``dp_budget_accounts`` row are not replayed: they are counted, and one problem names the first
+:data:`FIRST_IDS_SHOWN` ids (the smallest) and a few of the accounts they name, so junk rows naming made-up
+accounts cost no memory. So is an event naming one charge beyond the first :data:`MAX_EVENTS_PER_CHARGE`: each is
+a problem of its own, none is kept.
+
+A problem never raises: every value of every row read is checked against the bounds of
+:mod:`dp_operators.ledger.bounded` (numbers in ``str(Fraction)`` form of at most 60 digits a side, JSON text of
+bounded length and depth, text that fits its column, 64-bit integers, times), and an unreadable one becomes a
+problem naming its table, row and column; the replay goes on without it. Problem texts show at most a few hundred
+characters of any stored value, and at most :data:`MAX_PROBLEMS` are kept.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import hashlib
+import heapq
 import itertools
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -48,13 +57,29 @@ from dp_operators.ledger.chain import (
     legacy_row_hash,
     timestamp_text,
 )
+from dp_operators.ledger.bounded import BoundsError, read_json, read_number, shown
 from dp_operators.ledger.config import LedgerConfig
-from dp_operators.ledger.errors import AuditChainError, stored_fraction
+from dp_operators.ledger.errors import UnreadableValueError
 from dp_operators.ledger.keys import Keyring
-from dp_operators.ledger.store import STREAM_BATCH, LedgerBase
+from dp_operators.ledger.store import (
+    JSON_COLUMNS,
+    NUMBER_COLUMNS,
+    STREAM_BATCH,
+    LedgerBase,
+    lenient_sqlite_text,
+    read_row,
+    sqlite_timestamp,
+    timestamp_column,
+)
 
 #: At most this many problems are listed (the first broken audit rows are kept); the rest are counted.
 MAX_PROBLEMS = 10_000
+#: Longest problem text kept (each shows at most a few hundred characters of a stored value; this is a backstop).
+MAX_PROBLEM_CHARS = 4000
+#: Events naming one charge kept for its life-cycle check; the ledger writes two (``reserved`` and one terminal).
+MAX_EVENTS_PER_CHARGE = 16
+#: Ids (the smallest) and account names listed in the problem about events of accounts that do not exist.
+FIRST_IDS_SHOWN = 5
 
 _TERMINAL = ("committed", "released", "abandoned")
 _CHARGE_EVENTS = frozenset({"reserved", *_TERMINAL})
@@ -109,6 +134,7 @@ class _Problems:
         self._order = itertools.count()
 
     def row(self, event_id: Any, text: str) -> None:
+        text = _cut(text)
         key = event_id if isinstance(event_id, int) and not isinstance(event_id, bool) else -1
         self.rows.append((key, next(self._order), text))
         if len(self.rows) > 2 * self.limit:  # keep the earliest rows, count the rest
@@ -120,7 +146,7 @@ class _Problems:
         if len(self.other) >= self.limit:
             self.dropped += 1
         else:
-            self.other.append(text)
+            self.other.append(_cut(text))
 
     def ordered(self) -> list[str]:
         found = [text for _, _, text in sorted(self.rows)] + self.other
@@ -150,8 +176,8 @@ class _Chain:
     #: small integer whatever denominators a tampered row holds
     charged: int = 0
     charged_delta: int = 0
-    #: governor key ids that signed this chain's governance events, and those a rotation retired (an
-    #: ``account_updated`` with ``details.governor_key_id``, signed by the new key, retires every other)
+    #: governor key ids (of the given ones) that signed this chain's governance events, and those a rotation
+    #: retired (an ``account_updated`` with ``details.governor_key_id``, signed by the new key, retires every other)
     governor_seen: set = field(default_factory=set)
     governor_retired: set = field(default_factory=set)
 
@@ -166,66 +192,92 @@ def _units_below(value: Fraction) -> int:
     return value.numerator * MAX_DENOMINATOR // value.denominator
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_PROBLEM_CHARS else text[:MAX_PROBLEM_CHARS] + "… (cut)"
+
+
+def _plain(value: Any) -> str:
+    """A stored value inside a row's label: short text as it is, anything else as :func:`shown` gives it."""
+    return value if isinstance(value, str) and len(value) <= 80 else shown(value, 80)
+
+
 def _where(row: Mapping[str, Any]) -> str:
-    return f"dp_audit_events id={row['id']} (account {row['account']!r}, seq {row['account_seq']}, {row['event']})"
-
-
-def _charge_label(charge: Mapping[str, Any]) -> str:
     return (
-        f"dp_charges id={charge['id']} (account {charge['account']!r}, {charge['dag_id']}/{charge['run_id']}/"
-        f"{charge['task_id']}/{charge['map_index']}/{charge['release_name']}, attempt {charge['attempt']})"
+        f"dp_audit_events id={row['id']} (account {shown(row['account'], 80)}, seq {_plain(row['account_seq'])}, "
+        f"{_plain(row['event'])})"
     )
 
 
-@functools.lru_cache(maxsize=4096)
-def _parse_fraction(text: str) -> Fraction | None:
-    """Only the form the ledger writes (``str(Fraction)``, bounded digits): an exponent such as ``0e-999999999``
-    would make :class:`~fractions.Fraction` itself run for ever."""
-    try:
-        return stored_fraction(text, "a number")
-    except AuditChainError:
-        return None
+def _charge_label(charge: Mapping[str, Any]) -> str:
+    key = "/".join(_plain(charge[name]) if isinstance(charge[name], str) else shown(charge[name], 80)
+                   for name in ("dag_id", "run_id", "task_id", "map_index", "release_name"))
+    return (
+        f"dp_charges id={charge['id']} (account {shown(charge['account'], 80)}, {key}, attempt "
+        f"{_plain(charge['attempt'])})"
+    )
+
+
+class _Lazy:
+    """A row's label, made the first time a message formats it (most rows are named by no message)."""
+
+    __slots__ = ("_make", "_row", "_text")
+
+    def __init__(self, make: Any, row: Mapping[str, Any]) -> None:
+        self._make, self._row, self._text = make, row, None
+
+    def __format__(self, spec: str) -> str:
+        if self._text is None:
+            self._text = self._make(self._row)
+        return format(self._text, spec)
+
+    __str__ = lambda self: format(self, "")  # noqa: E731
 
 
 def _number(value: Any, what: str) -> Fraction:
-    """An exact number stored as text (``str(Fraction)``); raises :class:`_BadValue` naming ``what``."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return Fraction(value)
-    number = _parse_fraction(value) if isinstance(value, str) else None
-    if number is None:
-        raise _BadValue(f"{what} {value!r} is not a number")
-    return number
-
-
-def _total(value: Any, expected: Fraction, what: str) -> Fraction:
-    """A running total as stored; the common case (it is ``str(expected)``) needs no parsing."""
-    return expected if value == str(expected) else _number(value, what)
-
-
-def _optional_number(value: Any, what: str) -> Fraction:
-    return Fraction(0) if value is None else _number(value, what)
+    """An exact number stored as text, only in the form the ledger writes (``str(Fraction)``, at most 60 digits a
+    side: :func:`~dp_operators.ledger.bounded.read_number`, which caches short texts); raises :class:`_BadValue`
+    naming ``what``."""
+    try:
+        return read_number(value)
+    except BoundsError as error:
+        raise _BadValue(f"{what} {shown(value)} is not a number: it {error}") from None
 
 
 def _json(value: Any, what: str) -> Any:
+    """JSON text within :func:`~dp_operators.ledger.bounded.read_json`'s bounds (``None`` stays ``None``); raises
+    :class:`_BadValue` naming ``what``."""
     if value is None:
         return None
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
-            pass
-    raise _BadValue(f"{what} is not JSON text")
+    try:
+        return read_json(value)
+    except BoundsError as error:
+        raise _BadValue(f"{what} is not JSON text the ledger writes: it {error}") from None
+
+
+def _unreadable(problem: UnreadableValueError, value: Any) -> str:
+    """An unreadable column of a row, as verify words it (the row is named by the caller)."""
+    if problem.column in NUMBER_COLUMNS and problem.reason.startswith("is outside"):
+        return f"{problem.column} {shown(value)} {problem.reason}"
+    if problem.column in NUMBER_COLUMNS:
+        return f"{problem.column} {shown(value)} is not a number: it {problem.reason}"
+    if problem.column in JSON_COLUMNS or problem.column == "output":
+        return f"{problem.column} is not JSON text the ledger writes: it {problem.reason}"
+    return f"{problem.column} {problem.reason}"
 
 
 def _sha256(text: Any) -> str | None:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest() if isinstance(text, str) else None
+    if not isinstance(text, str):
+        return None
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _show(value: Fraction) -> str:
-    """A number for a problem message: exact (``str(Fraction)``) unless it would run to hundreds of digits."""
+    """A number for a problem message: exact (``str(Fraction)``) unless it would run to hundreds of digits, then
+    its magnitude (never a float conversion that could overflow)."""
     if value.numerator.bit_length() + value.denominator.bit_length() < 1000:
         return str(value)
-    return f"~{value.numerator / value.denominator:.6g}"
+    digits = len(str(abs(value.numerator) // value.denominator)) if value.numerator.bit_length() < 10_000 else None
+    return f"a number of {digits:,} digits" if digits else "a number of thousands of digits"
 
 
 def _differ(names: list[str]) -> str:
@@ -238,6 +290,46 @@ def _stream(conn: Connection, query: Any) -> Iterator[Mapping[str, Any]]:
         yield row._mapping
 
 
+class _Strays:
+    """Audit events of accounts that have no ``dp_budget_accounts`` row, counted in O(1) memory: how many, how many
+    accounts (the events arrive ordered by account), the smallest :data:`FIRST_IDS_SHOWN` ids and the first
+    account names seen."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.accounts = 0
+        self._last: Any = None
+        self._ids: list[int] = []  # a max-heap (negated) of the smallest ids
+        self.names: list[str] = []
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        self.events += 1
+        if self.events == 1 or row["account"] != self._last:
+            self.accounts += 1
+            self._last = row["account"]
+            if len(self.names) < FIRST_IDS_SHOWN:
+                self.names.append(shown(row["account"], 80))
+        event_id = row["id"]
+        if isinstance(event_id, int):
+            if len(self._ids) < FIRST_IDS_SHOWN:
+                heapq.heappush(self._ids, -event_id)
+            elif -self._ids[0] > event_id:
+                heapq.heapreplace(self._ids, -event_id)
+
+    def problem(self) -> tuple[int, str] | None:
+        if not self.events:
+            return None
+        ids = sorted(-negated for negated in self._ids)
+        more = f" and {self.accounts - len(self.names):,} more" if self.accounts > len(self.names) else ""
+        return ids[0] if ids else -1, (
+            f"dp_audit_events id={', '.join(map(str, ids))}{' ...' if self.events > len(ids) else ''}: "
+            f"{self.events:,} audit event{'s' if self.events != 1 else ''} name{'' if self.events != 1 else 's'} "
+            f"{self.accounts:,} account{'s' if self.accounts != 1 else ''} that {'have' if self.accounts != 1 else 'has'} "
+            f"no dp_budget_accounts row ({', '.join(self.names)}{more}): the account row was deleted, or the events "
+            "were written outside the ledger; they were not replayed"
+        )
+
+
 class _Verifier:
     def __init__(
         self, keyring: Keyring | None, config: LedgerConfig | None, governor_key_ids: set[str] | None
@@ -248,24 +340,36 @@ class _Verifier:
         self.problems = _Problems()
         self.report = VerifyReport(authenticated=keyring is not None)
         self.chains: dict[Any, _Chain] = {}
+        #: the names of the accounts (rows of dp_budget_accounts): events of any other are counted, not replayed
+        self.accounts: set[Any] = set()
+        self.strays = _Strays()
 
     # -- pass 1: chains ------------------------------------------------------------------------------------------
     def replay_chains(self, rows: Iterable[Mapping[str, Any]]) -> None:
         for row in rows:
             self.report.events += 1
+            if row["account"] not in self.accounts:
+                self.strays.add(row)
+                continue
             chain = self.chains.setdefault(row["account"], _Chain())
             self._replay(chain, row)
             chain.events += 1
+        stray = self.strays.problem()
+        if stray is not None:
+            self.problems.row(*stray)
         for name, chain in self.chains.items():
             if chain.legacy and not chain.chain_keyed:
                 self.problems.add(
-                    f"account {name!r}: its audit chain ends in {chain.legacy} unkeyed (schema 2) rows without a "
+                    f"account {shown(name)}: its audit chain ends in {chain.legacy} unkeyed (schema 2) rows without a "
                     "'chain_keyed' event; a privacy officer runs 'dpctl ledger init' with the governor key"
                 )
 
     def _replay(self, chain: _Chain, row: Mapping[str, Any]) -> None:
-        where = _where(row)
-        flag = lambda text: self.problems.row(row["id"], f"{where}: {text}")  # noqa: E731
+        flag = lambda text: self.problems.row(row["id"], f"{_where(row)}: {text}")  # noqa: E731
+        read = read_row(schema.audit_events, row)
+        for problem in read.problems:
+            flag(_unreadable(problem, row[problem.column]))
+        unreadable = {problem.column for problem in read.problems}
         event, seq, key_id = row["event"], row["account_seq"], row["key_id"]
         first = chain.events == 0
 
@@ -283,7 +387,7 @@ class _Verifier:
 
         # authenticity and the signer's role
         if event not in _KNOWN_EVENTS:
-            flag(f"unknown event {event!r} (not written by the ledger)")
+            flag(f"unknown event {shown(event)} (not written by the ledger)")
         if key_id is None:
             if chain.keyed:
                 flag(
@@ -311,7 +415,7 @@ class _Verifier:
         if first and event not in ("account_created", "account_migrated"):
             flag("an account's chain must start with 'account_created' or 'account_migrated'")
         if not first and event in ("account_created", "account_migrated"):
-            flag(f"{event!r} is legal only at the start of a chain (seq 1)")
+            flag(f"{shown(event)} is legal only at the start of a chain (seq 1)")
         keyed_here = event == "chain_keyed" and key_id is not None and not first
         if event == "chain_keyed":
             if chain.chain_keyed:
@@ -320,28 +424,15 @@ class _Verifier:
             elif chain.keyed:
                 flag("'chain_keyed' is legal only right after the unkeyed (schema 2) rows of a chain")
                 keyed_here = False
-        if row["charge_id"] is not None and not (
-            isinstance(row["charge_id"], int) and not isinstance(row["charge_id"], bool)
-        ):
-            flag(f"charge_id {row['charge_id']!r} is not an integer")
         if row["charge_id"] is None and event in _CHARGE_EVENTS:
-            flag(f"a {event!r} event must name its charge (charge_id is NULL: forged)")
+            flag(f"a {shown(event)} event must name its charge (charge_id is NULL: forged)")
         if key_id is not None:
             chain.keyed = True
 
-        # parsed values
-        details = None
-        if event in GOVERNANCE_EVENTS:
-            try:
-                details = _json(row["details"], "details")
-            except _BadValue as error:
-                flag(str(error))
-        try:
-            amount = _optional_number(row["amount"], "amount")
-            delta_amount = _optional_number(row["delta_amount"], "delta_amount")
-        except _BadValue as error:
-            flag(str(error))
-            amount, delta_amount = Fraction(0), Fraction(0)
+        # parsed values (an unreadable one was named above)
+        details = read.values["details"] if event in GOVERNANCE_EVENTS else None
+        amount = read.values["amount"] or Fraction(0)
+        delta_amount = read.values["delta_amount"] or Fraction(0)
 
         # governance: the configuration in force from here on
         if event in GOVERNANCE_EVENTS:
@@ -354,14 +445,14 @@ class _Verifier:
             rotated = details.get("governor_key_id") if isinstance(details, dict) else None
             if isinstance(rotated, str) and rotated == key_id:
                 chain.governor_retired |= chain.governor_seen - {key_id}
-            if key_id is not None:
+            if self.governor_ids is not None and key_id in self.governor_ids:  # bounded by the keys given
                 chain.governor_seen.add(key_id)
             if event == "account_migrated" and first and isinstance(details, dict):
                 last = details.get("last_charge_id", 0)
                 if isinstance(last, int) and not isinstance(last, bool):
                     chain.migrated_last_charge = last
                 else:
-                    flag(f"details.last_charge_id {last!r} is not an integer")
+                    flag(f"details.last_charge_id {shown(last)} is not an integer")
 
         # running totals: what the events before imply, against what the row states
         spent, delta = chain.spent, chain.delta
@@ -369,7 +460,7 @@ class _Verifier:
             self._check_reservation(chain, row, amount, delta_amount, flag)
             spent, delta = round_up(spent + amount), round_up(delta + delta_amount)
         elif event == "released":
-            if row["amount"] is None:
+            if row["amount"] is None and "amount" not in unreadable:
                 flag("a 'released' event must state the amount returned")
             spent, delta = spent - amount, delta - delta_amount
             if spent < 0 or delta < 0:
@@ -377,13 +468,12 @@ class _Verifier:
                     f"spend goes negative: {_show(spent)} (delta {_show(delta)}) after returning {_show(amount)} "
                     f"(delta {_show(delta_amount)})"
                 )
-        try:
-            spent_after = _total(row["spent_after"], spent, "spent_after")
-            delta_after = _total(row["delta_spent_after"], delta, "delta_spent_after")
-        except _BadValue as error:
-            flag(str(error))
-            chain.spent, chain.delta = spent, delta
+        if unreadable & {"spent_after", "delta_spent_after"}:
+            # go on from what the events before imply; rounded as the ledger rounds totals, so forged amounts
+            # cannot grow its denominator event after event
+            chain.spent, chain.delta = round_up(spent), round_up(delta)
             return
+        spent_after, delta_after = read.values["spent_after"], read.values["delta_spent_after"]
         if event == "account_migrated" and first:
             pass  # a migration from schema 1 states the totals of the charges made before it
         elif keyed_here:
@@ -405,25 +495,25 @@ class _Verifier:
         if self.keyring is not None:
             key = self.keyring.get(key_id) if isinstance(key_id, str) else None
             if key is None:
-                flag(f"signed with key id {key_id!r}, which is not in the keyring (a retired key not given, or forged)")
+                flag(f"signed with key id {shown(key_id)}, which is not in the keyring (a retired key not given, or forged)")
             else:
                 try:
                     intact = audit_row_mac(row, key) == row["row_hash"]
                 except (TypeError, ValueError):
                     intact = False
                 if not intact:
-                    flag(f"MAC does not match under key id {key_id!r} (the row was edited, or written without the key)")
+                    flag(f"MAC does not match under key id {shown(key_id)} (the row was edited, or written without the key)")
         if self.governor_ids is None:
             return  # governor and spend keys cannot be told apart: any key of the keyring may sign anything
         if event in GOVERNANCE_EVENTS and key_id not in self.governor_ids:
-            flag(f"a governance event signed with key id {key_id!r}, which is not a governor key")
+            flag(f"a governance event signed with key id {shown(key_id)}, which is not a governor key")
         elif event in GOVERNANCE_EVENTS and key_id in chain.governor_retired:
-            flag(f"a governance event signed with key id {key_id!r}, a governor key this chain's rotation retired")
+            flag(f"a governance event signed with key id {shown(key_id)}, a governor key this chain's rotation retired")
         elif event in SPEND_EVENTS:
             authorised = (chain.stored or {}).get("spend_key_id")
             if key_id != authorised and key_id not in self.governor_ids:
                 flag(
-                    f"signed with key id {key_id!r}, but the account accepts spend key id {authorised!r} (or a "
+                    f"signed with key id {shown(key_id)}, but the account accepts spend key id {shown(authorised)} (or a "
                     "governor key) at this point"
                 )
 
@@ -447,9 +537,9 @@ class _Verifier:
     ) -> None:
         """A ``reserved`` event is legal only within the cap, delta cap and allowlist in force at that point."""
         if row["amount"] is None or amount <= 0:
-            flag(f"a reservation must be > 0, got {row['amount']!r}")
+            flag(f"a reservation must be > 0, got {shown(row['amount'])}")
         if delta_amount < 0:
-            flag(f"a reservation's delta must be >= 0, got {row['delta_amount']!r}")
+            flag(f"a reservation's delta must be >= 0, got {shown(row['delta_amount'])}")
         stored = chain.stored
         if stored is None:
             return
@@ -470,11 +560,12 @@ class _Verifier:
             flag(str(error))
             return
         if not isinstance(allowed, list) or row["dag_id"] not in allowed:
-            flag(f"reserves for DAG {row['dag_id']!r}, which the account did not allow at this point ({allowed})")
+            flag(f"reserves for DAG {shown(row['dag_id'])}, which the account did not allow at this point ({allowed})")
 
     # -- pass 2: charges --------------------------------------------------------------------------------------
     def check_charges(self, charges: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]]) -> None:
-        integral = (row for row in events if isinstance(row["charge_id"], int) and not isinstance(row["charge_id"], bool))
+        # events of accounts without a row were counted in pass 1; an id that is no integer was named there
+        integral = (row for row in events if type(row["charge_id"]) is int and row["account"] in self.accounts)
         groups = itertools.groupby(integral, key=lambda row: row["charge_id"])
         pending = next(groups, None)
         for charge in charges:
@@ -484,12 +575,27 @@ class _Verifier:
                 pending = next(groups, None)
             found: list[Mapping[str, Any]] = []
             if pending is not None and pending[0] == charge["id"]:
-                found = list(pending[1])
+                found = self._first_events(charge["id"], pending[1])
                 pending = next(groups, None)
             self._check_charge(charge, found)
         while pending is not None:
             self._orphans(pending[1])
             pending = next(groups, None)
+
+    def _first_events(self, charge_id: int, rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """The first :data:`MAX_EVENTS_PER_CHARGE` events naming charge ``charge_id``; each one beyond is a problem
+        of its own and is not kept (a charge has two events)."""
+        found: list[Mapping[str, Any]] = []
+        for row in rows:
+            if len(found) < MAX_EVENTS_PER_CHARGE:
+                found.append(row)
+            else:
+                self.problems.row(
+                    row["id"],
+                    f"{_where(row)}: one of more than {MAX_EVENTS_PER_CHARGE} events naming charge id={charge_id} (a "
+                    "charge has a 'reserved' event and one that ends it; the rest were written outside the ledger)",
+                )
+        return found
 
     def _orphans(self, rows: Iterable[Mapping[str, Any]]) -> None:
         for row in rows:
@@ -500,14 +606,17 @@ class _Verifier:
             )
 
     def _check_charge(self, charge: Mapping[str, Any], found: list[Mapping[str, Any]]) -> None:
-        label = _charge_label(charge)
+        label = _Lazy(_charge_label, charge)
+        read = read_row(schema.charges, {**charge, "created_at": self._created_time(charge["created_at"])})
+        if read.problems:
+            self.problems.add(
+                f"{label}: " + "; ".join(_unreadable(problem, charge[problem.column]) for problem in read.problems)
+            )
+        unreadable = {problem.column for problem in read.problems}
         chain = self.chains.get(charge["account"])
         if chain is not None and charge["state"] != "released":
-            try:
-                chain.charged += _units_below(_number(charge["amount"], "amount"))
-                chain.charged_delta += _units_below(_number(charge["delta_amount"], "delta_amount"))
-            except _BadValue:
-                pass  # named by the fixed-column check below
+            chain.charged += _units_below(read.values["amount"] or Fraction(0))
+            chain.charged_delta += _units_below(read.values["delta_amount"] or Fraction(0))
         predates = chain is not None and charge["id"] <= chain.migrated_last_charge
         state: str | None = None
         reserved: Mapping[str, Any] | None = None
@@ -517,24 +626,24 @@ class _Verifier:
             (row for row in found if row["event"] == "reserved" and row["account"] == charge["account"]), None
         )
         for row in found:
-            where = _where(row)
+            where = _Lazy(_where, row)
             event = row["event"]
             if row["account"] != charge["account"]:
                 self.problems.row(
                     row["id"],
-                    f"{where}: is in the chain of account {row['account']!r}, but charge id={charge['id']} belongs "
-                    f"to account {charge['account']!r} (an event in the wrong chain)",
+                    f"{where}: is in the chain of account {shown(row['account'])}, but charge id={charge['id']} belongs "
+                    f"to account {shown(charge['account'])} (an event in the wrong chain)",
                 )
                 continue
             if event not in _CHARGE_EVENTS:
-                self.problems.row(row["id"], f"{where}: a {event!r} event names charge id={charge['id']}")
+                self.problems.row(row["id"], f"{where}: a {shown(event)} event names charge id={charge['id']}")
                 continue
             if reference is None:
                 differ = [name for name in _EVENT_CHARGE_COLUMNS if row[name] != charge[name]]
                 if differ:
                     self.problems.add(
-                        f"{label}: {_differ(differ)} from its {event!r} event id={row['id']} ("
-                        + "; ".join(f"{name} {charge[name]!r} vs {row[name]!r}" for name in differ)
+                        f"{label}: {_differ(differ)} from its {shown(event)} event id={row['id']} ("
+                        + "; ".join(f"{name} {shown(charge[name])} vs {shown(row[name])}" for name in differ)
                         + ")"
                     )
             elif row is not reference:
@@ -544,7 +653,7 @@ class _Verifier:
                         row["id"],
                         f"{where}: {_differ(differ)} from the 'reserved' event id={reference['id']} of "
                         f"charge id={charge['id']} ("
-                        + "; ".join(f"{name} {row[name]!r} vs {reference[name]!r}" for name in differ)
+                        + "; ".join(f"{name} {shown(row[name])} vs {shown(reference[name])}" for name in differ)
                         + ")",
                     )
             if event == "reserved":
@@ -555,13 +664,13 @@ class _Verifier:
             elif state is None or state == "reserved":
                 if state is None and not predates:
                     self.problems.row(
-                        row["id"], f"{where}: {event!r} without a 'reserved' event for charge id={charge['id']}"
+                        row["id"], f"{where}: {shown(event)} without a 'reserved' event for charge id={charge['id']}"
                     )
                 state, terminal = event, row
             else:
                 self.problems.row(
                     row["id"],
-                    f"{where}: {event!r} after {state!r}: a charge ends once (reserved, then one of committed, "
+                    f"{where}: {shown(event)} after {shown(state)}: a charge ends once (reserved, then one of committed, "
                     "released or abandoned)",
                 )
 
@@ -570,9 +679,9 @@ class _Verifier:
                 self.problems.add(f"{label}: has no audit events in its account's chain (inserted outside the ledger)")
             return
         if charge["state"] != state:
-            self.problems.add(f"{label}: state {charge['state']!r}, but its audit events end in {state!r}")
+            self.problems.add(f"{label}: state {shown(charge['state'])}, but its audit events end in {shown(state)}")
         if reserved is not None:
-            self._check_fixed_columns(charge, reserved, label)
+            self._check_fixed_columns(charge, reserved, label, unreadable)
         elif not predates:
             self.problems.add(f"{label}: has no 'reserved' event")
         if terminal is None:
@@ -581,7 +690,7 @@ class _Verifier:
             digest = terminal["output_digest"]
             if charge["output_digest"] != digest:
                 self.problems.add(
-                    f"{label}: output_digest {charge['output_digest']!r} differs from its 'committed' event's {digest!r}"
+                    f"{label}: output_digest {shown(charge['output_digest'])} differs from its 'committed' event's {shown(digest)}"
                 )
             elif digest is None or _sha256(charge["output"]) != digest:
                 self.problems.add(f"{label}: the stored output does not hash to the digest in its 'committed' event")
@@ -592,7 +701,7 @@ class _Verifier:
                 self.problems.row(
                     terminal["id"],
                     f"{where}: charge id={charge['id']} was reserved without a token, so nothing can prove this "
-                    f"{terminal['event']!r}",
+                    f"{shown(terminal['event'])}",
                 )
             elif _sha256(terminal["proof"]) != expected:
                 self.problems.row(
@@ -601,11 +710,13 @@ class _Verifier:
                     "reservation's token)",
                 )
 
-    def _check_fixed_columns(self, charge: Mapping[str, Any], reserved: Mapping[str, Any], label: str) -> None:
+    def _check_fixed_columns(
+        self, charge: Mapping[str, Any], reserved: Mapping[str, Any], label: str, unreadable: set[str]
+    ) -> None:
         differ = []
         for name in schema.CHARGE_FIXED_COLUMNS:
-            if name in ("id", "account"):
-                continue  # the merge key, and checked per event
+            if name in ("id", "account") or name in unreadable:
+                continue  # the merge key, checked per event; or named unreadable already
             if name == "created_at" and reserved["key_id"] is None:
                 continue  # schema-2 events took their own timestamp, not the charge's
             if name == "created_at":
@@ -619,15 +730,15 @@ class _Verifier:
             else:
                 stored, expected = charge[name], reserved[name]
             if stored != expected:
-                shown = stored if name == "created_at" else charge[name]
-                differ.append(f"{name} {shown!r} (its 'reserved' event id={reserved['id']} says {expected!r})")
-        try:
-            _number(charge["amount"], "amount")
-            _number(charge["delta_amount"], "delta_amount")
-        except _BadValue as error:
-            differ.append(str(error))
+                value = stored if name == "created_at" else charge[name]
+                differ.append(f"{name} {shown(value)} (its 'reserved' event id={reserved['id']} says {shown(expected)})")
         if differ:
             self.problems.add(f"{label}: " + "; ".join(differ))
+
+    @staticmethod
+    def _created_time(value: Any) -> Any:
+        """A charge's ``created_at`` as read (SQLite: its text) as a datetime where it holds one."""
+        return sqlite_timestamp(value) if isinstance(value, str) else value
 
     @staticmethod
     def _created_text(value: Any) -> Any:
@@ -648,33 +759,31 @@ class _Verifier:
             self.report.accounts += 1
             name = account["name"]
             seen.add(name)
-            label = f"dp_budget_accounts {name!r}"
+            label = f"dp_budget_accounts {shown(name, 80)}"
+            read = read_row(schema.accounts, account)
+            for problem in read.problems:
+                self.problems.add(f"{label}: {_unreadable(problem, account[problem.column])}")
             chain = self.chains.get(name)
             if chain is None:
                 self.problems.add(f"{label}: has no audit events (created outside 'dpctl ledger apply')")
             else:
-                self._check_account(account, chain, label)
+                self._check_account(account, read.values, chain, label)
             if name in configured:
                 self._check_configured(account, configured[name], label)
-        for name in self.chains:
-            if name not in seen:
-                self.problems.add(f"audit events of account {name!r} exist, but its dp_budget_accounts row is missing")
         for name in sorted(set(configured) - seen):
-            self.problems.add(f"account {name!r} is in the given configuration but not in the ledger ('dpctl ledger apply')")
+            self.problems.add(f"account {shown(name)} is in the given configuration but not in the ledger ('dpctl ledger apply')")
 
-    def _check_account(self, account: Mapping[str, Any], chain: _Chain, label: str) -> None:
+    def _check_account(
+        self, account: Mapping[str, Any], values: Mapping[str, Any], chain: _Chain, label: str
+    ) -> None:
         self.report.heads[account["name"]] = chain.head
         if account["audit_seq"] != chain.seq or account["audit_head"] != chain.head:
             self.problems.add(
-                f"{label}: chain head is seq {account['audit_seq']} but the last event is seq {chain.seq} (events at "
-                "the end of the chain were deleted, or the head was edited)"
+                f"{label}: chain head is seq {_plain(account['audit_seq'])} but the last event is seq {chain.seq} "
+                "(events at the end of the chain were deleted, or the head was edited)"
             )
-        try:
-            spent = _number(account["spent"], "spent")
-            delta_spent = _number(account["delta_spent"], "delta_spent")
-        except _BadValue as error:
-            self.problems.add(f"{label}: {error}")
-        else:
+        spent, delta_spent = values["spent"], values["delta_spent"]
+        if spent is not None and delta_spent is not None:  # else named unreadable
             if (spent, delta_spent) != (chain.spent, chain.delta):
                 self.problems.add(
                     f"{label}: spent {account['spent']} (delta {account['delta_spent']}) but the audit events add up "
@@ -689,10 +798,7 @@ class _Verifier:
                     f"(delta {_show(Fraction(chain.charged_delta, MAX_DENOMINATOR))}): spend was returned without "
                     "its charge, or a charge's state or amount was changed"
                 )
-            try:
-                cap = _number(account["cap"], "cap")
-            except _BadValue:
-                cap = None  # named by the governed-column check
+            cap = values["cap"]  # None: named unreadable
             if cap is not None and spent > cap:
                 self.problems.add(f"{label}: spent {_show(spent)} exceeds the cap {_show(cap)}")
         stored = chain.stored or {}
@@ -700,7 +806,7 @@ class _Verifier:
         if differ:
             self.problems.add(
                 f"{label}: {_differ(differ)} from the last governance event in its audit chain ("
-                + "; ".join(f"{name} {account[name]!r} vs {stored.get(name)!r}" for name in differ)
+                + "; ".join(f"{name} {shown(account[name])} vs {shown(stored.get(name))}" for name in differ)
                 + "): changed outside 'dpctl ledger apply'"
             )
 
@@ -711,7 +817,7 @@ class _Verifier:
         differ = []
         for name in ("accountant", "privacy_unit"):
             if account[name] != values[name]:
-                differ.append(f"{name} {account[name]!r} (configuration: {values[name]!r})")
+                differ.append(f"{name} {shown(account[name])} (configuration: {shown(values[name])})")
         for name in ("cap", "delta"):
             try:
                 stored = None if account[name] is None else _number(account[name], name)
@@ -719,13 +825,13 @@ class _Verifier:
                 stored = account[name]
             expected = None if values[name] is None else Fraction(values[name])
             if stored != expected:
-                differ.append(f"{name} {account[name]!r} (configuration: {values[name]!r})")
+                differ.append(f"{name} {shown(account[name])} (configuration: {shown(values[name])})")
         try:
             allowed = _json(account["allowed_dags"], "allowed_dags")
         except _BadValue:
             allowed = account["allowed_dags"]
         if not isinstance(allowed, list) or sorted(map(str, allowed)) != sorted(wanted.allowed_dags):
-            differ.append(f"allowed_dags {account['allowed_dags']!r} (configuration: {values['allowed_dags']!r})")
+            differ.append(f"allowed_dags {shown(account['allowed_dags'])} (configuration: {shown(values['allowed_dags'])})")
         if differ:
             self.problems.add(f"{label}: differs from the given configuration: " + "; ".join(differ))
 
@@ -760,8 +866,9 @@ def verify_ledger(
     verifier = _Verifier(keyring, config, governor_key_ids)
     e, c, a = schema.audit_events.c, schema.charges.c, schema.accounts.c
     sqlite = base._reader.dialect.name == "sqlite"
-    # SQLite stores timestamps as text; read them as text so an edited value becomes a problem, not an exception
-    created = sa.type_coerce(c.created_at, sa.String).label("created_at") if sqlite else c.created_at
+    # SQLite stores timestamps as text: read as text, an edited value becomes a problem, not an exception; on
+    # PostgreSQL one outside the years 1 to 9999, which the driver cannot return, is read as NULL (timestamp_column)
+    created = timestamp_column(c.created_at, base._reader.dialect.name)
     charge_columns = [c[name] for name in schema.CHARGE_FIXED_COLUMNS if name != "created_at"]
     charge_columns += [created, c.state, c.output, c.output_digest]
     account_columns = [column for column in a if column.name not in ("created_at", "updated_at")]
@@ -770,6 +877,8 @@ def verify_ledger(
         if not sqlite:  # one snapshot for every pass, so concurrent spending cannot look inconsistent
             conn = conn.execution_options(isolation_level="REPEATABLE READ")
         with conn.begin():
+            lenient_sqlite_text(conn)
+            verifier.accounts = set(conn.execute(sa.select(a.name)).scalars())
             verifier.replay_chains(_stream(conn, sa.select(schema.audit_events).order_by(e.account, e.account_seq)))
             verifier.check_charges(
                 _stream(conn, sa.select(*charge_columns).order_by(c.id)),

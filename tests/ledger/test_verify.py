@@ -291,7 +291,7 @@ def test_an_unreadable_timestamp_on_sqlite_is_a_problem(tmp_path):
     problems = check(url).problems
     assert len(problems) == 1
     assert problems[0].startswith(f"dp_charges id={charge_id} (")
-    assert "created_at 'yesterday'" in problems[0]
+    assert "created_at holds 'yesterday', not a time" in problems[0]
 
 
 # -- the per-account chain rules ------------------------------------------------------------------------------
@@ -694,7 +694,7 @@ def test_a_number_that_would_take_for_ever_to_parse_is_named_not_parsed(ledger_u
         conn.exec_driver_sql(f"UPDATE dp_budget_accounts SET {column} = '0e-999999999' WHERE name = 'a'")
     engine.dispose()
     parsed = fraction_parses(monkeypatch, "0e-999999999")
-    with pytest.raises(AuditChainError, match=f"{column} is '0e-999999999', not a number the ledger writes"):
+    with pytest.raises(AuditChainError, match=f"{column} (is )?'0e-999999999',? (is )?not "):
         if column == "spent":
             ledger.reserve(ReleaseKey("d", "r", "t", -1, "r"), account="a", amount=Fraction(1, 10), mechanisms=[],
                            spec_hash="0" * 64)
