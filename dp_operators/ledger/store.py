@@ -488,12 +488,13 @@ _INT64 = 2**63
 _replace_undecodable = functools.partial(bytes.decode, encoding="utf-8", errors="replace")
 
 
-def lenient_sqlite_text(conn: Connection) -> None:
+def lenient_sqlite_text(conn: Connection, lenient: bool = True) -> None:
     """On SQLite, make ``conn`` read text that is not UTF-8 (a hostile ``CAST(x'ff' AS TEXT)``) with replacement
-    characters instead of failing the whole read; the ledger writes only UTF-8, which reads the same either way.
-    Nothing on other databases (PostgreSQL checks the encoding of what it stores)."""
+    characters instead of failing the whole read (``lenient``; else back to SQLite's own decoding, which is faster
+    and raises on such text); the ledger writes only UTF-8, which reads the same either way. Nothing on other
+    databases (PostgreSQL checks the encoding of what it stores)."""
     if conn.dialect.name == "sqlite":
-        conn.connection.driver_connection.text_factory = _replace_undecodable
+        conn.connection.driver_connection.text_factory = _replace_undecodable if lenient else str
 
 
 def timestamp_column(column: sa.Column, dialect: str) -> Any:

@@ -66,6 +66,7 @@ from dp_operators.ledger.store import (
     NUMBER_COLUMNS,
     STREAM_BATCH,
     LedgerBase,
+    ReadRow,
     lenient_sqlite_text,
     read_row,
     sqlite_timestamp,
@@ -681,7 +682,7 @@ class _Verifier:
         if charge["state"] != state:
             self.problems.add(f"{label}: state {shown(charge['state'])}, but its audit events end in {shown(state)}")
         if reserved is not None:
-            self._check_fixed_columns(charge, reserved, label, unreadable)
+            self._check_fixed_columns(charge, reserved, label, read)
         elif not predates:
             self.problems.add(f"{label}: has no 'reserved' event")
         if terminal is None:
@@ -711,19 +712,19 @@ class _Verifier:
                 )
 
     def _check_fixed_columns(
-        self, charge: Mapping[str, Any], reserved: Mapping[str, Any], label: str, unreadable: set[str]
+        self, charge: Mapping[str, Any], reserved: Mapping[str, Any], label: Any, read: ReadRow
     ) -> None:
         differ = []
         for name in schema.CHARGE_FIXED_COLUMNS:
-            if name in ("id", "account") or name in unreadable:
+            if name in ("id", "account") or name in read.unreadable:
                 continue  # the merge key, checked per event; or named unreadable already
             if name == "created_at" and reserved["key_id"] is None:
                 continue  # schema-2 events took their own timestamp, not the charge's
             if name == "created_at":
                 stored, expected = self._created_text(charge["created_at"]), reserved["created_at"]
             elif name == "context":
+                stored = read.values["context"]  # parsed (readable: else skipped above)
                 try:
-                    stored = _json(charge["context"], "context")
                     expected = _json(reserved["context"], "context")
                 except _BadValue:
                     stored, expected = charge["context"], reserved["context"]
@@ -863,6 +864,29 @@ def verify_ledger(
         sqlalchemy.exc.DBAPIError: the database cannot be read.
     """
     base.check_schema()
+    try:
+        verifier = _verify(base, keyring, config, governor_key_ids, lenient=False)
+    except sa.exc.OperationalError as error:
+        # SQLite text that is not UTF-8 fails the read; read it all again decoding it with replacement characters
+        # (every read pays for that decoding, so only a ledger holding such text does)
+        if "decode" not in str(error.orig).lower():
+            raise
+        verifier = _verify(base, keyring, config, governor_key_ids, lenient=True)
+    report = verifier.report
+    report.problems = verifier.problems.ordered()
+    return report
+
+
+def _verify(
+    base: LedgerBase,
+    keyring: Keyring | None,
+    config: LedgerConfig | None,
+    governor_key_ids: set[str] | None,
+    *,
+    lenient: bool,
+) -> _Verifier:
+    """The passes of :func:`verify_ledger` in one read transaction; ``lenient``: SQLite text that is not UTF-8 is
+    read with replacement characters (:func:`~dp_operators.ledger.store.lenient_sqlite_text`)."""
     verifier = _Verifier(keyring, config, governor_key_ids)
     e, c, a = schema.audit_events.c, schema.charges.c, schema.accounts.c
     sqlite = base._reader.dialect.name == "sqlite"
@@ -877,7 +901,7 @@ def verify_ledger(
         if not sqlite:  # one snapshot for every pass, so concurrent spending cannot look inconsistent
             conn = conn.execution_options(isolation_level="REPEATABLE READ")
         with conn.begin():
-            lenient_sqlite_text(conn)
+            lenient_sqlite_text(conn, lenient)
             verifier.accounts = set(conn.execute(sa.select(a.name)).scalars())
             verifier.replay_chains(_stream(conn, sa.select(schema.audit_events).order_by(e.account, e.account_seq)))
             verifier.check_charges(
@@ -890,6 +914,5 @@ def verify_ledger(
             verifier.check_accounts(_stream(conn, sa.select(*account_columns).order_by(a.name)))
             for problem in schema.trigger_problems(conn):
                 verifier.problems.add(problem)
-    report = verifier.report
-    report.problems = verifier.problems.ordered()
-    return report
+    return verifier
+

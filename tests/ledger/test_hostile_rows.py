@@ -600,3 +600,18 @@ def test_json_is_bounded_in_depth_length_and_numbers():
                          ("[" + "9" * 4301 + "]", "more than 4,300 digits"), ("{", "not JSON text")):
         with pytest.raises(BoundsError, match=reason):
             read_json(text)
+
+
+def test_sqlite_text_that_is_not_utf8_is_read_with_replacement_characters(sqlite_copies):
+    """Bytes that are not UTF-8 stored as text (SQLite stores anything) fail no read: verify, history and the
+    dashboard see U+FFFD and name the value."""
+    url = sqlite_copies()
+    (_, charge_id, _), = plant(url, [("raw", "dp_charges", "amount", "CAST(X'31ff' AS TEXT)")])
+    report = verify_ledger(governor(url), KEYS, governor_key_ids={GOVERNOR_KEY.key_id})
+    assert any(p.startswith(f"dp_charges id={charge_id} (") and "amount '1\ufffd' is not a number" in p
+               for p in report.problems), report.problems
+    lines = [json.loads(line) for line in dpctl("ledger", "history", "--url", url, "--json").stdout.splitlines()]
+    assert next(line for line in lines if line["id"] == charge_id)["unreadable"][0].startswith("amount '1\ufffd'")
+    page = queries.account_charges(url, "a")
+    assert next(c for c in page["charges"] if c["id"] == charge_id)["unreadable"][0].startswith("amount '1\ufffd'")
+    assert verify_ledger(governor(sqlite_copies()), KEYS, governor_key_ids={GOVERNOR_KEY.key_id}).ok
