@@ -152,11 +152,11 @@ def _lease_held(key: ReleaseKey, attempt: int, lease: dt.datetime) -> LeaseHeldE
     )
 
 
-def _key_refused(account: str, accepts: str | None, given: str, done: str = "nothing was reserved") -> LedgerKeyError:
+def _key_refused(account: str, accepts: str | None, given: str) -> LedgerKeyError:
     return LedgerKeyError(
         f"budget account {account!r} accepts spend key id {accepts!r}, but this connection's audit key has id "
-        f"{given!r} (rotated, or the wrong key); {done}. Set the ledger connection's 'audit_key' to the current "
-        "spend key"
+        f"{given!r} (rotated, or the wrong key); nothing was reserved. Set the ledger connection's 'audit_key' to the "
+        "current spend key"
     )
 
 

@@ -56,7 +56,7 @@ from dp_operators.ledger.chain import AUDIT_CONTEXT_KEYS, audit_row_mac, canonic
 from dp_operators.ledger.errors import RoleNotAllowedError
 from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV
 from dp_operators.ledger.pg_functions import FUNCTIONS, MAX_MECHANISMS_BYTES, SPEND_FUNCTIONS
-from dp_operators.ledger.roles import LEDGER_SEQUENCES, LEDGER_TABLES
+from dp_operators.ledger.roles import LEDGER_SEQUENCES
 from dp_operators.ledger.team_roles import apply_team_roles
 from ledger_backends import account_config
 from old_ledgers import version_3_ledger
