@@ -873,6 +873,16 @@ DO $do$ BEGIN
 END $do$
 """
 
+#: Revoke the helpers from every role but their owner (grants survive ``CREATE OR REPLACE``; none is ever due).
+_REVOKE_HELPERS = (
+    "DO $do$ DECLARE r record; BEGIN FOR r IN SELECT p.oid::regprocedure AS fn, a.grantee "
+    "FROM pg_catalog.pg_proc AS p, pg_catalog.aclexplode(p.proacl) AS a WHERE p.oid = ANY (ARRAY["
+    + ", ".join(f"'{function.signature}'::regprocedure" for function in HELPERS)
+    + "]) AND a.grantee NOT IN (0, p.proowner) LOOP "
+    "EXECUTE format('REVOKE ALL ON FUNCTION %s FROM %I', r.fn, pg_catalog.pg_get_userbyid(r.grantee)); "
+    "END LOOP; END $do$"
+)
+
 _SCHEMAS = """
 SELECT format('%I', current_schema()),
        (SELECT format('%I', n.nspname) FROM pg_catalog.pg_extension AS e
@@ -886,8 +896,9 @@ def _sql(conn, statement: str):
 
 def install(conn) -> None:
     """Install pgcrypto (if missing) and (re)create every ledger function in the connection's current schema,
-    owned by the connecting role (the tables' owner), pinned to that schema; revoke them from PUBLIC. Idempotent:
-    grants made by :func:`~dp_operators.ledger.roles.apply_roles` survive (``CREATE OR REPLACE`` keeps them).
+    owned by the connecting role (the tables' owner), pinned to that schema; revoke them from PUBLIC and the
+    helpers from every other role. Idempotent: the grants of the spend functions made by
+    :func:`~dp_operators.ledger.roles.apply_roles` survive (``CREATE OR REPLACE`` keeps them).
 
     Raises:
         sqlalchemy.exc.DBAPIError: no schema on the ``search_path``, or the role may not create the extension or
@@ -900,12 +911,15 @@ def install(conn) -> None:
     for function in FUNCTIONS:
         for statement in function.ddl(ledger_schema, crypto_schema):
             _sql(conn, statement)
+    _sql(conn, _REVOKE_HELPERS)
 
 
 _FUNCTION_QUERY = """
 SELECT p.proname, p.prosrc, p.prosecdef, p.proconfig, format('search_path=%I, pg_temp', n.nspname),
        p.proowner = t.relowner, pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE'),
-       pg_catalog.pg_get_function_identity_arguments(p.oid)
+       pg_catalog.pg_get_function_identity_arguments(p.oid),
+       ARRAY(SELECT DISTINCT pg_catalog.pg_get_userbyid(a.grantee) FROM pg_catalog.aclexplode(p.proacl) AS a
+             WHERE a.grantee NOT IN (0, p.proowner) ORDER BY 1)
 FROM pg_catalog.pg_class AS t
 JOIN pg_catalog.pg_namespace AS n ON n.oid = t.relnamespace
 JOIN pg_catalog.pg_proc AS p ON p.pronamespace = n.oid
@@ -916,8 +930,8 @@ WHERE t.oid = 'dp_charges'::regclass AND p.proname = ANY (@NAMES@)
 def function_problems(conn) -> list[str]:
     """Compare the ledger's functions in the database with their definitions: each must exist in the tables'
     schema, owned by the tables' owner, with its expected body, ``SECURITY DEFINER`` exactly for the spend
-    functions, its ``search_path`` pinned to that schema then ``pg_temp``, and no EXECUTE for PUBLIC. One line per
-    problem (PostgreSQL only)."""
+    functions, its ``search_path`` pinned to that schema then ``pg_temp``, no EXECUTE for PUBLIC, and (the helpers)
+    none for any other role. One line per problem (PostgreSQL only)."""
     names = [function.name for function in FUNCTIONS]
     query = _FUNCTION_QUERY.replace("@NAMES@", "ARRAY[" + ", ".join(f"'{name}'" for name in names) + "]")
     found: dict[str, list[tuple]] = {}
@@ -935,7 +949,7 @@ def function_problems(conn) -> list[str]:
             continue
         if len(rows) > 1:
             problems.append(f"{what} has {len(rows) - 1} other overload(s) (added outside 'dpctl ledger init')")
-        _, source, definer, config, pinned, owned, public, _ = rows[0]
+        _, source, definer, config, pinned, owned, public, _, grantees = rows[0]
         if crypto is not None and " ".join(source.split()) != " ".join(function.source(crypto).split()):
             problems.append(f"{what} was replaced (its body differs)")
         if definer != function.definer:
@@ -946,4 +960,9 @@ def function_problems(conn) -> list[str]:
             problems.append(f"{what} is not owned by the ledger tables' owner")
         if public:
             problems.append(f"{what} may be executed by PUBLIC (run 'dpctl ledger init')")
+        if grantees and function not in SPEND_FUNCTIONS:
+            problems.append(
+                f"{what} may be executed by {', '.join(grantees)}: only the spend functions are granted "
+                "('dpctl ledger roles' grants them; revoke the rest)"
+            )
     return problems

@@ -737,6 +737,9 @@ def test_the_spend_key_is_not_in_the_query_text_other_sessions_see(deployment):
                      + ") SECURITY INVOKER", "is not SECURITY DEFINER", id="SECURITY INVOKER"),
         pytest.param("GRANT EXECUTE ON FUNCTION dp_flush(dp_budget_accounts) TO PUBLIC",
                      "may be executed by PUBLIC", id="a helper granted to PUBLIC"),
+        pytest.param("GRANT EXECUTE ON FUNCTION dp_append(dp_budget_accounts, dp_audit_events, bytea, text) TO "
+                     "pg_monitor", "may be executed by pg_monitor: only the spend functions are granted",
+                     id="a helper granted to a role"),
         pytest.param("DROP FUNCTION dp_abandon(" + next(f for f in SPEND_FUNCTIONS if f.name == "dp_abandon").identity
                      + ")", "is missing (run 'dpctl ledger init')", id="a dropped function"),
         pytest.param("ALTER FUNCTION dp_rows_kept() RESET search_path", "trigger function dp_rows_kept() of",
