@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from dp_operators.accounting import ACCOUNTANTS, MAX_DENOMINATOR
 from dp_operators.ledger import schema
+from dp_operators.ledger.bounded import MAX_DIGITS
 from dp_operators.ledger.chain import AUDIT_CONTEXT_KEYS, GENESIS_HASH
 
 #: SQLSTATEs the functions raise (class ``DP``, outside PostgreSQL's own classes), by what they mean.
@@ -180,17 +181,22 @@ BEGIN
   RETURN dp_q(v_quotient, {_M});
 END
 """, volatility="IMMUTABLE STRICT"),
-    # a number as the ledger stores it (errors.stored_fraction): anything else is an edit outside the ledger
+    # a number as the ledger stores it (bounded.read_number: exactly str(Fraction), at most MAX_DIGITS digits a
+    # side): anything else is an edit outside the ledger
     Function("dp_stored_number", "p_text text, p_where jsonb", "numeric[]", f"""
 DECLARE
   v_num text;
   v_den text;
+  v_q numeric[];
 BEGIN
-  IF p_text IS NOT NULL AND p_text ~ '^-?[0-9]+(/[0-9]+)?$' THEN
+  IF length(p_text) <= {2 * MAX_DIGITS + 2} AND p_text ~ '^-?[0-9]+(/[0-9]+)?$' THEN
     v_num := split_part(p_text, '/', 1);
     v_den := coalesce(nullif(split_part(p_text, '/', 2), ''), '1');
-    IF length(ltrim(v_num, '-')) <= 400 AND length(v_den) <= 400 AND v_den::numeric <> 0 THEN
-      RETURN dp_q(v_num::numeric, v_den::numeric);
+    IF length(ltrim(v_num, '-')) <= {MAX_DIGITS} AND length(v_den) <= {MAX_DIGITS} AND v_den::numeric <> 0 THEN
+      v_q := dp_q(v_num::numeric, v_den::numeric);
+      IF dp_q_text(v_q) = p_text THEN
+        RETURN v_q;
+      END IF;
     END IF;
   END IF;
   {_fail(CHAIN_BROKEN, "format('%s is %L, not a number the ledger writes (edited outside the ledger); nothing was "

@@ -38,6 +38,7 @@ from typer.testing import CliRunner
 from dp_operators.accounting import round_down, round_up
 from dp_operators.cli import app
 from dp_operators.ledger import (
+    AuditChainError,
     AuditKey,
     BudgetExhaustedError,
     ChargeStateError,
@@ -53,7 +54,7 @@ from dp_operators.ledger import (
     store,
 )
 from dp_operators.ledger.chain import AUDIT_CONTEXT_KEYS, audit_row_mac, canonical_json, timestamp_text
-from dp_operators.ledger.errors import RoleNotAllowedError
+from dp_operators.ledger.errors import RoleNotAllowedError, stored_fraction
 from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV
 from dp_operators.ledger.pg_functions import FUNCTIONS, MAX_MECHANISMS_BYTES, SPEND_FUNCTIONS
 from dp_operators.ledger.roles import LEDGER_SEQUENCES
@@ -493,6 +494,29 @@ def test_a_wrong_spend_key_is_refused_and_writes_nothing(deployment):
     assert refused(engine, call_sql("dp_reserve"), reserve_params("k", key=b"short"))[0] == "DPL02"
     assert refused(engine, call_sql("dp_reserve"), reserve_params("k", key=GOVERNOR_KEY.secret))[0] == "DPL02"
     assert deployment.snapshot() == before
+
+
+@pytest.mark.parametrize("stored", ["0e-999999999", "1" * 61, "1/" + "3" * 61, "2/4", "-0", "5/1", "007", "1.5", ""])
+def test_a_stored_total_the_ledger_never_writes_stops_reserves_with_the_same_message_on_both_paths(ledger_url, stored):
+    """A running total edited into a number the ledger never writes is refused by reserve (AuditChainError, nothing
+    written) with the message the Python reader gives, on SQLite (Python) and PostgreSQL (the functions)."""
+    ledger = spender(ledger_url)
+    officer = governor(ledger_url)
+    officer.init_schema()
+    officer.apply_config(LedgerConfig(version=1, accounts={"a": account_config("pure_dp", cap=1)}))
+    engine = sa.create_engine(ledger_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.update(schema.accounts).values(spent=stored))
+        with pytest.raises(AuditChainError) as refused_by_ledger:
+            reserve(ledger, "edited")
+        with pytest.raises(AuditChainError) as refused_by_reader:
+            stored_fraction(stored, "budget account 'a': spent")
+        assert str(refused_by_ledger.value) == str(refused_by_reader.value)
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(schema.charges)).scalar() == 0
+    finally:
+        engine.dispose()
 
 
 # ---- team roles --------------------------------------------------------------------------------------------------
