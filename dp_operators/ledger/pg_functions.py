@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 from dp_operators.accounting import ACCOUNTANTS, MAX_DENOMINATOR
 from dp_operators.ledger import schema
-from dp_operators.ledger.bounded import MAX_DIGITS
+from dp_operators.ledger.bounded import MAX_DIGITS, MAX_OUTPUT_CHARS
+from dp_operators.ledger.bounded import MAX_JSON_DEPTH as READER_JSON_DEPTH
 from dp_operators.ledger.chain import AUDIT_CONTEXT_KEYS, GENESIS_HASH
 
 #: SQLSTATEs the functions raise (class ``DP``, outside PostgreSQL's own classes), by what they mean.
@@ -42,8 +43,9 @@ CHAIN_BROKEN = "DPL05"
 BAD_VALUE = "DPL06"
 ROLE_NOT_ALLOWED = "DPL07"
 
-#: Bounds of the functions' inputs.
-MAX_MECHANISMS_BYTES = 64 * 1024
+#: Bounds of the functions' inputs (an output: what the ledger's readers accept, bounded.MAX_OUTPUT_CHARS and
+#: bounded.MAX_JSON_DEPTH).
+MAX_MECHANISMS_CHARS = 64 * 1024
 MAX_JSON_DEPTH = 16
 MAX_CONTEXT_BYTES = 16 * 1024
 MAX_CONTEXT_VALUE_CHARS = 1000
@@ -265,15 +267,16 @@ BEGIN
   END IF;
 END
 """, volatility="IMMUTABLE"),
-    # JSON text a caller gives: at most p_max_bytes, nested at most p_max_depth levels, of JSON type p_type
-    Function("dp_check_json", "p_text text, p_name text, p_max_bytes integer, p_max_depth integer, p_type text",
+    # JSON text a caller gives: at most p_max_chars characters, nested at most p_max_depth levels, of JSON type
+    # p_type (any type if NULL)
+    Function("dp_check_json", "p_text text, p_name text, p_max_chars integer, p_max_depth integer, p_type text",
              "void", f"""
 DECLARE
   v_shape text;
   v_type text;
 BEGIN
-  IF p_text IS NULL OR octet_length(p_text) > p_max_bytes THEN
-    {_fail(BAD_VALUE, "format('%s must be JSON text of at most %s bytes', p_name, p_max_bytes)",
+  IF p_text IS NULL OR length(p_text) > p_max_chars THEN
+    {_fail(BAD_VALUE, "format('%s must be JSON text of at most %s characters', p_name, p_max_chars)",
            "jsonb_build_object('kind', 'json')")}
   END IF;
   -- the brackets outside strings, then one level of empty pairs off per pass
@@ -585,7 +588,7 @@ BEGIN
   PERFORM dp_check_release_key(p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name);
   v_amount := dp_amount(p_amount, 'amount', true);
   v_delta := dp_amount(p_delta, 'delta', false);
-  PERFORM dp_check_json(p_mechanisms, 'mechanisms', {MAX_MECHANISMS_BYTES}, {MAX_JSON_DEPTH}, 'array');
+  PERFORM dp_check_json(p_mechanisms, 'mechanisms', {MAX_MECHANISMS_CHARS}, {MAX_JSON_DEPTH}, 'array');
   IF p_spec_hash IS NULL OR length(p_spec_hash) > 64 THEN
     {_fail(BAD_VALUE, "'spec_hash must be text of at most 64 characters'", "jsonb_build_object('kind', 'spec_hash')")}
   END IF;
@@ -750,14 +753,7 @@ _AUDITED = ", p_defaults text, p_audit text"
 
 _COMMIT = _owner_function("dp_commit", ", p_output text" + _AUDITED, """
   v_digest text;""", """
-  BEGIN
-    PERFORM p_output::json;
-  EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
-    p_output := NULL;
-  END;
-  IF p_output IS NULL THEN
-    """ + _fail(BAD_VALUE, "'output must be JSON text'", "jsonb_build_object('kind', 'json')") + """
-  END IF;""", """
+  PERFORM dp_check_json(p_output, 'output', """ + f"{MAX_OUTPUT_CHARS}, {READER_JSON_DEPTH}" + """, NULL);""", """
   v_digest := encode(sha256(convert_to(p_output, 'UTF8')), 'hex');
   UPDATE dp_charges AS x SET state = 'committed', output = p_output, output_digest = v_digest,
     updated_at = clock_timestamp() WHERE x.id = c.id;

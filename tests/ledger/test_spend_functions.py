@@ -56,7 +56,7 @@ from dp_operators.ledger import (
 from dp_operators.ledger.chain import AUDIT_CONTEXT_KEYS, audit_row_mac, canonical_json, timestamp_text
 from dp_operators.ledger.errors import RoleNotAllowedError, stored_fraction
 from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV
-from dp_operators.ledger.pg_functions import FUNCTIONS, MAX_MECHANISMS_BYTES, SPEND_FUNCTIONS
+from dp_operators.ledger.pg_functions import FUNCTIONS, MAX_MECHANISMS_CHARS, SPEND_FUNCTIONS
 from dp_operators.ledger.roles import LEDGER_SEQUENCES
 from dp_operators.ledger.team_roles import apply_team_roles
 from ledger_backends import account_config
@@ -470,10 +470,29 @@ def test_the_api_maps_bound_refusals_to_value_errors(deployment):
         deep = [deep]
     with pytest.raises(ValueError, match="mechanisms nests deeper than 16 levels"):
         ledger.reserve(key("api-bounds"), account="a", amount=Fraction(1, 10), mechanisms=deep, spec_hash="0" * 64)
-    with pytest.raises(ValueError, match=f"mechanisms must be JSON text of at most {MAX_MECHANISMS_BYTES} bytes"):
+    with pytest.raises(ValueError, match=f"mechanisms must be JSON text of at most {MAX_MECHANISMS_CHARS} characters"):
         ledger.reserve(key("api-bounds"), account="a", amount=Fraction(1, 10), mechanisms=[{"m": "x" * 70_000}],
                        spec_hash="0" * 64)
     assert deployment.snapshot() == before
+
+
+def test_an_output_the_readers_would_refuse_is_not_committed(deployment):
+    """A commit whose output is not JSON, or nests deeper than the readers accept, is refused (ValueError) and the
+    reservation stays reserved; its owner then commits a readable output."""
+    ledger = deployment.spender()
+    held = reserve(ledger, "unreadable-output")
+    before = deployment.snapshot()
+    deep: dict = {"value": 1}
+    for _ in range(70):
+        deep = {"d": deep}
+    with pytest.raises(ValueError, match="output nests deeper than 64 levels"):
+        ledger.commit(held, deep)
+    engine = deployment.raw(deployment.spender_role)
+    for output in ('{"v": 1', "{\"v\": NaN}", "[" * 65 + "]" * 65):
+        params = owner_params(held, output=output, defaults="{}", audit="{}")
+        assert refused(engine, call_sql("dp_commit"), params)[0] == "DPL06", output
+    assert deployment.snapshot() == before
+    ledger.commit(held, {"value": 1})
 
 
 def test_a_wrong_spend_key_is_refused_and_writes_nothing(deployment):
