@@ -265,6 +265,9 @@ def _write_batch(
 ) -> tuple[list[int], int]:
     """Insert ``batch``'s charges, then their events, then update the accounts; returns (charge ids, events)."""
     chains = {name: _lock(conn, name, key) for name in sorted({release.account for release in batch})}
+    # on PostgreSQL the spend functions record the session's role as the context's db_role (docs/adr/0029)
+    role = conn.exec_driver_sql("SELECT session_user").scalar() if conn.dialect.name == "postgresql" else None
+    stamped = {} if role is None else {"db_role": role}
     lease = dt.timedelta(seconds=lease_seconds)
     charges: list[dict[str, Any]] = []
     pending: list[tuple[BulkRelease, str, dt.datetime]] = []
@@ -285,7 +288,7 @@ def _write_batch(
                 "mechanisms": canonical_json(release.mechanisms),
                 "spec_hash": release.spec_hash,
                 "try_number": release.try_number,
-                "context": canonical_json(audit_context(release.audit)),
+                "context": canonical_json(audit_context({**(release.audit or {}), **stamped})),
                 "output": output_text,
                 "output_digest": hashlib.sha256(output_text.encode("utf-8")).hexdigest(),
                 "token_hash": token_hash(token),

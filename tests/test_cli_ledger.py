@@ -37,7 +37,7 @@ from support import GOVERNOR_KEY, SPEND_KEY, spender
 
 def test_init_then_apply_then_apply_again_is_no_change(ledger_url, config):
     result = dpctl("ledger", "init", "--url", ledger_url)
-    assert result.exit_code == 0 and "ledger schema version 3 ready" in result.output
+    assert result.exit_code == 0 and "ledger schema version 4 ready" in result.output
     result = dpctl("ledger", "apply", str(config), "--url", ledger_url)
     assert result.exit_code == 0, result.output
     assert "created account 'census' (gaussian_dp" in result.output
@@ -287,7 +287,8 @@ def test_roles_prints_the_grants_without_a_ledger(monkeypatch):
     assert result.exit_code == 0, result.output
     statements = result.stdout.strip().splitlines()
     assert all(s.endswith(";") for s in statements)
-    assert any(s.startswith("GRANT INSERT ON TABLE dp_charges, dp_audit_events TO \"tasks\"") for s in statements)
+    assert any(s.startswith("GRANT EXECUTE ON FUNCTION dp_reserve(") and s.endswith('TO "tasks";') for s in statements)
+    assert not any(s.startswith("GRANT INSERT") and s.endswith('TO "tasks";') for s in statements)
     bad = dpctl("ledger", "roles", "--spender-role", "same", "--governor-role", "same")
     assert bad.exit_code == 1 and "must be different roles" in bad.stderr
 
@@ -316,7 +317,12 @@ def test_roles_execute_grants_on_postgresql(applied):
                     f"SELECT has_table_privilege('{role}', '{table}', '{privilege}')"
                 ).scalar()
 
-            assert may(tasks, "dp_charges", "INSERT") and not may(tasks, "dp_budget_accounts", "INSERT")
+            assert may(tasks, "dp_charges", "SELECT") and not may(tasks, "dp_charges", "INSERT")
+            assert not may(tasks, "dp_budget_accounts", "INSERT")
+            assert conn.exec_driver_sql(
+                f"SELECT has_function_privilege('{tasks}', 'dp_reserve(bytea, text, text, text, text, integer, "
+                "text, text, text, text, text, integer, text, text, double precision)', 'EXECUTE')"
+            ).scalar()
             assert may(officer, "dp_budget_accounts", "INSERT")
     finally:
         with engine.begin() as conn:

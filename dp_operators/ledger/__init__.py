@@ -23,6 +23,7 @@ from dp_operators.ledger.errors import (
     LedgerError,
     LedgerKeyError,
     LedgerNotInitialisedError,
+    RoleNotAllowedError,
 )
 from dp_operators.ledger.keys import AuditKey, Keyring
 
@@ -67,6 +68,7 @@ __all__ = [
     "LedgerNotInitialisedError",
     "ReleaseKey",
     "Reservation",
+    "RoleNotAllowedError",
     "canonical_json",
     "load_ledger_config",
 ]

@@ -157,7 +157,7 @@ def test_init_upgrades_a_version_1_ledger_in_place(ledger_url):
     with pytest.raises(LedgerKeyError, match="governor key"):
         spender_free_governor = type(governor(ledger_url))(ledger_url)  # no keys: an upgrade writes signed events
         spender_free_governor.init_schema()
-    assert governor(ledger_url).init_schema() == 3
+    assert governor(ledger_url).init_schema() == schema.SCHEMA_VERSION
     ledger = spender(ledger_url)
     assert ledger.account("a").spent == Fraction(3, 10) and ledger.account("a").spend_key_id == SPEND_KEY.key_id
     # the old reservation has no lease: a rerun of its key abandons it (it stays spent) and is charged again
@@ -167,7 +167,7 @@ def test_init_upgrades_a_version_1_ledger_in_place(ledger_url):
     assert [e["event"] for e in ledger.events("a")] == ["account_migrated", "abandoned", "reserved"]
     report = governor(ledger_url).verify()
     assert report.ok and report.authenticated, report.problems
-    assert governor(ledger_url).init_schema() == 3
+    assert governor(ledger_url).init_schema() == schema.SCHEMA_VERSION
 
 
 def _version_2_ledger(url: str) -> None:
@@ -177,7 +177,7 @@ def _version_2_ledger(url: str) -> None:
 
 def test_init_upgrades_a_version_2_ledger_and_signs_the_head_of_its_unkeyed_chain(ledger_url):
     _version_2_ledger(ledger_url)
-    assert governor(ledger_url).init_schema() == 3
+    assert governor(ledger_url).init_schema() == schema.SCHEMA_VERSION
     ledger = spender(ledger_url)
     assert [e["event"] for e in ledger.events("a")] == ["account_created", "reserved", "committed", "chain_keyed"]
     assert ledger.stored_output(ReleaseKey("d", "old", "t", -1, "r")) == {"value": 1}  # replays survive

@@ -37,7 +37,6 @@ from dp_operators.ledger.chain import (
     legacy_row_hash,
     timestamp_text,
 )
-from dp_operators.ledger.roles import apply_roles
 from dp_operators.release import run_release
 from dp_operators.spec import parse_spec
 from ledger_backends import account_config, old_schema_metadata
@@ -91,13 +90,10 @@ def new_ledger(url: str) -> Ledger:
 
 
 def attacker_url(ledger_url: str, request) -> str:
-    """SQLite: the file itself. PostgreSQL: the ledger's spender role (INSERT on charges and audit events, UPDATE of
-    a charge's state/output/lease and the account totals; guard triggers it cannot drop)."""
-    if ledger_url.startswith("sqlite"):
-        return ledger_url
-    spender_role, governor_role = request.getfixturevalue("pg_roles")
-    apply_roles(ledger_url, spender_role, governor_role)
-    return sa.make_url(ledger_url).set(username=spender_role).render_as_string(hide_password=False)
+    """Who can still write a forged row: SQLite, the file's writer; PostgreSQL, the tables' owner (the spender role
+    writes no table: it executes the spend functions, which refuse these rows, tests/ledger/test_spend_functions.py).
+    The replay must refuse what either forges."""
+    return ledger_url
 
 
 def insert_committed_charge(conn: sa.Connection, text: str, digest: str, *, attempt: int = 0,

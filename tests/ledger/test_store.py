@@ -17,6 +17,7 @@ from dp_operators.ledger import (
     LedgerConfig,
     LedgerNotInitialisedError,
     ReleaseKey,
+    schema,
 )
 from dp_operators.ledger.chain import CanonicalOutput, canonical_json
 from ledger_backends import account_config, ledger_with
@@ -178,7 +179,7 @@ def test_the_ledger_refuses_to_work_before_init(ledger_url):
     ledger = governor(ledger_url)
     with pytest.raises(LedgerNotInitialisedError, match="dpctl ledger init"):
         ledger.accounts()
-    assert ledger.init_schema() == ledger.init_schema() == 3
+    assert ledger.init_schema() == ledger.init_schema() == schema.SCHEMA_VERSION
 
 
 def test_history_filters_by_account_dag_state_and_date(ledger_url):

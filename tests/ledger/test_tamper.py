@@ -7,7 +7,8 @@ Who attacks:
 * ``sqlite``: anyone who can write the database file (task code on the same machine): raw SQL, the chain code
   with the spend key the workers hold, or the ledger's Python API.
 * ``postgresql (spender)``: task code connected as the spender role (:mod:`dp_operators.ledger.roles`), holding
-  the spend key.
+  the spend key; it writes no table (it executes the spend functions, docs/adr/0029), so every attack that needs
+  a raw INSERT or UPDATE is blocked by the database.
 * ``postgresql (owner)``: the tables' owner, a superuser here: it can bypass or neuter every trigger, so only
   the keyed chain and the replay stand between it and an undetected edit.
 
@@ -446,16 +447,16 @@ CHARGE_EDITS = {
 KINDS = [
     Kind("forged account_updated raising a cap (no key)", forged_cap_raise_without_key, _every(D, spender=B)),
     Kind("forged account_updated raising a cap (spend key)", forged_cap_raise_with_spend_key, _every(D, spender=B)),
-    Kind("released after committed (spend key)", released_after_committed, _every(D)),
+    Kind("released after committed (spend key)", released_after_committed, _every(D, spender=B)),
     Kind("refund a committed charge by UPDATE state", refund_committed_by_state_update, _every(B)),
-    Kind("account_migrated resetting spend (spend key)", account_migrated_resetting_spend, _every(D)),
+    Kind("account_migrated resetting spend (spend key)", account_migrated_resetting_spend, _every(D, spender=B)),
     Kind("release A's reservation as account B (API)", release_as_other_account_api,
          {"sqlite": B, "spender": B}),
-    Kind("release A's reservation in B's chain (spend key)", release_as_other_account_forged, _every(D)),
+    Kind("release A's reservation in B's chain (spend key)", release_as_other_account_forged, _every(D, spender=B)),
     Kind("release another worker's reservation without its token (API)", release_without_token_api,
          {"sqlite": B, "spender": B}),
     Kind("release another worker's reservation without its token (spend key)", release_without_token_forged,
-         _every(D)),
+         _every(D, spender=B)),
     Kind("apply_config through the spender's Ledger (API)", apply_config_through_the_spender_api,
          {"sqlite": B, "spender": B}),
     Kind("apply_config on the spender connection with the spend key", apply_config_with_the_spend_key,
@@ -478,17 +479,18 @@ KINDS = [
     Kind("dropped guard trigger", dropped_trigger, {"sqlite": D, "spender": B, "owner": D}),
     Kind("DISABLE TRIGGER USER", disable_trigger_user, {"spender": B, "owner": D}),
     Kind("replaced trigger function", replaced_trigger_function, {"spender": B, "owner": D}),
-    Kind("non-numeric spent", non_numeric_spent, _every(D)),
-    Kind("lowered spent", lowered_spent, _every(D)),
-    Kind("lowered spent, then reserve", lowered_spent_stops_reserves, _every(D)),
+    Kind("non-numeric spent", non_numeric_spent, _every(D, spender=B)),
+    Kind("lowered spent", lowered_spent, _every(D, spender=B)),
+    Kind("lowered spent, then reserve", lowered_spent_stops_reserves, _every(D, spender=B)),
     Kind("forged head under the governor's key id lowering spent", forged_head_lowering_spent("governor"),
-         _every(D)),
-    Kind("forged head under a made-up key id lowering spent", forged_head_lowering_spent("made up"), _every(D)),
-    Kind("junk audit row at the next seq", junk_row_at_next_seq, _every(D)),
-    Kind("forged append: unkeyed row with a plain SHA-256", forged_append_schema_2_hash, _every(D)),
-    Kind("forged append: signed with the attacker's own key", forged_append_own_key, _every(D)),
-    Kind("forged append: claims the spend key, MAC made up", forged_append_claimed_spend_key, _every(D)),
-    Kind("wrong-chain event (spend key)", wrong_chain_event, _every(D)),
+         _every(D, spender=B)),
+    Kind("forged head under a made-up key id lowering spent", forged_head_lowering_spent("made up"),
+         _every(D, spender=B)),
+    Kind("junk audit row at the next seq", junk_row_at_next_seq, _every(D, spender=B)),
+    Kind("forged append: unkeyed row with a plain SHA-256", forged_append_schema_2_hash, _every(D, spender=B)),
+    Kind("forged append: signed with the attacker's own key", forged_append_own_key, _every(D, spender=B)),
+    Kind("forged append: claims the spend key, MAC made up", forged_append_claimed_spend_key, _every(D, spender=B)),
+    Kind("wrong-chain event (spend key)", wrong_chain_event, _every(D, spender=B)),
     Kind("edit an audit row", edit_audit_row(bypass=False), _every(B)),
     Kind("edit an audit row (trigger bypassed)", edit_audit_row(bypass=True), {"sqlite": D, "owner": D}),
     Kind("delete an audit row", delete_audit_row(bypass=False), _every(B)),
