@@ -98,6 +98,11 @@ class LeaseHeldError(LedgerError):
         self.attempt, self.expires_at = attempt, expires_at
 
 
+class LedgerAccessError(LedgerError):
+    """The database refused this login a ledger call (PostgreSQL ``insufficient_privilege``): its role is not the
+    spender (or a member of it), or the grants were not re-run after ``dpctl ledger init``. Nothing was written."""
+
+
 class LedgerKeyError(LedgerError):
     """The audit key is missing or is not the key the account accepts (rotated); nothing was changed."""
 

@@ -59,6 +59,7 @@ from dp_operators.ledger.errors import (
     ChargeStateError,
     DagNotAllowedError,
     LeaseHeldError,
+    LedgerAccessError,
     LedgerKeyError,
     LedgerNotInitialisedError,
     RoleNotAllowedError,
@@ -790,6 +791,12 @@ def _refusal(
         return LedgerNotInitialisedError(
             f"the ledger at {url} has no spend functions ({message}); a privacy officer runs 'dpctl ledger init' "
             "(then 'dpctl ledger roles --execute' again, which grants them to the spender)"
+        )
+    if code == "42501" and "function dp_" in message:  # insufficient_privilege on a spend function
+        return LedgerAccessError(
+            f"the ledger at {url} refused this login: {message}. Its role is not the spender role or a member of "
+            "it, or the spend functions were re-created without their grants (after 'dpctl ledger init'): the "
+            "tables' owner runs 'dpctl ledger roles --execute' (with --config for team roles). Nothing was reserved"
         )
     if not code.startswith("DPL"):
         return None

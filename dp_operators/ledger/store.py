@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -43,7 +44,12 @@ from dp_operators.ledger.bounded import (
     read_number,
     shown,
 )
-from dp_operators.ledger.errors import AccountNotFoundError, LedgerNotInitialisedError, UnreadableValueError
+from dp_operators.ledger.errors import (
+    AccountNotFoundError,
+    LedgerAccessError,
+    LedgerNotInitialisedError,
+    UnreadableValueError,
+)
 
 T = TypeVar("T")
 
@@ -201,7 +207,7 @@ def create_ledger_engine(url: str, *, read_only: bool = False) -> Engine:
     On PostgreSQL every session sets :data:`PG_LOCK_TIMEOUT_MS` and :data:`PG_IDLE_IN_TRANSACTION_TIMEOUT_MS`.
     """
     if url.startswith("sqlite"):
-        engine = sa.create_engine(url, connect_args={"timeout": 60})
+        engine = sa.create_engine(url, connect_args={"timeout": 60}, hide_parameters=True)
         begin = "BEGIN" if read_only else "BEGIN IMMEDIATE"
 
         @sa.event.listens_for(engine, "connect")
@@ -214,7 +220,7 @@ def create_ledger_engine(url: str, *, read_only: bool = False) -> Engine:
             connection.exec_driver_sql(begin)
 
         return engine
-    engine = sa.create_engine(url, pool_pre_ping=True)
+    engine = sa.create_engine(url, pool_pre_ping=True, hide_parameters=True)
 
     @sa.event.listens_for(engine, "connect")
     def _session_limits(dbapi_connection, _record) -> None:  # pragma: no cover - driver hook
@@ -317,8 +323,24 @@ class LedgerBase:
         """Raise :class:`LedgerNotInitialisedError` unless the ledger's schema is present at the expected version."""
         if self._schema_checked:
             return
+        missing = self._missing_sqlite_file()
+        if missing is not None:  # connecting would create an empty file, and 'init' there an empty ledger
+            raise LedgerNotInitialisedError(
+                f"no ledger at {missing}: the file does not exist (deleted, moved, or a wrong path; an absolute path "
+                "takes four slashes, sqlite:////path). Nothing was reserved. Point the ledger connection at the "
+                "ledger's file; 'dpctl ledger init' there would start a new, empty ledger whose budget forgets every "
+                "earlier charge"
+            )
         version = self._schema_version()
         if version is None:
+            hidden = self._schemas_without_usage()
+            if hidden:
+                raise LedgerAccessError(
+                    f"the ledger at {self.url}: this login may not use schema {', '.join(hidden)} on its search_path "
+                    "(no USAGE), so it sees no ledger there. Its role is not the spender, governor or reader role "
+                    "or a member of one: the tables' owner runs 'dpctl ledger roles --execute' (with --config for "
+                    "team roles) and grants the login one of those roles. Nothing was reserved"
+                )
             raise LedgerNotInitialisedError(f"the ledger at {self.url} has no schema; run 'dpctl ledger init' first")
         if version != schema.SCHEMA_VERSION:
             raise LedgerNotInitialisedError(
@@ -326,6 +348,27 @@ class LedgerBase:
                 "a privacy officer runs 'dpctl ledger init' to upgrade it"
             )
         self._schema_checked = True
+
+    def _schemas_without_usage(self) -> list[str]:
+        """PostgreSQL: schemas named on the session's ``search_path`` that exist but this login may not use (they
+        drop out of its effective path, so the ledger's tables look absent)."""
+        if self.dialect != "postgresql":
+            return []
+        with self._read() as conn:
+            return list(conn.exec_driver_sql(
+                "SELECT n.nspname FROM pg_catalog.pg_namespace n WHERE n.nspname = ANY (string_to_array("
+                "replace(replace(current_setting('search_path'), ' ', ''), '\"', ''), ',')) "
+                "AND NOT has_schema_privilege(n.oid, 'USAGE') ORDER BY n.nspname"
+            ).scalars())
+
+    def _missing_sqlite_file(self) -> str | None:
+        """The path of a SQLite ledger file that does not exist (checked before any connection creates it)."""
+        url = self.engine.url
+        database = url.database
+        if (url.get_backend_name() != "sqlite" or not database or database == ":memory:"
+                or database.startswith("file:") or url.query.get("mode") == "memory"):
+            return None
+        return None if Path(database).exists() else database
 
     # -- reading ---------------------------------------------------------------------------------------------------
     def account(self, name: str) -> AccountStatus:

@@ -24,6 +24,7 @@ from dp_operators.ledger import (
     LedgerConfig,
     LedgerGovernor,
     LeaseHeldError,
+    LedgerAccessError,
     ReleaseKey,
 )
 from dp_operators.ledger import schema
@@ -561,12 +562,12 @@ def test_the_spend_api_with_the_reader_connection_spends_nothing(deployment, rea
     ledger = Ledger(deployment.url(reader), audit_key=SPEND_KEY)  # the spend key too: only the database refuses
     deployment.engines += [ledger.engine, ledger._reader]
     assert ledger.account("a").cap == Fraction(before["cap"])  # reading works
-    with pytest.raises(sa.exc.ProgrammingError) as refused:
+    with pytest.raises(LedgerAccessError, match="dpctl ledger roles") as refused:
         ledger.reserve(
             release_key("reader-1"), account="a", amount=Fraction(1, 4), mechanisms=NO_MECHANISMS, spec_hash="0" * 64
         )
-    assert isinstance(refused.value.orig, psycopg.errors.InsufficientPrivilege)
-    assert "permission denied for function dp_reserve" in str(refused.value.orig)
+    assert isinstance(refused.value.__context__.orig, psycopg.errors.InsufficientPrivilege)
+    assert "permission denied for function dp_reserve" in str(refused.value)
     officer = LedgerGovernor(deployment.url(reader), governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY)
     deployment.engines += [officer.engine, officer._reader]
     with pytest.raises(sa.exc.ProgrammingError) as refused:

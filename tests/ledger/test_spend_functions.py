@@ -841,3 +841,18 @@ def test_init_upgrades_a_schema_3_ledger_whose_charges_verify_and_replay_after_i
             assert schema.trigger_problems(conn) == []
     finally:
         engine.dispose()
+
+
+def test_a_login_without_the_spender_role_is_told_so_and_its_error_never_carries_the_spend_key(deployment):
+    """A login outside the spender role is refused by the database; the ledger says which grant is missing and
+    how to give it, and neither its message nor the driver error it chains holds the spend key."""
+    from dp_operators.ledger import LedgerAccessError
+
+    outsider = deployment.spender(deployment.outsider)
+    before = deployment.snapshot()
+    with pytest.raises(LedgerAccessError, match="dpctl ledger roles") as refused:
+        reserve(outsider, "outsider-1")
+    assert "Nothing was reserved" in str(refused.value)
+    for text in (str(refused.value), repr(refused.value.__cause__), str(refused.value.__context__)):
+        assert SPEND_KEY.text not in text and SPEND_KEY.secret.hex() not in text
+    assert deployment.snapshot() == before

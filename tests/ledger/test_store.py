@@ -182,6 +182,38 @@ def test_the_ledger_refuses_to_work_before_init(ledger_url):
     assert ledger.init_schema() == ledger.init_schema() == schema.SCHEMA_VERSION
 
 
+def test_a_missing_sqlite_ledger_file_is_refused_and_not_created(tmp_path):
+    """A spender pointed at a SQLite file that is gone is refused before connecting: no empty file appears where
+    'dpctl ledger init' would start a budget that forgets every charge."""
+    from dp_operators.ledger import Ledger, ReleaseKey
+
+    path = tmp_path / "deleted.db"
+    ledger = Ledger(f"sqlite:///{path}", audit_key=SPEND_KEY)
+    with pytest.raises(LedgerNotInitialisedError, match="the file does not exist") as refused:
+        ledger.reserve(ReleaseKey("d", "r", "t", -1, "x"), account="a", amount=Fraction(1, 10), mechanisms=[],
+                       spec_hash="0" * 64)
+    assert "Nothing was reserved" in str(refused.value)
+    assert not path.exists()
+
+
+def test_a_database_error_never_carries_the_spend_key(tmp_path):
+    """The ledger's engines hide bound parameters: an error from the driver (here a ledger file opened read-only)
+    names the statement but not the values, so the spend key and the amounts stay out of task logs."""
+    import sqlalchemy as sa
+
+    from dp_operators.ledger import Ledger, ReleaseKey
+
+    path = tmp_path / "ledger.db"
+    ledger_with(f"sqlite:///{path}", a=account_config("pure_dp", cap=1))
+    read_only = Ledger(f"sqlite:///file:{path}?mode=ro&uri=true", audit_key=SPEND_KEY)
+    with pytest.raises(sa.exc.DBAPIError) as failed:
+        read_only.reserve(ReleaseKey("d", "r", "t", -1, "x"), account="a", amount=Fraction(1, 10),
+                          mechanisms=[{"secret_marker": 1}], spec_hash="0" * 64)
+    text = str(failed.value)
+    assert "readonly" in text and "hidden due to hide_parameters" in text
+    assert "secret_marker" not in text and SPEND_KEY.text not in text
+
+
 def test_history_filters_by_account_dag_state_and_date(ledger_url):
     import datetime as dt
 
