@@ -101,6 +101,9 @@ _KEY_MATCHES = (
     "x.dag_id = p_dag_id AND x.run_id = p_run_id AND x.task_id = p_task_id AND x.map_index = p_map_index "
     "AND x.release_name = p_release_name"
 )
+#: A release key's charges on the caller's account only: another account's charges of the same key (another team
+#: whose DAG id is allowed on an account of its own) are neither replayed, nor waited for, nor taken over.
+_KEY_OF_ACCOUNT = _KEY_MATCHES + " AND x.account = p_account"
 _RELEASE_KEY_ARGS = "p_dag_id text, p_run_id text, p_task_id text, p_map_index integer, p_release_name text"
 _OWNER_ARGS = (
     f"p_key bytea, p_charge_id bigint, p_account text, {_RELEASE_KEY_ARGS}, p_attempt integer, p_token text"
@@ -374,6 +377,15 @@ BEGIN
          "to_jsonb(a.allowed_roles)))")}
 END
 """, volatility="STABLE"),
+    # whether the session may spend from an account (dp_check_roles without the error): reconcile skips the rest
+    Function("dp_may_spend", "p_account text", "boolean", """
+BEGIN
+  PERFORM dp_check_roles(b) FROM dp_budget_accounts AS b WHERE b.name = p_account;
+  RETURN true;
+EXCEPTION WHEN SQLSTATE '""" + ROLE_NOT_ALLOWED + """' THEN
+  RETURN false;
+END
+""", volatility="STABLE"),
     # chain._check_head: the row must agree with the head of its chain (and with the newest event of its key)
     Function("dp_check_head", "a dp_budget_accounts, p_key bytea, p_key_id text", "void", f"""
 DECLARE
@@ -540,13 +552,13 @@ BEGIN
 END
 """, volatility="STABLE"),
     # spend._raise_if_leased: another attempt of the key holds a live lease
-    Function("dp_check_lease", f"{_RELEASE_KEY_ARGS}, p_now timestamp with time zone", "void", f"""
+    Function("dp_check_lease", f"p_account text, {_RELEASE_KEY_ARGS}, p_now timestamp with time zone", "void", f"""
 DECLARE
   v_attempt integer;
   v_lease timestamp with time zone;
 BEGIN
   SELECT x.attempt, x.lease_expires_at INTO v_attempt, v_lease FROM dp_charges AS x
-    WHERE {_KEY_MATCHES} AND x.state = 'reserved' AND {_LIVE.format(max=_MAX_LEASE)}
+    WHERE {_KEY_OF_ACCOUNT} AND x.state = 'reserved' AND {_LIVE.format(max=_MAX_LEASE)}
     ORDER BY x.attempt LIMIT 1;
   IF FOUND THEN
     {_fail(LEASE_HELD, "format('attempt %s of release %L (run %L, task %L) is still running and holds its lease "
@@ -580,7 +592,6 @@ DECLARE
   v_attempt integer;
   v_refused dp_audit_events;
   a dp_budget_accounts;
-  o dp_budget_accounts;
   c dp_charges;
   e dp_audit_events;
 BEGIN
@@ -597,12 +608,12 @@ BEGIN
            "jsonb_build_object('kind', 'token_hash')")}
   END IF;
   IF NOT coalesce(p_lease_seconds > 0 AND p_lease_seconds <= {_MAX_LEASE}, false) THEN
-    {_fail(BAD_VALUE, "format('lease_seconds must be in (0, {_MAX_LEASE}], got %s', p_lease_seconds)",
+    {_fail(BAD_VALUE, "format('lease_seconds must be in (0, " + str(_MAX_LEASE) + "], got %s', p_lease_seconds)",
            "jsonb_build_object('kind', 'lease')")}
   END IF;
   v_context := dp_context_text(dp_context(p_context) || jsonb_build_object('db_role', session_user));
   -- before the lock, so tries polling a busy key do not queue on the account ahead of the owner's renewals
-  PERFORM dp_check_lease(p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, clock_timestamp());
+  PERFORM dp_check_lease(p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, clock_timestamp());
 
   a := dp_lock_account(p_account, p_key, v_key_id);
   PERFORM dp_check_key(a, v_key_id);
@@ -629,27 +640,20 @@ BEGIN
     RETURN jsonb_build_object('status', 'dag_not_allowed', 'allowed', a.allowed_dags::jsonb);
   END IF;
 
-  SELECT x.output INTO v_output FROM dp_charges AS x WHERE {_KEY_MATCHES} AND x.state = 'committed'
+  SELECT x.output INTO v_output FROM dp_charges AS x WHERE {_KEY_OF_ACCOUNT} AND x.state = 'committed'
     ORDER BY x.attempt LIMIT 1;
   IF FOUND THEN
     RETURN jsonb_build_object('status', 'replay', 'output', v_output);
   END IF;
   v_now := clock_timestamp();
-  FOR c IN SELECT * FROM dp_charges AS x WHERE {_KEY_MATCHES} AND x.state = 'reserved' ORDER BY x.attempt LOOP
+  FOR c IN SELECT * FROM dp_charges AS x WHERE {_KEY_OF_ACCOUNT} AND x.state = 'reserved' ORDER BY x.attempt LOOP
     IF c.lease_expires_at > v_now AND c.lease_expires_at <= v_now + interval '{_MAX_LEASE} seconds' THEN
-      PERFORM dp_check_lease(p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, v_now);
+      PERFORM dp_check_lease(p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, v_now);
     END IF;
-    -- the try that died may have been charged to another account: its own chain records the abandonment
-    IF c.account = a.name THEN
-      a := dp_abandon_charge(a, c, p_key, v_key_id, v_context,
-                             'lease expired; a later attempt of the same release key took over');
-    ELSE
-      o := dp_lock_account(c.account, p_key, v_key_id);
-      PERFORM dp_check_key(o, v_key_id);
-      o := dp_abandon_charge(o, c, p_key, v_key_id, v_context,
-                             'lease expired; a later attempt of the same release key took over');
-      PERFORM dp_flush(o);
-    END IF;
+    -- a try of this key on another account (a spec that changed account, or another team's DAG id) is not
+    -- this call's to take over: it stays reserved, and spent, until its own account's reconcile
+    a := dp_abandon_charge(a, c, p_key, v_key_id, v_context,
+                           'lease expired; a later attempt of the same release key took over');
   END LOOP;
 
   v_spent := dp_stored_number(a.spent, jsonb_build_object('what', format('budget account %L: spent', a.name),
@@ -824,6 +828,7 @@ BEGIN
     SELECT x.account, array_agg(x.id ORDER BY x.id) AS ids FROM dp_charges AS x
     WHERE x.state = 'reserved' AND (x.lease_expires_at IS NULL OR x.lease_expires_at <= v_now
                                     OR x.lease_expires_at > v_now + interval '{_MAX_LEASE} seconds')
+      AND dp_may_spend(x.account)  -- another team's expired reservations are its own reconcile's (or the governor's)
     GROUP BY x.account ORDER BY x.account COLLATE "C"
   LOOP
     a := dp_lock_account(v_expired.account, p_key, v_key_id);

@@ -80,7 +80,7 @@ _c = schema.charges.c
 _CHARGE = sa.select(schema.charges).where(_c.id == sa.bindparam("charge_id"))
 _CHARGES_OF_KEY = sa.select(schema.charges).where(*KEY_MATCHES).order_by(_c.attempt)
 _RESERVATIONS_OF_KEY = sa.select(_c.state, _c.attempt, _c.lease_expires_at).where(
-    *KEY_MATCHES, _c.state == "reserved"
+    *KEY_MATCHES, _c.account == sa.bindparam("account"), _c.state == "reserved"
 )
 _EXPIRED_RESERVATIONS = (
     sa.select(_c.id, _c.account)
@@ -287,9 +287,11 @@ class Ledger(LedgerBase):
         if row.spend_key_id != key.key_id:
             raise _key_refused(row.name, row.spend_key_id, key.key_id)
 
-    def authenticated_output(self, key: ReleaseKey) -> dict | None:
+    def authenticated_output(self, key: ReleaseKey, account: str | None = None) -> dict | None:
         """The committed output of ``key`` (parsed JSON), or ``None``, once it is shown to be what the attempt that
         committed it wrote: a replay publishes it, so a row edited or inserted in the database must not pass.
+        ``account``: only a charge on that account counts (a release replays only what its own account paid for:
+        another team whose DAG id is allowed on an account of its own cannot choose what this release publishes).
 
         Checked against the charge's own audit events, with this connection's spend key (or a retired one it was
         given): exactly one committed charge of ``key``; its ``reserved`` and ``committed`` events name this
@@ -308,7 +310,8 @@ class Ledger(LedgerBase):
         """
         self.check_schema()
         with self._read() as conn:
-            charges = [dict(row) for row in conn.execute(_COMMITTED_CHARGES, key.as_dict()).mappings()]
+            charges = [dict(row) for row in conn.execute(_COMMITTED_CHARGES, key.as_dict()).mappings()
+                       if account is None or row["account"] == account]
             if not charges:
                 return None
             events = [dict(row) for row in
@@ -420,7 +423,7 @@ class Ledger(LedgerBase):
             return self._reserve_in_database(
                 key, account, amount, delta, mechanisms_text, spec_hash, try_number, context, signing_key, token
             )
-        self._refuse_live_lease(key)
+        self._refuse_live_lease(key, account)
 
         def work(conn: Connection) -> Reservation | dict | Refusal:
             chain = AccountChain.lock(conn, account, signing_key)
@@ -439,20 +442,18 @@ class Ledger(LedgerBase):
                 chain.flush(conn)
                 return Refusal(DagNotAllowedError.of(key.dag_id, account, allowed))
             previous = conn.execute(_CHARGES_OF_KEY, key.as_dict()).all()
-            for charge in previous:
+            # Only this account's charges of the key are replayed, waited for or taken over: another account's (a
+            # spec that changed account, or another team whose DAG id is allowed on an account of its own) stay as
+            # they are, spent until their own account's reconcile.
+            mine = [charge for charge in previous if charge.account == account]
+            for charge in mine:
                 if charge.state == "committed":
                     return json.loads(charge.output)
             now = self._db_now(conn)
-            _raise_if_leased(previous, key, now)
-            for charge in previous:
+            _raise_if_leased(mine, key, now)
+            for charge in mine:
                 if charge.state == "reserved":
-                    # The spec may name another account than the dead attempt's: record the abandonment in that
-                    # account's own chain, under its own lock.
-                    owner = chain if charge.account == account else AccountChain.lock(conn, charge.account, signing_key)
-                    self._check_key(owner.row)
-                    abandon(conn, owner, charge, context, "lease expired; a later attempt of the same release key took over")
-                    if owner is not chain:
-                        owner.flush(conn)
+                    abandon(conn, chain, charge, context, "lease expired; a later attempt of the same release key took over")
             remaining = round_down(stored_fraction(row.cap, f"budget account {account!r}: cap") - chain.spent)
             refusal: BudgetExhaustedError | None = None
             if amount > remaining:
@@ -508,12 +509,12 @@ class Ledger(LedgerBase):
 
         return self._write(work)
 
-    def _refuse_live_lease(self, key: ReleaseKey) -> None:
-        """Raise :class:`LeaseHeldError` if another attempt of ``key`` holds a live lease, read without the write
-        lock, so attempts polling a busy key do not queue on the account's lock ahead of the owner's renewals.
-        (:meth:`reserve` checks again under the lock.)"""
+    def _refuse_live_lease(self, key: ReleaseKey, account: str) -> None:
+        """Raise :class:`LeaseHeldError` if another attempt of ``key`` on ``account`` holds a live lease, read
+        without the write lock, so attempts polling a busy key do not queue on the account's lock ahead of the
+        owner's renewals. (:meth:`reserve` checks again under the lock.)"""
         with self._read() as conn:
-            previous = conn.execute(_RESERVATIONS_OF_KEY, key.as_dict()).all()
+            previous = conn.execute(_RESERVATIONS_OF_KEY, {**key.as_dict(), "account": account}).all()
             if previous:
                 _raise_if_leased(previous, key, self._db_now(conn))
 

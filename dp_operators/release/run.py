@@ -216,7 +216,7 @@ def run_release(
     """
     if key.release_name != spec.release:
         raise ReleaseConfigError(f"release key names {key.release_name!r} but the spec releases {spec.release!r}")
-    stored = ledger.authenticated_output(key)
+    stored = ledger.authenticated_output(key, spec.budget_account)
     if stored is not None:
         return _replay(stored, spec_hash, key, rows_store)
     filed = filed_aggregates(spec, inline_rows_limit)
@@ -271,7 +271,7 @@ def run_release(
         audit=audit,
     )
     if isinstance(reservation, dict):  # committed meanwhile by another attempt: authenticated like any replay
-        authenticated = ledger.authenticated_output(key)
+        authenticated = ledger.authenticated_output(key, spec.budget_account)
         if authenticated is None:  # reserve() saw a committed charge this read does not: never publish it unchecked
             raise AuditChainError(f"release {key.release_name!r}: the ledger returned a committed output it then "
                                   "does not hold; nothing is published. A privacy officer runs `dpctl ledger verify`")
