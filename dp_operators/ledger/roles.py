@@ -207,20 +207,32 @@ def apply_roles(
             ledger has no schema, or the connecting role may not grant (not the owner).
     """
     statements = role_statements(spender_role, governor_role, reader_role=reader_role, create=create)
+    return run_grant_statements(
+        engine, statements,
+        not_postgresql="database roles are a PostgreSQL feature; this ledger is {dialect} (on SQLite, file "
+        "permissions decide who may write: docs/ledger.md)",
+    )
+
+
+def run_grant_statements(engine: Engine | str, statements: list[str], *, not_postgresql: str) -> list[str]:
+    """Run ``statements`` in one transaction on ``engine`` (PostgreSQL only); returns them.
+
+    Raises:
+        ValueError: another database (``not_postgresql``, with ``{dialect}`` filled in), or a ``RAISE EXCEPTION``
+            of the statements' own checks (SQLSTATE P0001: its message); nothing is changed.
+        sqlalchemy.exc.DBAPIError: any other refusal of the database.
+    """
     owned_engine = isinstance(engine, str)
     bound = sa.create_engine(engine) if isinstance(engine, str) else engine
     try:
         if bound.dialect.name != "postgresql":
-            raise ValueError(
-                f"database roles are a PostgreSQL feature; this ledger is {bound.dialect.name} (on SQLite, file "
-                "permissions decide who may write: docs/ledger.md)"
-            )
+            raise ValueError(not_postgresql.format(dialect=bound.dialect.name))
         try:
             with bound.begin() as conn:
                 for statement in statements:
                     conn.exec_driver_sql(statement.replace("%", "%%"))  # the driver's paramstyle escapes %
         except sa.exc.DBAPIError as error:
-            if getattr(error.orig, "sqlstate", None) == "P0001":  # the RAISE EXCEPTION of the ownership check
+            if getattr(error.orig, "sqlstate", None) == "P0001":  # a RAISE EXCEPTION of the statements' checks
                 diag = getattr(error.orig, "diag", None)
                 raise ValueError(getattr(diag, "message_primary", None) or str(error.orig)) from None
             raise

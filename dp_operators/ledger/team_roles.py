@@ -206,36 +206,18 @@ def apply_team_roles(
         sqlalchemy.exc.DBAPIError: the database refused, e.g. the ledger has no schema, or the connecting role
             may not grant.
     """
-    import sqlalchemy as sa
-
-    from dp_operators.ledger.roles import role_statements
+    from dp_operators.ledger.roles import role_statements, run_grant_statements
 
     statements = role_statements(spender_role, governor_role, reader_role=reader_role, create=create)
     statements += team_role_statements(
         teams, spender_role, governor_role=governor_role, reader_role=reader_role, create=create
     )
-    owned_engine = isinstance(engine, str)
-    bound = sa.create_engine(engine) if isinstance(engine, str) else engine
-    try:
-        if bound.dialect.name != "postgresql":
-            raise ValueError(
-                f"team roles are database roles, a PostgreSQL feature; this ledger is {bound.dialect.name}, where "
-                "allowed_roles is recorded but not enforced: whoever can write the ledger file governs it "
-                "(docs/ledger.md, Team roles)"
-            )
-        try:
-            with bound.begin() as conn:
-                for statement in statements:
-                    conn.exec_driver_sql(statement.replace("%", "%%"))  # the driver's paramstyle escapes %
-        except sa.exc.DBAPIError as error:
-            if getattr(error.orig, "sqlstate", None) == "P0001":  # a RAISE EXCEPTION of the checks
-                diag = getattr(error.orig, "diag", None)
-                raise ValueError(getattr(diag, "message_primary", None) or str(error.orig)) from None
-            raise
-    finally:
-        if owned_engine:
-            bound.dispose()
-    return statements
+    return run_grant_statements(
+        engine, statements,
+        not_postgresql="team roles are database roles, a PostgreSQL feature; this ledger is {dialect}, where "
+        "allowed_roles is recorded but not enforced: whoever can write the ledger file governs it "
+        "(docs/ledger.md, Team roles)",
+    )
 
 
 def missing_roles(engine: Engine, names: Iterable[str]) -> list[str]:
