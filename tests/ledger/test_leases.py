@@ -416,6 +416,25 @@ def test_a_retry_charged_to_another_account_leaves_the_dead_reservation_to_its_o
     assert report.ok, report.problems
 
 
+def test_a_release_key_committed_on_another_account_is_not_replayed_or_waited_for(ledger_url):
+    """Another account's charges of the same release key (another team whose DAG id is allowed on an account of
+    its own) are neither replayed nor waited for: this account charges its own reservation and replays only it."""
+    from dp_operators.ledger import Reservation
+
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1), b=account_config("pure_dp", cap=1))
+    ledger = spender(ledger_url)
+    other = ledger.reserve(key(), account="a", amount=AMOUNT, mechanisms=[], spec_hash="0" * 64)
+    live = ledger.reserve(key(), account="b", amount=AMOUNT, mechanisms=[], spec_hash="0" * 64)
+    assert isinstance(live, Reservation) and live.attempt == other.attempt + 1  # not LeaseHeldError
+    ledger.commit(other, {"chosen_by": "a"})
+    assert ledger.authenticated_output(key(), "b") is None
+    ledger.commit(live, {"chosen_by": "b"})
+    assert ledger.authenticated_output(key(), "b") == {"chosen_by": "b"}
+    assert ledger.reserve(key(), account="b", amount=AMOUNT, mechanisms=[], spec_hash="0" * 64) == {"chosen_by": "b"}
+    assert ledger.account("a").spent == AMOUNT and ledger.account("b").spent == AMOUNT
+    assert governor(ledger_url).verify().ok
+
+
 @pytest.mark.parametrize("end", ["9999-12-31 00:00:00", "infinity"])
 def test_a_lease_pushed_into_the_far_future_is_refused_by_the_database(ledger_url, end):
     """The spender's column grant covers the lease: the guard trigger refuses a lease end more than
