@@ -40,16 +40,26 @@ def mp(value) -> mpmath.mpf:
 
 
 def renyi_by_definition(beta: mpmath.mpf, shift: int, alpha: mpmath.mpf) -> mpmath.mpf:
-    """D_alpha(P || P_shift) = ln(sum_x P(x)^alpha P_shift(x)^(1 - alpha)) / (alpha - 1), term by term."""
+    """D_alpha(P || P_shift) = ln(sum_x P(x)^alpha P_shift(x)^(1 - alpha)) / (alpha - 1), term by term.
+
+    Each summand is exp(-beta (alpha |x| + (1 - alpha) |x - shift|)) times the normaliser; the next is this one times
+    exp of the exponent's step, which takes one value on each of x < 0, 0 <= x < shift and x >= shift. The terms are
+    formed by that product (one multiplication each instead of an exp; 5000 products lose < 1e-45 relative at 50
+    digits) and summed one by one."""
     b = mpmath.exp(-beta)
     normaliser = (1 - b) / (1 + b)
+
+    def exponent(x: int) -> mpmath.mpf:
+        return -beta * (alpha * abs(x) + (1 - alpha) * abs(x - shift))
+
     # on x <= -w and x >= shift + w the summand is b^w times its value at -w... : a window of 40 / beta leaves out a
     # fraction below e^-40 of the sum (a truncated sum is smaller, so the test that the charge is above it holds)
     width = int(40 / beta) + shift
-    terms = (
-        normaliser * mpmath.exp(-beta * (alpha * abs(x) + (1 - alpha) * abs(x - shift)))
-        for x in range(-width, width + shift + 1)
-    )
+    ratios = {region: mpmath.exp(exponent(x + 1) - exponent(x)) for region, x in ((-1, -1), (0, 0), (1, shift))}
+    term, terms = normaliser * mpmath.exp(exponent(-width)), []
+    for x in range(-width, width + shift + 1):
+        terms.append(term)
+        term *= ratios[-1 if x < 0 else 0 if x < shift else 1]
     return mpmath.log(mpmath.fsum(terms)) / (alpha - 1)
 
 
