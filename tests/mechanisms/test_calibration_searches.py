@@ -298,18 +298,23 @@ def reference_delta_dft(sigma2: Fraction, epsilon, l0: int, length: int, digits:
         def theta(t):
             return mpmath.fsum(mpmath.exp(-s2 * (t + 2 * mpmath.pi * k) ** 2 / 2) for k in range(-3, 4))
 
+        # phi is the wrapped normal's density over its value at 0: even in t and decreasing on [0, pi], so the terms
+        # above the cut-off are those of the smallest |j|, and j and -j give the same power
+        cutoff = mpmath.mpf(10) ** (5 - digits)
         powers = []
-        for j in range(length):
-            t = 2 * mpmath.pi * (j if j <= length // 2 else j - length) / length
-            powers.append((t, (theta(t) / theta(mpmath.mpf(0))) ** l0))
+        for j in range(1, length // 2 + 1):
+            t = 2 * mpmath.pi * j / length
+            power = (theta(t) / theta(mpmath.mpf(0))) ** l0
+            if power <= cutoff:
+                break
+            powers += [(t, power)] if 2 * j == length else [(t, power), (-t, power)]
 
         def cdf(k: int):
             low = -(length // 2)
             total = mpmath.mpf(k - low + 1)  # j = 0
-            for t, power in powers[1:]:
-                if abs(power) > mpmath.mpf(10) ** (5 - digits):
-                    w = mpmath.expj(-t)
-                    total += power * (w**low - w ** (k + 1)) / (1 - w)
+            for t, power in powers:
+                w = mpmath.expj(-t)
+                total += power * (w**low - w ** (k + 1)) / (1 - w)
             return total.real / length
 
         c = Fraction(l0, 2) - Fraction(epsilon) * sigma2  # L > eps iff S < c (privacy_profile)
