@@ -32,7 +32,7 @@ from dp_operators.mechanisms import (
 )
 from dp_operators.mechanisms import privacy_profile
 
-from test_discrete_gaussian_profile import reference_delta_mp
+from test_discrete_gaussian_profile import mp_law, reference_delta_mp
 
 
 # -- the Gaussian partition-selection threshold ----------------------------------------------------------------------
@@ -227,15 +227,7 @@ def test_the_poisson_summation_bound_holds_against_an_80_digit_law():
     sigma2, l0 = Fraction(16), 3
     with mpmath.workdps(80):
         s2 = mpmath.mpf(16)
-        weights = {x: mpmath.exp(-mpmath.mpf(x * x) / (2 * s2)) for x in range(-200, 201)}
-        total = mpmath.fsum(weights.values())
-        law = {0: mpmath.mpf(1)}
-        for _ in range(l0):
-            convolved: dict[int, mpmath.mpf] = {}
-            for s, ps in law.items():
-                for x, w in weights.items():
-                    convolved[s + x] = convolved.get(s + x, 0) + ps * w / total
-            law = convolved
+        law = mp_law(sigma2, l0, width=200)  # the exact convolution of the pmf truncated at 50 sigma
         pi2s2 = mpmath.pi**2 * s2
         rho_p = 2 * sum(mpmath.exp(-pi2s2 * (2 * j - 1) ** 2 / 2) for j in range(1, 5))
         bound = l0 * rho_p * mpmath.exp((l0 - 1) * rho_p) + mpmath.exp(-l0 * pi2s2 / 2) / (mpmath.pi**2 * l0 * s2)
