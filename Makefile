@@ -1,9 +1,10 @@
-# Two commands: `make demo` (set up and run the example DAG) and `make test` (set up and run every test).
+# Two commands: `make demo` (set up and run the example DAG) and `make test` (set up and run the tests; the slow
+# statistical, scale and real-scheduler tests are `make test-slow`, and CI runs both).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast demo-reset benchmarks clean
+.PHONY: demo test test-slow test-all demo-reset benchmarks clean
 
 # uv (from PyPI) resolves and installs the same versions as pip, in about a quarter of the time; it compiles the
 # bytecode at install as pip does (else the first processes of the suite compile the same modules side by side).
@@ -27,12 +28,17 @@ demo-reset:
 PYTEST_WORKERS ?= auto
 PARALLEL = -n $(PYTEST_WORKERS) --dist worksteal
 
+# Every test but those marked `slow` (pyproject.toml): the statistical tests with millions of draws, the exact
+# references of the calibration, the real scheduler and the tutorial. They take about as long again; CI runs them.
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
-
-# The same suite without the slow statistical and scale tests (CI always runs them).
-test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PARALLEL) -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(VENV)/.installed
+	$(BIN)/python -m pytest $(PARALLEL) -m slow $(PYTEST_ARGS)
+
+# Both in one pytest run.
+test-all: $(VENV)/.installed
+	$(BIN)/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 benchmarks: $(VENV)/.installed
 	$(BIN)/python benchmarks/noise_efficiency.py
