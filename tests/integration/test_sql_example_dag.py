@@ -16,7 +16,8 @@ from dp_operators.operators.sinks import release_rows
 from airflow_home import BIN, airflow_environment, migrate_metadata
 from support import example_charge, make_ledger
 
-pytestmark = pytest.mark.integration
+# slow: one more real `airflow dags test` deployment (the main example DAG runs in `make test`; ADR 30)
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DAG_ID = "adult_sql_release"
 
 
