@@ -91,6 +91,16 @@ def test_key_files_give_the_keys_and_a_loose_file_is_warned_about(ledger_url, co
     assert result.exit_code == 0 and f"warning: {spend} can be read by other users" in result.stderr
 
 
+def test_apply_with_another_spend_key_prints_both_key_ids_and_what_the_workers_need(applied, config, monkeypatch):
+    """Re-keying an account is never silent: apply names the old and new spend key ids and what workers must hold."""
+    other = AuditKey.generate()
+    monkeypatch.setenv("DP_LEDGER_AUDIT_KEY", other.text)
+    result = dpctl("ledger", "apply", str(config), "--url", applied)
+    assert result.exit_code == 0, result.output
+    assert (f"updated account 'census': spend key id {SPEND_KEY.key_id} -> {other.key_id} (workers' charges need "
+            "the new spend key in their ledger connection") in " ".join(result.stdout.split())
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -126,6 +136,25 @@ def test_show_reports_every_unit_and_epsilon(applied):
     assert rows["survey"]["delta_spent"] == "0" and rows["survey"]["cap_epsilon"] == 2
     table = dpctl("ledger", "show", "--url", applied)
     assert table.exit_code == 0 and "census" in table.output and "gaussian_dp" in table.output
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_show_lists_the_readable_accounts_and_names_an_unreadable_one_then_exits_3(applied, as_json):
+    """One account holding a value the ledger never writes does not hide the others: they are shown, the bad one is
+    named with its column, and the exit status says the ledger is inconsistent."""
+    engine = sa.create_engine(applied)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE dp_budget_accounts SET spent = '1e-99999999' WHERE name = 'census'")
+    engine.dispose()
+    result = dpctl("ledger", "show", "--url", applied, *(["--json"] if as_json else []))
+    assert result.exit_code == 3
+    assert "account 'census' is unreadable: spent" in " ".join(result.stderr.split())
+    if as_json:
+        rows = {row["account"]: row for row in json.loads(result.stdout)}
+        assert set(rows) == {"census", "survey"} and "unreadable" in rows["census"]
+        assert Fraction(rows["survey"]["cap"]) == 2
+    else:
+        assert "survey" in result.stdout and "approx_dp" in result.stdout and "unreadable" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -208,13 +237,20 @@ def test_verify_exits_3_naming_the_first_broken_row(applied):
     assert result.exit_code == 3
     first = result.stderr.splitlines()[0]
     assert first.startswith("ledger inconsistent: first broken: ") and "'census'" in first
+    assert "hint:" not in result.stderr  # the right keys: nothing suggests a wrong key file
 
 
-def test_verify_with_a_wrong_governor_key_exits_3(applied, monkeypatch):
-    monkeypatch.setenv("DP_LEDGER_GOVERNOR_KEY", AuditKey.generate().text)
+def test_verify_with_a_wrong_governor_key_exits_3_and_says_the_key_may_be_the_wrong_one(applied, monkeypatch):
+    """A wrong governor key file is an inconsistency (a re-signed history looks the same), with a hint naming the key
+    id given and the key id that signed the governance events."""
+    wrong = AuditKey.generate()
+    monkeypatch.setenv("DP_LEDGER_GOVERNOR_KEY", wrong.text)
     result = dpctl("ledger", "verify", "--url", applied)
     assert result.exit_code == 3
     assert "dp_audit_events id=1" in result.stderr.splitlines()[0]
+    [hint] = [line for line in result.stderr.splitlines() if line.startswith("hint: ")]
+    assert f"signed by the governor key given (key id {wrong.key_id})" in hint
+    assert f"they are signed with key id {GOVERNOR_KEY.key_id}" in hint
 
 
 def test_verify_accepts_retired_keys_from_later_lines_and_keys_files(applied, config, tmp_path):

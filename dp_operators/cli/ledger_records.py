@@ -57,15 +57,29 @@ def ledger_show(
     Dong-Roth-Su for gaussian_dp), rounded up. "Allowed roles": the database roles whose members may spend from the
     account (allowed_roles), or "any spender"; enforced on PostgreSQL only.
     """
+    from dp_operators.ledger.errors import UnreadableValueError
     from dp_operators.ledger.team_roles import describe_allowed_roles, stored_allowed_roles
 
     with _ledger_errors():
         ledger = _ledger(url, conn_id)
-        accounts = [ledger.account(account)] if account else ledger.accounts()
+        unreadable: dict[str, str] = {}  # account -> why (a value the ledger never writes: written around it)
+        if account:
+            accounts = [ledger.account(account)]
+        else:
+            try:
+                accounts = ledger.accounts()
+            except UnreadableValueError:
+                accounts = []
+                for name in ledger.account_names():
+                    try:
+                        accounts.append(ledger.account(name))
+                    except UnreadableValueError as error:
+                        unreadable[name] = error.detail
         rows = [a.summary() for a in accounts]
         allowed_roles = {} if as_json else stored_allowed_roles(ledger)
     if as_json:
-        console.print_json(json.dumps(rows))
+        console.print_json(json.dumps(rows + [{"account": name, "unreadable": why} for name, why in unreadable.items()]))
+        _exit_if_unreadable(unreadable)
         return
     table = Table(title="Budget accounts")
     for column in ("account", "accountant", "unit", "cap", "spent", "reserved", "remaining",
@@ -86,7 +100,10 @@ def ledger_show(
             row["account"], row["accountant"], row["unit"], cap, spent, _decimal(row["reserved"]),
             _decimal(row["remaining"]), as_eps, describe_allowed_roles(allowed_roles.get(row["account"])),
         )
+    for name in unreadable:
+        table.add_row(name, *["unreadable"] * 7, "-")
     console.print(table)
+    _exit_if_unreadable(unreadable)
     if ledger.dialect != "postgresql" and any(allowed_roles.get(row["account"]) for row in rows):
         errors.print(
             f"note: allowed roles are recorded but not enforced on SQLite: it has no database roles, and "
@@ -94,6 +111,15 @@ def ledger_show(
             highlight=False,
             soft_wrap=True,
         )
+
+
+def _exit_if_unreadable(unreadable: dict[str, str]) -> None:
+    """Name each account ``show`` could not read, and exit 3 (the ledger holds what it never writes)."""
+    for name, why in unreadable.items():
+        errors.print(f"account {name!r} is unreadable: {why}; it was written around the ledger: run "
+                     "'dpctl ledger verify'", highlight=False, soft_wrap=True)
+    if unreadable:
+        raise typer.Exit(EXIT_INCONSISTENT)
 
 
 class ChargeState(str, Enum):
@@ -183,6 +209,8 @@ def _print_verify_report(report, note: str | None = None) -> None:
         errors.print(f"  also: {problem}", highlight=False, soft_wrap=True)
     if len(report.problems) > 50:
         errors.print(f"  ... and {len(report.problems) - 50} more", highlight=False, soft_wrap=True)
+    for hint in report.hints:
+        errors.print(f"hint: {hint}", highlight=False, soft_wrap=True)
     if note:
         errors.print(note, highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_INCONSISTENT)

@@ -170,6 +170,12 @@ def load_ledger_config(path: str | Path) -> LedgerConfig:
         raise LedgerConfigError(f"{path}: cannot read: {error.strerror}") from None
     except YAMLDocumentError as error:  # YAML 1.2: 'allowed_dags: [on]' is the DAG id "on"
         raise LedgerConfigError(error.describe(str(path))) from None
+    if not isinstance(document, dict):
+        found = "no document (an empty file, or only comments)" if document is None else f"a {_yaml_kind(document)}"
+        raise LedgerConfigError(
+            f"{path}: invalid ledger configuration: expected a mapping with 'version: 1' and 'accounts:', found "
+            f"{found} (an example: config/ledgers.yaml; the fields: docs/ledger.md)"
+        )
     try:
         return LedgerConfig.model_validate(document)
     except ValidationError as error:
@@ -181,6 +187,15 @@ def load_ledger_config(path: str | Path) -> LedgerConfig:
                 message = "unknown field (check the spelling; see docs/ledger.md)"
             lines.append(f"  {where or '(document)'}: {message}")
         raise LedgerConfigError("\n".join(lines)) from None
+
+
+def _yaml_kind(value: object) -> str:
+    """What a YAML reader would call ``value``: list, string, number, boolean."""
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    return "boolean" if isinstance(value, bool) else "number"
 
 
 def declared_accountants(path: str | Path) -> dict[str, str]:

@@ -289,11 +289,7 @@ class LedgerGovernor(LedgerBase):
                 )
                 chain.flush(conn, **changed)
                 fields = sorted(k for k in changed if k != "config") + (["governor key"] if new_governor_key else [])
-                fields = [
-                    f"allowed_roles ({describe_allowed_roles(row.allowed_roles)} -> "
-                    f"{describe_allowed_roles(values['allowed_roles'])})" if field == "allowed_roles" else field
-                    for field in fields
-                ] or ["configuration as written"]
+                fields = [_describe_change(field, row, values) for field in fields] or ["configuration as written"]
                 changes.append(f"updated account {name!r}: {', '.join(fields)}")
             return changes
 
@@ -447,3 +443,16 @@ def account_values(account: Any) -> dict[str, Any]:
         "description": account.description,
         "config": canonical_json(account.as_record()),
     }
+
+
+def _describe_change(field: str, row: Any, values: Mapping[str, Any]) -> str:
+    """One changed field of an ``account_updated``, as ``dpctl ledger apply`` prints it: the allowed roles before and
+    after; the spend key's ids before and after, with what the workers must do (a key file given by mistake re-keys
+    the account, and every worker's charge is then refused until the connection holds the new key)."""
+    if field == "allowed_roles":
+        return (f"allowed_roles ({describe_allowed_roles(row.allowed_roles)} -> "
+                f"{describe_allowed_roles(values['allowed_roles'])})")
+    if field == "spend_key_id":
+        return (f"spend key id {row.spend_key_id or '(none)'} -> {values['spend_key_id']} (workers' charges need the "
+                "new spend key in their ledger connection; to undo, apply again with the previous --audit-key-file)")
+    return field

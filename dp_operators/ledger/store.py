@@ -380,8 +380,20 @@ class LedgerBase:
                 raise AccountNotFoundError(not_found(name))
             return account_status(row, *reserved_totals(conn, name))
 
+    def account_names(self) -> list[str]:
+        """The names of all accounts, sorted (read even where an account's other values are unreadable)."""
+        self.check_schema()
+        with self._read() as conn:
+            return [str(name) for name in conn.execute(
+                sa.select(schema.accounts.c.name).order_by(schema.accounts.c.name)).scalars()]
+
     def accounts(self) -> list[AccountStatus]:
-        """All accounts, by name."""
+        """All accounts, by name.
+
+        Raises:
+            UnreadableValueError: an account holds a value the ledger never writes (:meth:`account_names` and
+                :meth:`account` read the others one by one).
+        """
         self.check_schema()
         with self._read() as conn:
             rows = conn.execute(sa.select(*ACCOUNT_READ_COLUMNS).order_by(schema.accounts.c.name)).all()

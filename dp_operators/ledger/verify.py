@@ -106,6 +106,9 @@ class VerifyReport:
         heads: each account's chain head (``row_hash`` of its last event) as replayed; worth recording outside
             the database.
         authenticated: whether MACs were checked (``False`` when no keyring was given).
+        hints: what the problems suggest beyond their rows; today one case: no governance event is signed by a
+            governor key given, the mark of a wrong key file (or of a governance history signed by someone else,
+            which is why the report stays inconsistent).
     """
 
     events: int = 0
@@ -114,6 +117,7 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     heads: dict[str, str] = field(default_factory=dict)
     authenticated: bool = False
+    hints: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -344,6 +348,9 @@ class _Verifier:
         #: the names of the accounts (rows of dp_budget_accounts): events of any other are counted, not replayed
         self.accounts: set[Any] = set()
         self.strays = _Strays()
+        #: governance events read, and the key ids that signed them (at most a few distinct ids are kept)
+        self.governance_events = 0
+        self.governance_signers: set[str] = set()
 
     # -- pass 1: chains ------------------------------------------------------------------------------------------
     def replay_chains(self, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -504,6 +511,10 @@ class _Verifier:
                     intact = False
                 if not intact:
                     flag(f"MAC does not match under key id {shown(key_id)} (the row was edited, or written without the key)")
+        if event in GOVERNANCE_EVENTS:
+            self.governance_events += 1
+            if isinstance(key_id, str) and len(self.governance_signers) < 8:
+                self.governance_signers.add(key_id[:64])
         if self.governor_ids is None:
             return  # governor and spend keys cannot be told apart: any key of the keyring may sign anything
         if event in GOVERNANCE_EVENTS and key_id not in self.governor_ids:
@@ -874,6 +885,14 @@ def verify_ledger(
         verifier = _verify(base, keyring, config, governor_key_ids, lenient=True)
     report = verifier.report
     report.problems = verifier.problems.ordered()
+    given = verifier.governor_ids
+    if report.problems and given and verifier.governance_events and not verifier.governance_signers & given:
+        report.hints.append(
+            f"none of the {verifier.governance_events} governance events is signed by the governor key given (key "
+            f"id {', '.join(sorted(given))}); they are signed with key id {', '.join(sorted(verifier.governance_signers))}."
+            " If the key file is not this ledger's governor key, run verify again with the right one; if it is, "
+            "the governance history was signed by someone else"
+        )
     return report
 
 

@@ -120,7 +120,7 @@ def load_yaml(text: str) -> object:
         try:
             node = loader.get_single_node()
         except yaml.YAMLError as error:
-            raise YAMLDocumentError([YAMLProblem((), 0, f"not valid YAML: {error}")]) from None
+            raise YAMLDocumentError([YAMLProblem((), 0, f"not valid YAML: {_parser_message(error)}")]) from None
         problems: list[YAMLProblem] = []
         if loader.yaml_version not in (None, (1, 2)):
             major, minor = loader.yaml_version
@@ -134,12 +134,28 @@ def load_yaml(text: str) -> object:
             document = None if node is None else loader.construct_document(node)
         except yaml.YAMLError as error:  # an explicit tag the core schema has no constructor for (!!timestamp), or
             # a duplicate key already listed in problems
-            raise YAMLDocumentError(problems or [YAMLProblem((), 0, f"not valid YAML: {error}")]) from None
+            invalid = YAMLProblem((), 0, f"not valid YAML: {_parser_message(error)}")
+            raise YAMLDocumentError(problems or [invalid]) from None
         if problems:
             raise YAMLDocumentError(problems, document)
         return document
     finally:
         loader.dispose()
+
+
+def _parser_message(error: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, with 1-based line and column, without the stream name PyYAML gives a string
+    ("<unicode string>"): the caller names the file."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return str(error)
+
+    def at(mark) -> str:
+        return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+    message = f"{error.problem or 'invalid document'}{at(error.problem_mark)}"
+    if error.context:
+        message += f" ({error.context}{at(error.context_mark)})"
+    return message
 
 
 class _CoreReader(CoreLoader):

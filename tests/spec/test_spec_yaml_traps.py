@@ -213,6 +213,24 @@ def test_ledger_config_syntax_error_keeps_its_message_shape(tmp_path):
         load_ledger_config(path)
 
 
+@pytest.mark.parametrize(("text", "found"), [
+    ("", "no document (an empty file, or only comments)"),
+    ("# accounts come later\n", "no document (an empty file, or only comments)"),
+    ("- census_adult\n", "a list"),
+    ("census_adult\n", "a string"),
+])
+def test_a_ledger_config_that_is_not_a_mapping_says_what_it_found_and_where_to_look(tmp_path, text, found):
+    """An empty or misshapen configuration names the file, what it holds and the example and docs to follow."""
+    path = tmp_path / "ledgers.yaml"
+    path.write_text(text)
+    with pytest.raises(LedgerConfigError) as caught:
+        load_ledger_config(path)
+    assert str(caught.value) == (
+        f"{path}: invalid ledger configuration: expected a mapping with 'version: 1' and 'accounts:', found {found} "
+        "(an example: config/ledgers.yaml; the fields: docs/ledger.md)"
+    )
+
+
 ANONYMITY = """\
 version: 1
 check: survey

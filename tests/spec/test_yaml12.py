@@ -191,3 +191,13 @@ def test_invalid_yaml_is_one_problem_without_a_location(text):
 def test_an_empty_document_is_none_and_aliases_are_read_once():
     assert load_yaml("") is None
     assert load_yaml("a: &x [yes, 1]\nb: *x\n") == {"a": ["yes", 1], "b": ["yes", 1]}
+
+
+def test_a_parse_error_names_its_line_and_column_on_one_line_without_pyyamls_stream_name():
+    """The reason is one line with 1-based line and column; the file is named by the caller, never
+    PyYAML's "<unicode string>"."""
+    with pytest.raises(YAMLDocumentError) as caught:
+        load_yaml("accounts:\n  census: [1\n")
+    described = caught.value.describe("ledgers.yaml")
+    assert described == ("ledgers.yaml: not valid YAML: expected ',' or ']', but got '<stream end>' at line 3, "
+                         "column 1 (while parsing a flow sequence at line 2, column 11)")
