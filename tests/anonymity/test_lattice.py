@@ -291,7 +291,7 @@ def instances(draw):
     return table, ["cat1", "num", "cat2"], hierarchies, numeric, targets, sensitive, max_suppression
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances())
 def test_search_matches_brute_force_on_random_tables(instance):
     assert_matches_brute_force(*instance)

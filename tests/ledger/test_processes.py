@@ -98,6 +98,7 @@ PROCESSES, TRIES, KEYS = 16, 4, 16
 DRAW_SECONDS, LEASE_SECONDS = 3.5, 3.0  # renewals every second: a keeper may stall 2 s
 
 
+@pytest.mark.slow  # 64 tries in 16 processes, each drawing 3.5 s: a scale test (ADR 30); two live tries: test_leases.py
 def test_live_tries_of_the_same_release_keys_are_charged_once(ledger_url, tmp_path):
     """16 processes, 16 release keys, 4 live tries of every key at once (Airflow running try 2 while try 1 still
     draws), on a cap that fits exactly one charge per key: every key is charged once; the other tries are refused
