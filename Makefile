@@ -28,8 +28,9 @@ demo-reset:
 PYTEST_WORKERS ?= auto
 PARALLEL = -n $(PYTEST_WORKERS) --dist worksteal
 
-# Every test but those marked `slow` (pyproject.toml): the statistical tests with millions of draws, the exact
-# references of the calibration, the real scheduler and the tutorial. They take about as long again; CI runs them.
+# Every test but those marked `slow` (pyproject.toml, ADR 30): the statistical tests with millions of draws, the exact
+# references of the calibration, the real scheduler, the tutorial, the SQL and Parquet example DAGs, the live-tries
+# race. They take about half as long again; CI runs them.
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PARALLEL) -m "not slow" $(PYTEST_ARGS)
 

@@ -249,8 +249,8 @@ def test_verify_with_a_wrong_governor_key_exits_3_and_says_the_key_may_be_the_wr
     assert result.exit_code == 3
     assert "dp_audit_events id=1" in result.stderr.splitlines()[0]
     [hint] = [line for line in result.stderr.splitlines() if line.startswith("hint: ")]
-    assert f"signed by the governor key given (key id {wrong.key_id})" in hint
-    assert f"they are signed with key id {GOVERNOR_KEY.key_id}" in hint
+    assert f"signed by the governor key given (key id {wrong.key_id!r})" in hint
+    assert f"they are signed with key id {GOVERNOR_KEY.key_id!r}." in hint
 
 
 def test_verify_accepts_retired_keys_from_later_lines_and_keys_files(applied, config, tmp_path):

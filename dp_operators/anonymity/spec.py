@@ -57,7 +57,7 @@ from pydantic import (
 from dp_operators.anonymity.errors import AnonymitySpecError
 from dp_operators.anonymity.generalisation import GeneralisationHierarchy
 from dp_operators.anonymity.hierarchy import ValueHierarchy
-from dp_operators.spec.yaml12 import YAMLDocumentError, dotted_location, load_yaml
+from dp_operators.spec.yaml12 import YAMLDocumentError, document_kind, dotted_location, load_yaml
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -470,8 +470,9 @@ def parse_anonymity_spec(text: str, source: str = "<string>", base_dir: str | Pa
     except YAMLDocumentError as exc:
         raise AnonymitySpecError(exc.describe(source, lambda loc: dotted_location(loc) or "<document>")) from exc
     if not isinstance(document, dict):
-        kind = type(document).__name__
-        raise AnonymitySpecError(f"{source}: <document>: expected a mapping of spec fields, got {kind}")
+        raise AnonymitySpecError(
+            f"{source}: <document>: expected a mapping of spec fields, found {document_kind(document)}"
+        )
     try:
         base = Path(base_dir) if base_dir is not None else Path.cwd()
         return AnonymitySpec.model_validate(document, context={"base_dir": base})

@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from dp_operators.accounting import exact_number
 from dp_operators.ledger.team_roles import role_name_problem
-from dp_operators.spec.yaml12 import YAMLDocumentError, load_yaml
+from dp_operators.spec.yaml12 import YAMLDocumentError, document_kind, load_yaml
 
 
 def _positive(value: object) -> Fraction:
@@ -171,10 +171,9 @@ def load_ledger_config(path: str | Path) -> LedgerConfig:
     except YAMLDocumentError as error:  # YAML 1.2: 'allowed_dags: [on]' is the DAG id "on"
         raise LedgerConfigError(error.describe(str(path))) from None
     if not isinstance(document, dict):
-        found = "no document (an empty file, or only comments)" if document is None else f"a {_yaml_kind(document)}"
         raise LedgerConfigError(
             f"{path}: invalid ledger configuration: expected a mapping with 'version: 1' and 'accounts:', found "
-            f"{found} (an example: config/ledgers.yaml; the fields: docs/ledger.md)"
+            f"{document_kind(document)} (an example: config/ledgers.yaml; the fields: docs/ledger.md)"
         )
     try:
         return LedgerConfig.model_validate(document)
@@ -187,15 +186,6 @@ def load_ledger_config(path: str | Path) -> LedgerConfig:
                 message = "unknown field (check the spelling; see docs/ledger.md)"
             lines.append(f"  {where or '(document)'}: {message}")
         raise LedgerConfigError("\n".join(lines)) from None
-
-
-def _yaml_kind(value: object) -> str:
-    """What a YAML reader would call ``value``: list, string, number, boolean."""
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, str):
-        return "string"
-    return "boolean" if isinstance(value, bool) else "number"
 
 
 def declared_accountants(path: str | Path) -> dict[str, str]:

@@ -348,8 +348,9 @@ class _Verifier:
         #: the names of the accounts (rows of dp_budget_accounts): events of any other are counted, not replayed
         self.accounts: set[Any] = set()
         self.strays = _Strays()
-        #: governance events read, and the key ids that signed them (at most a few distinct ids are kept)
+        #: governance events read, how many a governor key given signed, and a few of the key ids that signed them
         self.governance_events = 0
+        self.governance_by_given = 0
         self.governance_signers: set[str] = set()
 
     # -- pass 1: chains ------------------------------------------------------------------------------------------
@@ -513,8 +514,10 @@ class _Verifier:
                     flag(f"MAC does not match under key id {shown(key_id)} (the row was edited, or written without the key)")
         if event in GOVERNANCE_EVENTS:
             self.governance_events += 1
-            if isinstance(key_id, str) and len(self.governance_signers) < 8:
-                self.governance_signers.add(key_id[:64])
+            if self.governor_ids is not None and key_id in self.governor_ids:
+                self.governance_by_given += 1
+            elif len(self.governance_signers) < 8:
+                self.governance_signers.add(shown(key_id))
         if self.governor_ids is None:
             return  # governor and spend keys cannot be told apart: any key of the keyring may sign anything
         if event in GOVERNANCE_EVENTS and key_id not in self.governor_ids:
@@ -886,12 +889,13 @@ def verify_ledger(
     report = verifier.report
     report.problems = verifier.problems.ordered()
     given = verifier.governor_ids
-    if report.problems and given and verifier.governance_events and not verifier.governance_signers & given:
+    if report.problems and given and verifier.governance_events and not verifier.governance_by_given:
+        signers = ", ".join(sorted(verifier.governance_signers))
         report.hints.append(
             f"none of the {verifier.governance_events} governance events is signed by the governor key given (key "
-            f"id {', '.join(sorted(given))}); they are signed with key id {', '.join(sorted(verifier.governance_signers))}."
-            " If the key file is not this ledger's governor key, run verify again with the right one; if it is, "
-            "the governance history was signed by someone else"
+            f"id {', '.join(shown(k) for k in sorted(given))}); they are signed with key id {signers}. If the key file is not this "
+            "ledger's governor key, run verify again with the right one; if it is, the governance history was "
+            "signed by someone else"
         )
     return report
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from dp_operators.spec.models import ReleaseSpec
-from dp_operators.spec.yaml12 import YAMLDocumentError, load_yaml
+from dp_operators.spec.yaml12 import YAMLDocumentError, document_kind, load_yaml
 
 
 class SpecError(ValueError):
@@ -57,7 +57,7 @@ def parse_spec(text: str, *, source: str = "<string>") -> ReleaseSpec:
             lines.append(f"  {_field_path(problem.location, error.document)}: {problem.reason} (line {problem.line})")
         raise SpecError("\n".join(lines)) from None
     if not isinstance(document, dict):
-        raise SpecError(f"{source}: a release spec is a YAML mapping with 'version: 1', got {type(document).__name__}")
+        raise SpecError(f"{source}: a release spec is a YAML mapping with 'version: 1', found {document_kind(document)}")
     try:
         return ReleaseSpec.model_validate(document)
     except ValidationError as error:

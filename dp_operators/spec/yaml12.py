@@ -143,6 +143,18 @@ def load_yaml(text: str) -> object:
         loader.dispose()
 
 
+def document_kind(document: object) -> str:
+    """What a document :func:`load_yaml` returned is, in a reader's words, for "expected a mapping, found ...":
+    ``no document (an empty file, or only comments)``, ``a list``, ``a string``, ``a number``, ``a boolean``."""
+    if document is None:
+        return "no document (an empty file, or only comments)"
+    if isinstance(document, list):
+        return "a list"
+    if isinstance(document, str):
+        return "a string"
+    return "a boolean" if isinstance(document, bool) else "a number"
+
+
 def _parser_message(error: yaml.YAMLError) -> str:
     """PyYAML's error on one line, with 1-based line and column, without the stream name PyYAML gives a string
     ("<unicode string>"): the caller names the file."""

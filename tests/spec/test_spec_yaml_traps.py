@@ -259,3 +259,18 @@ def test_a_boolean_field_still_takes_yes_and_no(written, expected):
     """Where a boolean is expected, the text 'no' means what the author meant (pydantic reads it as False)."""
     spec = parse_spec(spec_text("[a]", extra=f"postprocess: {{clamp_nonnegative: {written}}}\n"))
     assert spec.postprocess.clamp_nonnegative is expected
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    ("", "no document (an empty file, or only comments)"),
+    ("- a\n", "a list"),
+    ("true\n", "a boolean"),
+])
+def test_a_release_or_anonymity_spec_that_is_not_a_mapping_says_what_it_found(text, found):
+    """Every reader of the shared YAML loader names what a document that is not a mapping holds, in words."""
+    with pytest.raises(SpecError) as release:
+        parse_spec(text, source="r.yaml")
+    assert str(release.value) == f"r.yaml: a release spec is a YAML mapping with 'version: 1', found {found}"
+    with pytest.raises(AnonymitySpecError) as anonymity:
+        parse_anonymity_spec(text, source="s.yaml")
+    assert str(anonymity.value) == f"s.yaml: <document>: expected a mapping of spec fields, found {found}"
