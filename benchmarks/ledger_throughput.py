@@ -30,6 +30,7 @@ The ledger is set up by a :class:`~dp_operators.ledger.LedgerGovernor` with fres
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest.mock
 import uuid
 from fractions import Fraction
 from pathlib import Path
@@ -183,10 +185,11 @@ def close(ledger: Ledger) -> None:
 
 
 def record_driver_calls(url: str, key: AuditKey, pairs: int) -> list[list[tuple]]:
-    """Run ``pairs`` reserve + commit pairs through :class:`Ledger` at ``url`` and return, per pair, what SQLAlchemy
-    sent to the driver, in order: ``(engine, "execute", SQL, parameters)``, ``(engine, "commit")`` or
-    ``(engine, "rollback")``, where ``engine`` is ``"writer"`` or ``"reader"`` (SQLite's deferred-transaction reader;
-    on PostgreSQL both are one engine)."""
+    """Run ``pairs`` reserve + commit pairs through :class:`Ledger` at ``url`` and return, per pair, what reached
+    the driver, in order: ``(engine, "execute", SQL, parameters)``, ``(engine, "commit")`` or ``(engine,
+    "rollback")``, where ``engine`` is ``"writer"`` or ``"reader"`` (SQLite's deferred-transaction reader; on
+    PostgreSQL both are one engine). On SQLite SQLAlchemy's events record it; on PostgreSQL, whose spend calls go
+    to psycopg directly, psycopg's ``Cursor.execute`` (the calls run in autocommit: nothing to commit)."""
     ledger = Ledger(url, audit_key=key)
     ledger.check_schema()
     calls: list[tuple] = []
@@ -199,14 +202,25 @@ def record_driver_calls(url: str, key: AuditKey, pairs: int) -> list[list[tuple]
         sa.event.listen(engine, "commit", lambda conn: calls.append((name, "commit")))
         sa.event.listen(engine, "rollback", lambda conn: calls.append((name, "rollback")))
 
-    record("writer", ledger.engine)
-    if ledger._reader is not ledger.engine:
+    patched = contextlib.nullcontext()
+    if ledger.dialect == "sqlite":
+        record("writer", ledger.engine)
         record("reader", ledger._reader)
+    else:  # the spend calls go to psycopg directly (Ledger._driver_call): record what reaches psycopg's cursors
+        import psycopg
+
+        def execute(cursor, query, params=None, **kwargs):
+            calls.append(("writer", "execute", query, params))
+            return original(cursor, query, params, **kwargs)
+
+        original = psycopg.Cursor.execute
+        patched = unittest.mock.patch.object(psycopg.Cursor, "execute", execute)
     per_pair = []
-    for i in range(pairs):
-        reserve_commit(ledger, i)
-        per_pair.append(calls[:])
-        calls.clear()
+    with patched:
+        for i in range(pairs):
+            reserve_commit(ledger, i)
+            per_pair.append(calls[:])
+            calls.clear()
     close(ledger)
     return per_pair
 
@@ -235,7 +249,8 @@ def driver_connections(backend: str, url: str) -> dict:
     )
     connection.execute(f"SET lock_timeout = {PG_LOCK_TIMEOUT_MS}")
     connection.execute(f"SET idle_in_transaction_session_timeout = {PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}")
-    connection.autocommit = False
+    # the ledger sends each spend call in autocommit (one round trip, the server commits); its recorded
+    # ``commit`` sends nothing there, nor here (psycopg's commit() outside a transaction is a no-op)
     return {"writer": connection, "reader": connection}
 
 
@@ -255,9 +270,12 @@ def replay(connections: dict, calls: list[tuple]) -> None:
             connection.rollback()
 
 
-def cpu_per_release(backend: str, keys: tuple[AuditKey, AuditKey], pairs: int, workdir: Path, warmup: int = 50) -> dict:
+def cpu_per_release(
+    backend: str, keys: tuple[AuditKey, AuditKey], pairs: int, workdir: Path, warmup: int = 50, rounds: int = 5
+) -> dict:
     """CPU seconds per reserve + commit through :class:`Ledger` and through the raw driver (same SQL), measured
-    with ``time.process_time`` over ``pairs`` pairs after ``warmup`` pairs (see the module docstring)."""
+    with ``time.process_time`` over ``pairs`` pairs after ``warmup`` pairs, in ``rounds`` alternating rounds (the
+    median round of each side; see the module docstring)."""
     url, dispose = throwaway_database(backend, workdir)
     copies = []
     try:
@@ -266,20 +284,25 @@ def cpu_per_release(backend: str, keys: tuple[AuditKey, AuditKey], pairs: int, w
         recorded = record_driver_calls(copies[0][0], keys[1], warmup + pairs)
         statements = sum(call[1] == "execute" for call in recorded[-1])
         ledger = Ledger(url, audit_key=keys[1])
+        connections = driver_connections(backend, copies[1][0])
         for i in range(warmup):
             reserve_commit(ledger, i)
-        started = time.process_time()
-        for i in range(warmup, warmup + pairs):
-            reserve_commit(ledger, i)
-        through_ledger = (time.process_time() - started) / pairs
+            replay(connections, recorded[i])
+        # alternating rounds, so that a burst of load elsewhere on the machine falls on both sides alike
+        ledger_rounds, driver_rounds = [], []
+        bounds = [warmup + pairs * r // rounds for r in range(rounds + 1)]
+        for start, stop in zip(bounds, bounds[1:]):
+            started = time.process_time()
+            for i in range(start, stop):
+                reserve_commit(ledger, i)
+            ledger_rounds.append((time.process_time() - started) / (stop - start))
+            started = time.process_time()
+            for calls in recorded[start:stop]:
+                replay(connections, calls)
+            driver_rounds.append((time.process_time() - started) / (stop - start))
+        through_ledger = statistics.median(ledger_rounds)
+        through_driver = statistics.median(driver_rounds)
         close(ledger)
-        connections = driver_connections(backend, copies[1][0])
-        for calls in recorded[:warmup]:
-            replay(connections, calls)
-        started = time.process_time()
-        for calls in recorded[warmup:]:
-            replay(connections, calls)
-        through_driver = (time.process_time() - started) / pairs
         for connection in set(connections.values()):
             connection.close()
     finally:

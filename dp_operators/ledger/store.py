@@ -60,6 +60,11 @@ _RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 #: inside a transaction longer than that is ended by the server, releasing its locks.
 PG_LOCK_TIMEOUT_MS = 10_000
 PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
+#: A pooled PostgreSQL connection idle at least this long (seconds) is pinged (``SELECT 1``) before it is handed out,
+#: and replaced if that fails (SQLAlchemy's pessimistic disconnect handling, done in a ``checkout`` pool event: a
+#: ``DisconnectionError`` raised there makes the pool connect afresh). One used less than this ago is not: a spend
+#: call is then one round trip, not two (ADR 29).
+PG_PING_AFTER_IDLE_S = 2.0
 
 #: Rows fetched per round trip by the streaming readers.
 STREAM_BATCH = 1000
@@ -220,7 +225,21 @@ def create_ledger_engine(url: str, *, read_only: bool = False) -> Engine:
             connection.exec_driver_sql(begin)
 
         return engine
-    engine = sa.create_engine(url, pool_pre_ping=True, hide_parameters=True)
+    engine = sa.create_engine(url, hide_parameters=True)
+
+    @sa.event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_connection, record) -> None:  # pragma: no cover - pool hook
+        record.info["idle_since"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _ping_if_idle(dbapi_connection, record, _proxy) -> None:  # pragma: no cover - pool hook
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since < PG_PING_AFTER_IDLE_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as error:  # noqa: BLE001 - any failure: the pool discards it and connects again
+            raise sa.exc.DisconnectionError(str(error)) from error
 
     @sa.event.listens_for(engine, "connect")
     def _session_limits(dbapi_connection, _record) -> None:  # pragma: no cover - driver hook

@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from dp_operators.ledger import ChargeStateError, LeaseHeldError, Ledger, ReleaseKey, Reservation
-from dp_operators.ledger import store
+from dp_operators.ledger import spend, store
 from ledger_backends import account_config, ledger_with
 from support import governor, spender
 
@@ -287,7 +287,10 @@ class LockTimeouts:
         self._changed = threading.Condition()
 
     def __call__(self, context) -> None:
-        if getattr(context.original_exception, "sqlstate", None) == "55P03":
+        self.seen(context.original_exception)
+
+    def seen(self, error: BaseException) -> None:
+        if getattr(error, "sqlstate", None) == "55P03":
             with self._changed:
                 self.count += 1
                 self._changed.notify_all()
@@ -298,10 +301,21 @@ class LockTimeouts:
 
 
 @pytest.fixture
-def lock_timeouts() -> Iterator[LockTimeouts]:
-    """Counts the lock timeouts of the test (a ``handle_error`` listener on every engine)."""
+def lock_timeouts(monkeypatch) -> Iterator[LockTimeouts]:
+    """Counts the lock timeouts of the test: a ``handle_error`` listener on every engine, and the spend calls'
+    errors (they go to the driver directly, past SQLAlchemy's events: ``Ledger._driver_call``)."""
     counter = LockTimeouts()
     sa.event.listen(sa.engine.Engine, "handle_error", counter)
+    call = spend.Ledger._driver_call
+
+    def counted(self, name, params):
+        try:
+            return call(self, name, params)
+        except sa.exc.DBAPIError as error:
+            counter.seen(error.orig)
+            raise
+
+    monkeypatch.setattr(spend.Ledger, "_driver_call", counted)
     yield counter
     sa.event.remove(sa.engine.Engine, "handle_error", counter)
 
