@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import unittest.mock
 import uuid
 from fractions import Fraction
@@ -203,9 +204,11 @@ def record_driver_calls(url: str, key: AuditKey, pairs: int) -> list[list[tuple]
         sa.event.listen(engine, "rollback", lambda conn: calls.append((name, "rollback")))
 
     patched = contextlib.nullcontext()
-    if ledger.dialect == "sqlite":
+    if ledger.dialect == "sqlite":  # SQLAlchemy's statements, and the spend path's sent to sqlite3 directly
         record("writer", ledger.engine)
         record("reader", ledger._reader)
+        for name, engine in (("writer", ledger.engine), ("reader", ledger._reader)):
+            engine.raw_connection = recording_raw_connection(name, engine.raw_connection, calls)
     else:  # the spend calls go to psycopg directly (Ledger._driver_call): record what reaches psycopg's cursors
         import psycopg
 
@@ -223,6 +226,31 @@ def record_driver_calls(url: str, key: AuditKey, pairs: int) -> list[list[tuple]
             calls.clear()
     close(ledger)
     return per_pair
+
+
+class _Recorded:
+    """A ``sqlite3`` connection whose ``execute`` calls are appended to ``calls`` (a pooled connection's proxy)."""
+
+    def __init__(self, name: str, connection, calls: list) -> None:
+        self._name, self._connection, self._calls = name, connection, calls
+
+    def execute(self, sql, parameters=()):
+        self._calls.append((self._name, "execute", sql, tuple(parameters)))
+        return self._connection.execute(sql, parameters)
+
+    def __getattr__(self, attribute):
+        return getattr(self._connection, attribute)
+
+
+def recording_raw_connection(name: str, raw_connection, calls: list):
+    """``Engine.raw_connection`` whose connections record what the ledger sends them directly."""
+
+    def connect():
+        pooled = raw_connection()
+        return types.SimpleNamespace(driver_connection=_Recorded(name, pooled.driver_connection, calls),
+                                     close=pooled.close)
+
+    return connect
 
 
 def driver_connections(backend: str, url: str) -> dict:

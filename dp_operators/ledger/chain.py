@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import operator
 import os
 import socket
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from dp_operators import __version__
 from dp_operators.ledger import schema
 from dp_operators.ledger.errors import AuditChainError, stored_fraction
 from dp_operators.ledger.keys import AuditKey
+from dp_operators.ledger.sqlite_driver import DriverConnection
 
 #: ``prev_hash`` of the first event of every account's chain.
 GENESIS_HASH = "0" * 64
@@ -68,7 +70,11 @@ _UPDATE_ACCOUNT = schema.accounts.update().where(schema.accounts.c.name == sa.bi
 
 def canonical_json(value: Any) -> str:
     """The canonical JSON text stored for outputs and MAC'd in events: sorted keys, no whitespace, NaN refused."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    return _CANONICAL.encode(value)
+
+
+#: One encoder for :func:`canonical_json` (``json.dumps`` with these options builds a new one per call).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
 class CanonicalOutput(str):
@@ -190,6 +196,7 @@ class AccountChain:
             prev_hash=self.head,
         )
         values["row_hash"] = audit_row_mac(values, self.key)
+        _remember_signed(values, self.key)
         self.seq += 1
         self.head = values["row_hash"]
         self.dirty = True
@@ -201,11 +208,21 @@ class AccountChain:
         Raises:
             AuditChainError: a row already holds the next sequence number (inserted outside the ledger).
         """
-        taken = conn.execute(_EVENT_ID_AT_SEQ, {"account": self.row.name, "seq": self.seq + 1}).first()
-        if taken is not None:
-            raise seq_taken(self.row.name, taken.id, self.seq + 1)
+        seq = {"account": self.row.name, "seq": self.seq + 1}
+        if not isinstance(conn, DriverConnection):
+            taken = conn.execute(_EVENT_ID_AT_SEQ, seq).first()
+            if taken is not None:
+                raise seq_taken(self.row.name, taken.id, self.seq + 1)
         values = self.signed_row(event, context, **fields)
-        conn.execute(_INSERT_EVENT, values)
+        try:
+            conn.execute(_INSERT_EVENT, values)
+        except sa.exc.IntegrityError:
+            # SQLite's spend path lets the unique (account, account_seq) constraint find a taken number: a failed
+            # statement there leaves the transaction usable, so the row can be named (PostgreSQL checks first)
+            taken = conn.execute(_EVENT_ID_AT_SEQ, seq).first() if isinstance(conn, DriverConnection) else None
+            if taken is None:
+                raise
+            raise seq_taken(seq["account"], taken.id, seq["seq"]) from None
         return values
 
     def flush(self, conn: Connection, **extra: Any) -> None:
@@ -252,12 +269,45 @@ def _check_head(conn: Connection, row: Any, key: AuditKey) -> None:
             _NEWEST_EVENT_SIGNED_BY, {"account": row.name, "key_id": key.key_id}
         ).first()
         intact = own is None or (
-            audit_row_mac(own._mapping, key) == own.row_hash
+            _signed_by(own._mapping, key)
             and own.spent_after == row.spent
             and own.delta_spent_after == row.delta_spent
         )
     if not intact:
         raise head_mismatch(row.name)
+
+
+#: Audit rows (their signed columns and ``row_hash``, under a key id) this process signed or checked with that key:
+#: the head check of the next transaction on an account then finds its head here instead of computing its MAC
+#: again. Only an exact match counts, so a row changed in any column is checked afresh. Bounded: cleared when full.
+_SIGNED: dict[tuple, None] = {}
+_SIGNED_LIMIT = 1024
+_SIGNED_COLUMNS = (*schema.AUDIT_HASHED_COLUMNS, "row_hash")
+
+
+_signed_values = operator.itemgetter(*_SIGNED_COLUMNS)
+
+
+def _signed_key(row: Mapping[str, Any], key: AuditKey) -> tuple:
+    return (key.key_id, _signed_values(row))
+
+
+def _remember_signed(row: Mapping[str, Any], key: AuditKey) -> None:
+    if len(_SIGNED) >= _SIGNED_LIMIT:
+        _SIGNED.clear()
+    _SIGNED[_signed_key(row, key)] = None
+
+
+def _signed_by(row: Mapping[str, Any], key: AuditKey) -> bool:
+    """Whether ``row_hash`` of the audit row ``row`` is its MAC under ``key`` (a row this process signed or checked
+    before is not hashed again)."""
+    remembered = _signed_key(row, key)
+    if remembered in _SIGNED:
+        return True
+    if audit_row_mac(row, key) != row["row_hash"]:
+        return False
+    _remember_signed(row, key)
+    return True
 
 
 def head_mismatch(account: str) -> AuditChainError:

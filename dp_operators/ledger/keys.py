@@ -15,6 +15,7 @@ digits); it is used as its UTF-8 bytes. Events record the key's id, never the ke
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
@@ -65,14 +66,14 @@ class AuditKey:
     def text(self) -> str:
         return self.secret.decode("utf-8")
 
-    @property
+    @functools.cached_property
     def key_id(self) -> str:
         """16 hex digits naming the key (a truncated SHA-256 of a domain-separated secret; reveals nothing)."""
         return hashlib.sha256(b"dp-operators audit key id\0" + self.secret).hexdigest()[:16]
 
     def mac(self, message: bytes) -> str:
         """HMAC-SHA256 of ``message``, hex (64 characters)."""
-        return hmac.new(self.secret, message, hashlib.sha256).hexdigest()
+        return hmac.digest(self.secret, message, "sha256").hex()
 
     def __repr__(self) -> str:
         return f"AuditKey(key_id={self.key_id!r})"

@@ -424,7 +424,6 @@ class Ledger(LedgerBase):
             return self._reserve_in_database(
                 key, account, amount, delta, mechanisms_text, spec_hash, try_number, context, signing_key, token
             )
-        self._refuse_live_lease(key, account)
 
         def work(conn: Connection) -> Reservation | dict | Refusal:
             chain = AccountChain.lock(conn, account, signing_key)
@@ -508,16 +507,15 @@ class Ledger(LedgerBase):
                 token=token, lease_expires_at=lease_end,
             )
 
-        return self._write(work)
+        return self._write_driver(work, before=lambda conn: self._refuse_live_lease(conn, key, account))
 
-    def _refuse_live_lease(self, key: ReleaseKey, account: str) -> None:
+    def _refuse_live_lease(self, conn: Any, key: ReleaseKey, account: str) -> None:
         """Raise :class:`LeaseHeldError` if another attempt of ``key`` on ``account`` holds a live lease, read
-        without the write lock, so attempts polling a busy key do not queue on the account's lock ahead of the
-        owner's renewals. (:meth:`reserve` checks again under the lock.)"""
-        with self._read() as conn:
-            previous = conn.execute(_RESERVATIONS_OF_KEY, {**key.as_dict(), "account": account}).all()
-            if previous:
-                _raise_if_leased(previous, key, self._db_now(conn))
+        before the write lock is taken, so attempts polling a busy key do not queue on the account's lock ahead of
+        the owner's renewals. (:meth:`reserve` checks again under the lock.)"""
+        previous = conn.execute(_RESERVATIONS_OF_KEY, {**key.as_dict(), "account": account}).all()
+        if previous:
+            _raise_if_leased(previous, key, self._db_now(conn))
 
     def _owned_charge(self, conn: Connection, reservation: Reservation, action: str) -> tuple[AccountChain, Any]:
         """Lock the charge's own account and return ``(chain, charge)`` if ``reservation`` owns a charge that is
@@ -531,8 +529,9 @@ class Ledger(LedgerBase):
         where = f"charge {reservation.charge_id} for {reservation.key}"
         if charge is None:
             raise ChargeStateError(f"{where} does not exist; nothing {action}")
+        # on SQLite (the only database this path runs on: PostgreSQL calls its functions) the transaction holds
+        # the write lock from BEGIN IMMEDIATE, so the charge read above is the locked state
         chain = AccountChain.lock(conn, charge.account, self._spend_key())
-        charge = conn.execute(_CHARGE, {"charge_id": reservation.charge_id}).first()
         owned = (
             charge.account == reservation.account
             and ReleaseKey(charge.dag_id, charge.run_id, charge.task_id, charge.map_index, charge.release_name)
@@ -586,7 +585,7 @@ class Ledger(LedgerBase):
             chain.flush(conn)
             return digest
 
-        return self._write(work)
+        return self._write_driver(work)
 
     def release(self, reservation: Reservation, *, audit: Mapping[str, Any] | None = None) -> None:
         """Return a reservation whose noise was provably never drawn (``reserved -> released``): its owner's
@@ -611,7 +610,7 @@ class Ledger(LedgerBase):
             )
             chain.flush(conn)
 
-        self._write(work)
+        self._write_driver(work)
 
     def abandon(self, reservation: Reservation, *, audit: Mapping[str, Any] | None = None) -> None:
         """Give up a reservation whose noise may have been drawn (``reserved -> abandoned``): it stays counted as
@@ -631,7 +630,7 @@ class Ledger(LedgerBase):
                     "its attempt failed after noise may have been drawn")
             chain.flush(conn)
 
-        self._write(work)
+        self._write_driver(work)
 
     def renew(self, reservation: Reservation) -> dt.datetime:
         """Extend the reservation's lease by ``lease_seconds`` from now; returns the new end (UTC). Not an audit
@@ -654,7 +653,7 @@ class Ledger(LedgerBase):
             return end
 
         # Few retries: the keeper tries again a moment later rather than waiting out a long backoff.
-        return self._write(work, retries=3)
+        return self._write_driver(work, retries=3)
 
     @contextlib.contextmanager
     def lease(self, reservation: Reservation) -> Iterator[None]:

@@ -22,6 +22,7 @@ import datetime as dt
 import functools
 import getpass
 import random
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from sqlalchemy.engine import Connection, Engine
 from dp_operators.accounting import ACCOUNTANTS, epsilon_at_delta, round_down, round_up, unit_of
 from dp_operators.accounting.budget import MAX_DENOMINATOR
 from dp_operators.ledger import schema
+from dp_operators.ledger.sqlite_driver import DriverConnection, driver_error
 from dp_operators.ledger.bounded import (
     MAX_JSON_CHARS,
     MAX_OUTPUT_CHARS,
@@ -319,6 +321,62 @@ class LedgerBase:
                 raise result.error
             return result
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _write_driver(
+        self, work: Callable[[Any], T], *, retries: int | None = None, before: Callable[[Any], None] | None = None
+    ) -> T:
+        """:meth:`_write` for the spend path on SQLite: the same ``BEGIN IMMEDIATE`` transaction, retries and
+        :class:`Refusal`, with ``work`` given a :class:`~dp_operators.ledger.sqlite_driver.DriverConnection` on the
+        pooled ``sqlite3`` connection instead of a SQLAlchemy ``Connection`` (the same statements, compiled once,
+        without SQLAlchemy's per-statement work; ADR 29). ``before`` runs first on the same connection outside the
+        transaction (its reads take no write lock, so a check that refuses early does not queue for it). Other
+        databases: :meth:`_write` (``before`` in a transaction of its own)."""
+        if self.dialect != "sqlite":
+            if before is not None:
+                with self._read() as conn:
+                    before(conn)
+            return self._write(work, retries=retries)
+        delay = 0.01
+        retries = self.max_retries if retries is None else retries
+        for attempt in range(retries + 1):
+            try:
+                result = self._in_driver_transaction(self.engine, "BEGIN IMMEDIATE", work, before)
+            except sa.exc.DBAPIError as error:
+                if attempt == retries or not _is_retryable(error):
+                    raise
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 1.0)
+                continue
+            if isinstance(result, Refusal):
+                raise result.error
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _in_driver_transaction(
+        self, engine: Engine, begin: str, work: Callable[[Any], T], before: Callable[[Any], None] | None = None
+    ) -> T:
+        plans = self.__dict__.setdefault("_driver_plans", {})
+        pooled = engine.raw_connection()
+        try:
+            connection = pooled.driver_connection
+            driver = DriverConnection(connection, engine.dialect, plans)
+            statement = begin
+            try:
+                if before is not None:
+                    before(driver)
+                connection.execute(begin)
+                result = work(driver)
+                statement = "COMMIT"
+                connection.execute(statement)
+                return result
+            except BaseException:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as error:
+            raise driver_error(error, engine.dialect, statement, ()) from error
+        finally:
+            pooled.close()
 
     def _read(self) -> Any:
         return self._reader.begin()
