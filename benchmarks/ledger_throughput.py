@@ -10,7 +10,9 @@ For each backend (SQLite file; PostgreSQL at ``DP_LEDGER_TEST_PG_URL``, default
 ``postgresql+psycopg://postgres@127.0.0.1:5432/test``, in a throwaway database) and 1, 4 and 16 processes:
 ``--charges`` releases (reserve + commit, each its own release key) split evenly over the processes, all starting
 at once; reports committed charges per second (wall clock from start to last commit) and p50/p99 latency of one
-reserve + commit. Then the time of a check-and-reserve on an account with ``--history`` prior committed charges
+reserve + commit. With 16 processes it also measures the raw ceiling in the same run: the same number of pairs of
+single-row commits (a table of two columns) through the bare driver, two commits being what a reserve and a commit
+are, and prints the ledger's rate as a fraction of it. Then the time of a check-and-reserve on an account with ``--history`` prior committed charges
 (and their audit events, written by the bulk loader of ``benchmarks/ledger_bulk.py``) against one with none, in the
 same run: the ratio stays near 1 because the account row keeps running totals and the chain head.
 
@@ -95,18 +97,63 @@ def worker(url: str, account_name: str, number: str, attempts: str, amount: str,
         print(json.dumps(outcome), flush=True)
 
 
-def throughput(url: str, keys: tuple[AuditKey, AuditKey], processes: int, charges: int, workdir: Path) -> dict:
-    new_ledger(url, keys, bench=bench_account()).engine.dispose()
+def raw_worker(url: str, number: str, attempts: str, go_file: str) -> None:
+    """One process of the raw ceiling: wait for ``go_file``, then ``attempts`` times commit two single-row inserts
+    into ``bench_ceiling`` through the bare driver (two commits, as a reserve and a commit are); one JSON line each,
+    as :func:`worker` prints."""
+    parts = sa.make_url(url)
+    if parts.get_backend_name() == "sqlite":
+        import sqlite3
+
+        connection = sqlite3.connect(parts.database, timeout=60, isolation_level=None)
+
+        def commit(value: int) -> None:
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("INSERT INTO bench_ceiling (worker, value) VALUES (?, ?)", (number, value))
+            connection.execute("COMMIT")
+    else:
+        import psycopg
+
+        connection = psycopg.connect(host=parts.host, port=parts.port, user=parts.username,
+                                     password=parts.password, dbname=parts.database, autocommit=True)
+
+        def commit(value: int) -> None:
+            connection.execute("INSERT INTO bench_ceiling (worker, value) VALUES (%s, %s)", (number, value))
+    while not Path(go_file).exists():
+        time.sleep(0.005)
+    for attempt in range(int(attempts)):
+        started = time.perf_counter()
+        commit(2 * attempt)
+        commit(2 * attempt + 1)
+        print(json.dumps({"outcome": "committed", "seconds": time.perf_counter() - started,
+                          "finished_at": time.time()}), flush=True)
+
+
+def throughput(url: str, keys: tuple[AuditKey, AuditKey], processes: int, charges: int, workdir: Path,
+               raw: bool = False) -> dict:
+    """Charges per second and latency of ``processes`` processes committing ``charges`` in all through the ledger
+    at ``url``, or (``raw``) the ceiling: the same number of pairs of single-row commits through the bare
+    driver."""
+    if raw:
+        engine = sa.create_engine(url)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE bench_ceiling (worker TEXT NOT NULL, value INTEGER NOT NULL)")
+        engine.dispose()
+    else:
+        new_ledger(url, keys, bench=bench_account()).engine.dispose()
     go = workdir / f"go-{uuid.uuid4().hex[:8]}"
     per_process = charges // processes
     env = {**os.environ, "PYTHONPATH": str(REPO), SPEND_KEY_ENV: keys[1].text}
     script = str(Path(__file__).resolve())
-    workers = [
-        subprocess.Popen(
-            [sys.executable, script, "worker", url, "bench", str(n), str(per_process), "1/1000", str(go)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )
+    arguments = [
+        ["raw", url, str(n), str(per_process), str(go)] if raw
+        else ["worker", url, "bench", str(n), str(per_process), "1/1000", str(go)]
         for n in range(processes)
+    ]
+    workers = [
+        subprocess.Popen([sys.executable, script, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+        for argv in arguments
     ]
     time.sleep(3 + processes * 0.3)  # let every process import and connect before the start signal
     started = time.time()
@@ -361,15 +408,20 @@ def main() -> None:
                       f"{c['ledger_ms']:.3f} ms through the ledger, {c['driver_ms']:.3f} ms for the same SQL through "
                       f"the driver: ratio {c['ratio']:.1f}", flush=True)
             if "throughput" in args.sections:
-                print("\n| processes | committed | charges/s | p50 ms | p99 ms |\n|---|---|---|---|---|")
-                for processes in (1, 4, 16):
+                print("\n| processes | through | committed | charges/s | p50 ms | p99 ms |\n|---|---|---|---|---|---|")
+                rates = {}
+                for processes, raw in ((1, False), (4, False), (16, True), (16, False)):
                     url, dispose = throwaway_database(backend, workdir)
                     try:
-                        r = throughput(url, keys, processes, args.charges, workdir)
+                        r = throughput(url, keys, processes, args.charges, workdir, raw=raw)
                     finally:
                         dispose()
-                    print(f"| {r['processes']} | {r['committed']} | {r['charges_per_second']:.0f} | "
+                    rates[processes, raw] = r["charges_per_second"]
+                    through = "raw driver: two single-row commits" if raw else "the ledger"
+                    print(f"| {r['processes']} | {through} | {r['committed']} | {r['charges_per_second']:.0f} | "
                           f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} |", flush=True)
+                print(f"\n16 processes: the ledger reaches {rates[16, False] / rates[16, True]:.0%} of the raw "
+                      "ceiling measured in this run", flush=True)
             if "history" in args.sections:
                 url, dispose = throwaway_database(backend, workdir)
                 try:
@@ -384,5 +436,7 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["worker"]:
         worker(*sys.argv[2:])
+    elif sys.argv[1:2] == ["raw"]:
+        raw_worker(*sys.argv[2:])
     else:
         main()

@@ -804,7 +804,10 @@ class Ledger(LedgerBase):
                 refusal = _refusal(error, self.url, **about)
                 if refusal is not None:
                     raise refusal from None
-                if attempt == retries or not is_retryable(error):
+                # a lost connection (the pool replaces it) is retried too: each call is one autocommit statement, so
+                # one whose reply was lost after the server committed it is refused on retry (a live lease, a charge
+                # no longer reserved), never applied twice
+                if attempt == retries or not (is_retryable(error) or error.connection_invalidated):
                     raise
             time.sleep(delay * random.uniform(0.5, 1.5))
             delay = min(delay * 2, 1.0)

@@ -335,6 +335,42 @@ def wait_until_session_ended(url: str, pid: int) -> None:
         engine.dispose()
 
 
+def _terminate_pooled_session(ledger: Ledger, url: str) -> int:
+    """End, from another session, the server session of the connection ``ledger``'s pool holds; returns its pid."""
+    pooled = ledger.engine.raw_connection()
+    pid = pooled.driver_connection.info.backend_pid
+    pooled.close()
+    admin = sa.create_engine(url)
+    try:
+        with admin.connect() as conn:
+            assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})").scalar()
+    finally:
+        admin.dispose()
+    wait_until_session_ended(url, pid)
+    return pid
+
+
+@pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("ping_after_idle", [3600.0, 0.0], ids=["retried", "pinged"])
+def test_postgresql_a_spend_call_on_a_dead_pooled_connection_reconnects(ledger_url, monkeypatch, ping_after_idle):
+    """A spend call sends one statement, without the pool's ping, when its connection was used less than
+    PG_PING_AFTER_IDLE_S ago. If the server ended that session meanwhile, the call is retried on a new connection
+    (one statement in autocommit: safe to send again); a connection idle longer is pinged and replaced before use.
+    Either way the commit lands once."""
+    monkeypatch.setattr(store, "PG_PING_AFTER_IDLE_S", ping_after_idle)
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    reservation = reserve(ledger)
+    pid = _terminate_pooled_session(ledger, ledger_url)
+    ledger.commit(reservation, {"value": 1})
+    pooled = ledger.engine.raw_connection()
+    try:
+        assert pooled.driver_connection.info.backend_pid != pid
+    finally:
+        pooled.close()
+    assert [(c["attempt"], c["state"]) for c in ledger.charges()] == [(1, "committed")]
+    assert ledger.account("a").spent == AMOUNT
+
+
 @pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
 def test_postgresql_sessions_set_the_lock_and_idle_timeouts(ledger_url):
     ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
