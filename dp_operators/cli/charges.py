@@ -8,7 +8,10 @@ terminal folds onto the next line).
 ``ledger history`` checks every charge as it streams (:func:`~dp_operators.ledger.store.read_charge`: numbers in
 ``str(Fraction)`` form within their digit bound, JSON text of bounded length and depth, text that fits its column):
 a row holding a value the ledger does not write is printed as unreadable, naming its id and each unreadable column,
-and every other row prints as usual; nothing a row holds can make the command fail or hang.
+and every other row prints as usual; nothing a row holds can make the command fail or hang. Every text a row holds
+(names written by workers) is printed through :func:`~dp_operators.ledger.bounded.visible`: a control or format
+character (an escape sequence, a carriage return, a bidirectional override) shows as its escape, ``\\x1b``, and
+never acts on the terminal; a stored line break too, so a name cannot add lines of its own to a cell.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
-from dp_operators.cli.common import console
-from dp_operators.ledger.bounded import BoundsError, read_number
+from dp_operators.cli.common import console, visible_json
+from dp_operators.ledger.bounded import BoundsError, read_number, visible
 
 #: ``ledger history`` prints a table when the charges fit in this many rows; longer histories stream as aligned
 #: lines (a table needs every row in memory before it prints the first).
@@ -48,8 +51,9 @@ def task_label(c: dict[str, Any]) -> str:
 
 
 def release_key_cell(c: dict[str, Any]) -> str:
-    """The release key, one part a line: DAG, run, task (with its map index), release."""
-    return "\n".join((c["dag_id"], c["run_id"], task_label(c), c["release_name"]))
+    """The release key, one part a line: DAG, run, task (with its map index), release; each part
+    :func:`~dp_operators.ledger.bounded.visible`."""
+    return "\n".join(map(visible, (c["dag_id"], c["run_id"], task_label(c), c["release_name"])))
 
 
 def amount_text(c: dict[str, Any], separator: str = " ") -> str:
@@ -61,8 +65,9 @@ def amount_text(c: dict[str, Any], separator: str = " ") -> str:
 
 
 def account_amount_cell(c: dict[str, Any]) -> str:
-    """The account, then the amount (and delta) on the next lines."""
-    return c["account"] + "\n" + amount_text(c, separator="\n")
+    """The account (:func:`~dp_operators.ledger.bounded.visible`), then the amount (and delta) on the next
+    lines."""
+    return visible(c["account"]) + "\n" + amount_text(c, separator="\n")
 
 
 def charge_document(c: dict[str, Any]) -> dict[str, Any]:
@@ -142,12 +147,12 @@ def print_history_table(charges: list[dict[str, Any]]) -> None:
         c, unreadable = _readable(charge)
         key = release_key_cell(c)
         if unreadable:
-            key = "UNREADABLE ROW: " + "; ".join(unreadable) + "\n" + key
+            key = "UNREADABLE ROW: " + visible("; ".join(unreadable)) + "\n" + key
         rows.append([
             str(c["id"]),
             key,
             account_amount_cell(c),
-            f"{c['state']}\nattempt {c['attempt']}\n{str(c['created_at'])[:19]}",
+            "\n".join(map(visible, (c["state"], f"attempt {c['attempt']}", str(c["created_at"])[:19]))),
         ])
     _print_charges_table("Charges", "state / attempt / created", rows)
 
@@ -158,7 +163,7 @@ def print_reconciled_table(abandoned: list[dict[str, Any]]) -> None:
             str(c["id"]),
             release_key_cell(c),
             account_amount_cell(c),
-            f"attempt {c['attempt']}\n{str(c['lease_expires_at'] or '-')[:19]}",
+            "\n".join(map(visible, (f"attempt {c['attempt']}", str(c["lease_expires_at"] or "-")[:19]))),
         ]
         for c in abandoned
     ]
@@ -173,9 +178,9 @@ def _history_cells(charge: dict[str, Any]) -> list[str]:
         str(c["id"]), c["account"], c["dag_id"], c["run_id"], task_label(c), c["release_name"], str(c["attempt"]),
         c["state"], amount_text(c), str(c["created_at"])[:19],
     ]
-    cells = [str(cell) for cell in cells]
+    cells = [visible(cell) for cell in cells]
     if unreadable:  # after the last column, which is never padded
-        cells[-1] += "  UNREADABLE ROW: " + "; ".join(unreadable)
+        cells[-1] += "  UNREADABLE ROW: " + visible("; ".join(unreadable))
     return cells
 
 
@@ -190,7 +195,8 @@ def print_history(charges: Iterator[dict[str, Any]], as_json: bool) -> tuple[int
     count, last = 0, None
     if as_json:
         for charge in charges:
-            out.write(json.dumps(charge_document(charge), default=str, sort_keys=True) + "\n")
+            out.write(visible_json(json.dumps(charge_document(charge), default=str, sort_keys=True,
+                                              ensure_ascii=False)) + "\n")
             count, last = count + 1, charge["id"]
         return count, last
     held: list[dict[str, Any]] = []

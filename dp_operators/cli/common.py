@@ -48,6 +48,7 @@ from rich.text import Text
 # tables and the configuration models load inside the commands that open a ledger, so `dpctl --help` and
 # `dpctl spec ...` without a ledger start quickly (tests/test_lazy_imports.py).
 from dp_operators.ledger import AuditKey, LedgerError
+from dp_operators.ledger.bounded import visible
 from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV, key_from_environment, read_key_file
 
 if TYPE_CHECKING:
@@ -78,8 +79,9 @@ def _output_width() -> int | None:
 
 # markup=False: messages carry user text (spec fields, account names, paths) that may contain square brackets,
 # e.g. "bounds: [lower, upper]"; styling is applied with Text/style= instead of console markup.
-console = Console(width=_output_width(), markup=False)
-errors = Console(stderr=True, markup=False)
+# emoji=False: a name such as ":warning:" prints as written, not as an emoji.
+console = Console(width=_output_width(), markup=False, emoji=False)
+errors = Console(stderr=True, markup=False, emoji=False)
 
 UrlOption = Annotated[Optional[str], typer.Option("--url", help="SQLAlchemy URL of the ledger database.")]
 ConnOption = Annotated[
@@ -107,8 +109,33 @@ AuditKeyFileOption = Annotated[
 EXIT_INCONSISTENT = 3
 
 
+def visible_lines(text: str) -> str:
+    """``text`` made safe to print (:func:`~dp_operators.ledger.bounded.visible`), keeping its line breaks: for
+    messages of several lines, which may quote what the ledger holds."""
+    return "\n".join(visible(line) for line in text.split("\n"))
+
+
+def visible_json(text: str) -> str:
+    """JSON text (``json.dumps(..., ensure_ascii=False)``, indented or not) with every character Python does not
+    call printable written as a JSON escape (``\\u202e``; a character beyond the BMP as its surrogate pair): the same
+    JSON value, nothing a terminal acts on, and letters of any script as they are. ``json.dumps`` has already
+    escaped the C0 controls inside strings; a line break left is the indentation's."""
+    if all(line.isprintable() for line in text.split("\n")):
+        return text
+    out = []
+    for char in text:
+        if char.isprintable() or char == "\n":
+            out.append(char)
+        elif ord(char) < 0x10000:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            high, low = divmod(ord(char) - 0x10000, 0x400)
+            out.append(f"\\u{0xD800 + high:04x}\\u{0xDC00 + low:04x}")
+    return "".join(out)
+
+
 def _fail(message: str) -> None:
-    errors.print(Text.assemble(("error:", "red"), " ", message), highlight=False, soft_wrap=True)
+    errors.print(Text.assemble(("error:", "red"), " ", visible_lines(message)), highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 

@@ -23,6 +23,7 @@ from dp_operators.cli.common import (
     console,
     errors,
     ledger_app,
+    visible_lines,
 )
 from dp_operators.ledger import AuditKey, LedgerError
 from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV
@@ -117,10 +118,10 @@ def ledger_apply(
         untouched = sorted({account.name for account in governor.accounts()} - set(parsed.accounts))
         notes = _team_role_notes(governor, parsed, config)
     prefix = "would have " if dry_run else ""
-    for line in changes or ["no change"]:
-        console.print(prefix + line if changes else line, highlight=False, soft_wrap=True)
+    for line in changes or ["no change"]:  # changes quote the values the ledger held
+        console.print(visible_lines(prefix + line if changes else line), highlight=False, soft_wrap=True)
     for note in notes:
-        errors.print(note, highlight=False, soft_wrap=True)
+        errors.print(visible_lines(note), highlight=False, soft_wrap=True)
     for name in untouched:
         errors.print(
             f"note: account {name!r} is in the ledger but not in {config} (left as it is; a misspelt name creates "

@@ -1,6 +1,14 @@
 """``dpctl ledger ...`` commands that read the ledger: show, history, verify, reconcile, export (docs/ledger.md).
 
 How charges print (tables, aligned lines, JSON lines) is in :mod:`.charges`.
+
+Whatever these commands print of what the ledger holds (account names, release keys, roles, verify's problems and
+chain heads) goes through :func:`~dp_operators.ledger.bounded.visible`, or is JSON with every character a terminal
+could act on escaped (``\\u001b``): workers write run, task and release names, and a stored escape sequence must
+not clear the officer's screen, fake "ledger consistent" or hide the lines after it. ``export`` writes data: JSON
+lines escape those characters as JSON escapes (the same values); CSV keeps every value as stored, except on a
+terminal, where each cell is shown :func:`~dp_operators.ledger.bounded.visible` (write it to a file with ``-o`` to
+keep it exact).
 """
 
 from __future__ import annotations
@@ -38,8 +46,10 @@ from dp_operators.cli.common import (
     console,
     errors,
     ledger_app,
+    visible_json,
 )
 from dp_operators.ledger import Keyring
+from dp_operators.ledger.bounded import visible
 from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV
 
 
@@ -78,7 +88,8 @@ def ledger_show(
         rows = [a.summary() for a in accounts]
         allowed_roles = {} if as_json else stored_allowed_roles(ledger)
     if as_json:
-        console.print_json(json.dumps(rows + [{"account": name, "unreadable": why} for name, why in unreadable.items()]))
+        shown = rows + [{"account": name, "unreadable": why} for name, why in unreadable.items()]
+        console.print(visible_json(json.dumps(shown, indent=2, ensure_ascii=False)), highlight=False, soft_wrap=True)
         _exit_if_unreadable(unreadable)
         return
     table = Table(title="Budget accounts")
@@ -97,11 +108,12 @@ def ledger_show(
         cap = _decimal(row["cap"]) + (f" (mu {row['cap_mu']:.4g})" if row["cap_mu"] is not None else "")
         spent = _decimal(row["spent"]) + (f" (mu {row['spent_mu']:.4g})" if row["spent_mu"] is not None else "")
         table.add_row(
-            row["account"], row["accountant"], row["unit"], cap, spent, _decimal(row["reserved"]),
-            _decimal(row["remaining"]), as_eps, describe_allowed_roles(allowed_roles.get(row["account"])),
+            visible(row["account"]), visible(row["accountant"]), visible(row["unit"]), cap, spent,
+            _decimal(row["reserved"]), _decimal(row["remaining"]), as_eps,
+            visible(describe_allowed_roles(allowed_roles.get(row["account"]))),
         )
     for name in unreadable:
-        table.add_row(name, *["unreadable"] * 7, "-")
+        table.add_row(visible(name), *["unreadable"] * 7, "-")
     console.print(table)
     _exit_if_unreadable(unreadable)
     if ledger.dialect != "postgresql" and any(allowed_roles.get(row["account"]) for row in rows):
@@ -116,7 +128,7 @@ def ledger_show(
 def _exit_if_unreadable(unreadable: dict[str, str]) -> None:
     """Name each account ``show`` could not read, and exit 3 (the ledger holds what it never writes)."""
     for name, why in unreadable.items():
-        errors.print(f"account {name!r} is unreadable: {why}; it was written around the ledger: run "
+        errors.print(f"account {name!r} is unreadable: {visible(why)}; it was written around the ledger: run "
                      "'dpctl ledger verify'", highlight=False, soft_wrap=True)
     if unreadable:
         raise typer.Exit(EXIT_INCONSISTENT)
@@ -188,7 +200,9 @@ def ledger_history(
 
 def _print_verify_report(report, note: str | None = None) -> None:
     """A consistent ledger's summary and chain heads on stdout; an inconsistent one's problems on stderr (the first
-    line names the first broken row), then exit 3. ``note`` (authenticity not checked) goes to stderr last."""
+    line names the first broken row), then exit 3. ``note`` (authenticity not checked) goes to stderr last. Each
+    problem, hint, account name and head is one line :func:`~dp_operators.ledger.bounded.visible`: they name rows
+    by what workers wrote."""
     if not report.problems:
         console.print(
             f"ledger consistent: {report.events} audit events, {report.accounts} accounts, {report.charges} charges"
@@ -196,21 +210,21 @@ def _print_verify_report(report, note: str | None = None) -> None:
             highlight=False,
         )
         for name, head in sorted(report.heads.items()):
-            console.print(f"  {name}: chain head {head}", highlight=False, soft_wrap=True)
+            console.print(f"  {visible(name)}: chain head {visible(head)}", highlight=False, soft_wrap=True)
         if note:
             errors.print(note, highlight=False, soft_wrap=True)
         return
     errors.print(
-        Text.assemble(("ledger inconsistent:", "red"), f" first broken: {report.problems[0]}"),
+        Text.assemble(("ledger inconsistent:", "red"), f" first broken: {visible(report.problems[0])}"),
         highlight=False,
         soft_wrap=True,
     )
     for problem in report.problems[1:50]:
-        errors.print(f"  also: {problem}", highlight=False, soft_wrap=True)
+        errors.print(f"  also: {visible(problem)}", highlight=False, soft_wrap=True)
     if len(report.problems) > 50:
         errors.print(f"  ... and {len(report.problems) - 50} more", highlight=False, soft_wrap=True)
     for hint in report.hints:
-        errors.print(f"hint: {hint}", highlight=False, soft_wrap=True)
+        errors.print(f"hint: {visible(hint)}", highlight=False, soft_wrap=True)
     if note:
         errors.print(note, highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_INCONSISTENT)
@@ -308,7 +322,7 @@ def ledger_reconcile(
                 f"(--governor-key-file or {GOVERNOR_KEY_ENV})"
             )
     if as_json:
-        typer.echo(json.dumps(abandoned, default=str, sort_keys=True))
+        typer.echo(visible_json(json.dumps(abandoned, default=str, sort_keys=True, ensure_ascii=False)))
         return
     if not abandoned:
         console.print("no expired reservations", highlight=False)
@@ -347,7 +361,7 @@ def ledger_export(
         with _stdout_pipe(), destination as out:
             if fmt == "jsonl":
                 for row in rows:
-                    out.write(json.dumps(row, default=str, sort_keys=True, ensure_ascii=False) + "\n")
+                    out.write(visible_json(json.dumps(row, default=str, sort_keys=True, ensure_ascii=False)) + "\n")
                     count += 1
             else:
                 table = schema.audit_events if what == "events" else schema.charges
@@ -355,8 +369,12 @@ def ledger_export(
                 columns = [c.name for c in table.c if c.name not in hidden]
                 writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
                 writer.writeheader()
+                shown = visible if output is None and sys.stdout.isatty() else None  # a terminal: see the module
                 for row in rows:
-                    writer.writerow({name: row.get(name) for name in columns})
+                    values = {name: row.get(name) for name in columns}
+                    if shown is not None:
+                        values = {name: None if value is None else shown(value) for name, value in values.items()}
+                    writer.writerow(values)
                     count += 1
     if output:
         errors.print(f"wrote {count} {what} to {output}", highlight=False, soft_wrap=True)

@@ -1,5 +1,8 @@
 """``dpctl release show``: print a published release; ``dpctl release verify``: compare published files with the
-ledger (:mod:`dp_operators.operators.verification`)."""
+ledger (:mod:`dp_operators.operators.verification`).
+
+Names, values and paths in a release (written by DAG authors and workers) are printed through
+:func:`~dp_operators.ledger.bounded.visible`: no control or format character reaches the terminal as itself."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from dp_operators.cli.common import (
     console,
     release_app,
 )
+from dp_operators.ledger.bounded import visible
 
 if TYPE_CHECKING:
     from dp_operators.operators.verification import FileVerdict
@@ -70,33 +74,35 @@ def _load_release(path: Path) -> dict:
 
 def _print_release(release: dict, path: Path) -> None:
     console.print(
-        Text.assemble("release ", (str(release["release"]), "bold"), f" published to {path}"), soft_wrap=True
+        Text.assemble("release ", (visible(release["release"]), "bold"), f" published to {visible(path)}"),
+        soft_wrap=True,
     )
     charge = release["charge"]
     spent = ", ".join(f"{unit} {charge[unit]:g}" for unit in ("epsilon", "rho") if unit in charge)
     if charge.get("epsilon_at_delta") is not None and "rho" in charge:
         spent += f" (epsilon {charge['epsilon_at_delta']:.4g} at delta {charge['delta']:g})"
-    console.print(f"run {release['release_key']['run_id']}; this release spent {spent}", highlight=False)
+    console.print(f"run {visible(release['release_key']['run_id'])}; this release spent {spent}", highlight=False)
     level = f"{release['confidence']:.0%}"
     for name, aggregate in release["aggregates"].items():
         console.print(
-            Text.assemble("\n", (str(name), "bold"), f" ({aggregate['kind']}, {aggregate['mechanism']})"),
+            Text.assemble("\n", (visible(name), "bold"), f" ({visible(aggregate['kind'])}, "
+                          f"{visible(aggregate['mechanism'])})"),
             highlight=False,
         )
         reference = aggregate.get("rows_file")
         if isinstance(reference, dict):  # a large release: its rows are in a Parquet file, not in the JSON
-            console.print(f"{reference.get('rows')} rows in the rows file {reference.get('uri')} (sha256 "
-                          f"{str(reference.get('sha256'))[:16]}...; `dpctl release verify` checks it)",
-                          highlight=False, soft_wrap=True)
+            console.print(f"{visible(reference.get('rows'))} rows in the rows file {visible(reference.get('uri'))} "
+                          f"(sha256 {visible(str(reference.get('sha256'))[:16])}...; `dpctl release verify` checks "
+                          "it)", highlight=False, soft_wrap=True)
             continue
         table = Table()
         for column in aggregate["group_by"] + ["value", f"± ({level})"]:
-            table.add_column(column, justify="right" if column in ("value",) else "left")
+            table.add_column(visible(column), justify="right" if column in ("value",) else "left")
         rows = aggregate.get("rows") or [aggregate]
         for row in rows:
             value = row["value"]
-            shown = f"{value:.3f}" if isinstance(value, float) else str(value)
-            table.add_row(*[str(row[c]) for c in aggregate["group_by"]], shown, _shown_half_width(row))
+            shown = f"{value:.3f}" if isinstance(value, float) else visible(value)
+            table.add_row(*[visible(row[c]) for c in aggregate["group_by"]], shown, _shown_half_width(row))
         console.print(table)
 
 
@@ -164,17 +170,17 @@ def release_verify(
 
 def _print_verdicts(verdicts: list[FileVerdict], folder: str) -> None:
     """A table of ``verdicts`` (file names relative to ``folder``, the URI they lie under) and a count."""
-    table = Table(title=f"release files under {folder}")
+    table = Table(title=f"release files under {visible(folder)}")
     table.add_column("file", overflow="fold")
     table.add_column("release key (dag / run / task / release)", overflow="fold")
     table.add_column("verdict", overflow="fold")
     for verdict in verdicts:
         key = "-" if verdict.key is None else release_key_cell(verdict.key.as_dict())
         reasons = verdict.problems + verdict.notes
-        shown = Text(verdict.verdict, style="green" if verdict.matches else "red")
+        shown = Text(visible(verdict.verdict), style="green" if verdict.matches else "red")
         if reasons:
-            shown.append(": " + "; ".join(reasons))
-        table.add_row(verdict.file.removeprefix(folder.rstrip("/") + "/"), key, shown)
+            shown.append(": " + "; ".join(map(visible, reasons)))
+        table.add_row(visible(verdict.file.removeprefix(folder.rstrip("/") + "/")), key, shown)
     console.print(table)
     bad = sum(not verdict.matches for verdict in verdicts)
     console.print(

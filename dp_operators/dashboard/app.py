@@ -18,7 +18,9 @@ Routes (all ``GET``; there are no write routes, so any other method gets 405):
   values (1 to ``queries.MAX_RELEASE_VALUES`` = 10,000, default :data:`DEFAULT_RELEASE_VALUES` = 200; first N in
   the stored order, no offset) and says how many it has in ``values_total``; ``output`` is the committed output
   with each aggregate's inline ``rows`` cut the same way, so it is the output as stored (and hashes to
-  ``output_digest``) exactly when ``output_complete`` is true.
+  ``output_digest``) exactly when ``output_complete`` is true. An output too large to show (``output_too_large``:
+  over ``queries.MAX_SHOWN_OUTPUT_CHARS`` characters, or over ``queries.MAX_SHOWN_OUTPUT_VALUES`` values once cut)
+  comes as ``output`` null with no aggregates.
 * ``/api/runs/{dag_id}/{run_id}``: the charges of one DAG run in every account (``run_id`` may hold any character,
   percent-encoded; :func:`~dp_operators.dashboard.queries.run_charges`).
 * ``/api/audit-chain``: the latest structural check of the audit chains, run in the background

@@ -11,7 +11,8 @@ Routes (all ``GET``, all behind the app's :func:`~dp_operators.dashboard.app.req
 * ``/releases/{charge_id}``: one charge and what it published, with the confidence intervals as charts: the first
   :data:`MAX_SHOWN_AGGREGATES` aggregates drawn, each with its first :data:`MAX_SHOWN_VALUES` values in a chart and
   a table; the others named, each linking to ``?aggregate=NAME``, which shows that aggregate alone (404 page for a
-  name the release does not have).
+  name the release does not have). A committed output too large to show here (``output_too_large``) gets a page
+  saying so, with the charge's release key and digest.
 * ``/runs/{dag_id}/{run_id}``: the charges of one DAG run (Airflow's DAG-run tab; ``run_id`` percent-encoded, may
   hold ``/``; a DAG id cannot, Airflow refuses one).
 * ``/static/{plotly.min.js,dashboard.css,dashboard.js}``: plotly.js from the installed plotly package (no CDN)
@@ -301,6 +302,15 @@ def release_page(
     release = queries.release_detail(_ledger(request), charge_id, limit=MAX_SHOWN_VALUES)
     if release is None:
         return _error_page(request, 404, "No such release", [f"There is no charge {charge_id} in the ledger."])
+    if release.get("output_too_large"):
+        key = ", ".join(f"{name} {release[name]!r}" for name in ("account", "dag_id", "run_id", "task_id",
+                                                                  "release_name"))
+        return _error_page(request, 200, f"Release {release['release_name'] or '?'} (charge {charge_id})", [
+            f"Charge {charge_id} ({key}) committed an output too large to show here: more than "
+            f"{queries.MAX_SHOWN_OUTPUT_CHARS:,} characters, or more than {queries.MAX_SHOWN_OUTPUT_VALUES:,} values "
+            "once each aggregate is cut to its first values. Its digest is "
+            f"{release['output_digest'] or '-'}; 'dpctl ledger verify' checks it.",
+        ])
     published = release["aggregates"]
     if aggregate is None:
         shown, others = published[:MAX_SHOWN_AGGREGATES], published[MAX_SHOWN_AGGREGATES:]

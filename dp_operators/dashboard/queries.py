@@ -46,7 +46,16 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from dp_operators.ledger import schema
-from dp_operators.ledger.bounded import MAX_DIGITS, shown
+from dp_operators.ledger.bounded import (
+    MAX_DIGITS,
+    MAX_OUTPUT_CHARS,
+    BoundsError,
+    TooManyValuesError,
+    check_json,
+    CutList,
+    read_json_cut,
+    shown,
+)
 from dp_operators.ledger.errors import LedgerNotInitialisedError, UnreadableValueError
 from dp_operators.ledger.store import (
     ACCOUNT_READ_COLUMNS,
@@ -75,6 +84,13 @@ MIN_FORECAST_HISTORY_DAYS = 1.0
 MAX_PAGE = 500
 #: Most published values per aggregate :func:`release_detail` lists when asked for a limit.
 MAX_RELEASE_VALUES = 10_000
+#: Longest committed output :func:`release_detail` reads, in characters (32 MiB: every output the release engine
+#: writes inline, up to ``INLINE_ROWS_LIMIT`` rows); a longer one is "too large to show here" (``dpctl ledger
+#: verify`` checks it).
+MAX_SHOWN_OUTPUT_CHARS = 32 * 2**20
+#: Most values of a committed output :func:`release_detail` keeps once each aggregate's rows are cut to its limit
+#: (some tens of MB as Python values); an output that would keep more is "too large to show here".
+MAX_SHOWN_OUTPUT_VALUES = 500_000
 
 _c = schema.charges.c
 _a = schema.accounts.c
@@ -606,7 +622,7 @@ def run_charges(ledger: LedgerBase | Engine | str, dag_id: str, run_id: str, *, 
     """
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
-    filters = (_c.dag_id == dag_id, _c.run_id == run_id)  # the leading columns of uq_release_attempt's index
+    filters = (_c.dag_id == dag_id, _c.run_id == run_id)  # the leading columns of uq_release_attempt_account's index
     with _reading(ledger) as conn:
         total = conn.execute(sa.select(sa.func.count()).select_from(schema.charges).where(*filters)).scalar()
         columns = _read_columns(conn, (_c.account, *_PAGE_COLUMNS))
@@ -665,6 +681,7 @@ def _published_values(aggregate: dict[str, Any], limit: int | None) -> tuple[lis
         rows = [aggregate] if "value" in aggregate else []
     if not isinstance(rows, list):
         rows = []
+    total = rows.total if isinstance(rows, CutList) else len(rows)  # rows read cut to their first ones
     values = []
     for row in rows[:limit]:
         row = row if isinstance(row, dict) else {}
@@ -679,7 +696,7 @@ def _published_values(aggregate: dict[str, Any], limit: int | None) -> tuple[lis
                 "saturated": bool(row.get("saturated", False)),
             }
         )
-    return values, len(rows)
+    return values, total
 
 
 def _columns(aggregate: dict[str, Any]) -> list[str]:
@@ -700,7 +717,11 @@ def release_detail(
     or, for an aggregate whose rows are stored as a file, ``"rows_file"`` (its ``uri``, ``sha256``, ``rows``,
     ``format``) and no ``values``: the dashboard does not read rows files. ``output`` has each aggregate's inline
     ``rows`` cut to the same first ``limit``; ``output_complete`` is false when that cut anything, so ``output`` is
-    the committed output as stored (and hashes to ``output_digest``) exactly when it is true.
+    the committed output as stored (and hashes to ``output_digest``) exactly when it is true. The rows left out are
+    never built (an output of millions of values is read as a stream). An output too large to show here, longer
+    than :data:`MAX_SHOWN_OUTPUT_CHARS` or keeping more than :data:`MAX_SHOWN_OUTPUT_VALUES` values once cut, is
+    not read further: ``output`` is ``None``, there are no aggregates, ``output_complete`` is false and
+    ``output_too_large`` is true (``dpctl ledger verify`` checks it; a shorter limit may show it).
 
     Published values are shown as stored, whatever they are (a spender can commit any plain finite JSON): a
     bound that cannot be computed as a double is ``None``, as an open side is. A charge whose row holds a value the
@@ -724,11 +745,16 @@ def release_detail(
     if row is None:
         return None
     values = _row_values(row)
-    read = read_row(schema.charges, values)
+    text = values.pop("output")
+    read = read_row(schema.charges, values)  # every column but the output, read below within bounds
     row = SimpleNamespace(**{name: None if name in read.unreadable else value for name, value in values.items()})
-    output = read.values["output"] if row.state == "committed" else None
+    output, problem, too_large = _release_output(text, row.state, limit)
+    problems = {error.column: error.detail for error in read.problems}
+    if problem is not None:
+        problems["output"] = f"output {problem}"
+    unreadable = [problems[column.name] for column in _RELEASE_COLUMNS if column.name in problems]
     stored = output.get("aggregates") if isinstance(output, dict) else None
-    aggregates, cut = [], {}
+    aggregates, complete = [], True
     for aggregate_name, aggregate in (stored.items() if isinstance(stored, dict) else ()):
         aggregate = aggregate if isinstance(aggregate, dict) else {}
         entry: dict[str, Any] = {
@@ -742,11 +768,8 @@ def release_detail(
             entry["rows_file"] = aggregate["rows_file"]
         else:
             entry["values"], entry["values_total"] = _published_values(aggregate, limit)
-            if len(entry["values"]) < entry["values_total"]:
-                cut[aggregate_name] = {**aggregate, "rows": aggregate["rows"][:limit]}
+            complete = complete and len(entry["values"]) >= entry["values_total"]
         aggregates.append(entry)
-    if cut:
-        output = {**output, "aggregates": {name: cut.get(name, aggregate) for name, aggregate in stored.items()}}
     return {
         "id": row.id,
         "account": row.account,
@@ -762,7 +785,32 @@ def release_detail(
         "created_at": _iso(row.created_at),
         "updated_at": _iso(row.updated_at),
         "output": output,
-        "output_complete": not cut,
+        "output_complete": complete and not too_large,
         "aggregates": aggregates,
-        **({} if read.ok else {"unreadable": read.reasons()}),
+        **({"output_too_large": True} if too_large else {}),
+        **({"unreadable": unreadable} if unreadable else {}),
     }
+
+
+def _release_output(text: Any, state: Any, limit: int | None) -> tuple[Any, str | None, bool]:
+    """``(output, problem, too large)`` of a charge's stored output for :func:`release_detail`: a committed one
+    read with each aggregate's ``rows`` cut to their first ``limit``
+    (:func:`~dp_operators.ledger.bounded.read_json_cut`: an output of millions of values is read as a stream,
+    building only what is kept), another only checked (it is not shown); what is wrong with an unreadable one; and
+    whether it is too large to show here (longer than :data:`MAX_SHOWN_OUTPUT_CHARS`, or more than
+    :data:`MAX_SHOWN_OUTPUT_VALUES` values kept), which is not read further."""
+    if text is None:
+        return None, None, False
+    if isinstance(text, str) and len(text) > MAX_SHOWN_OUTPUT_CHARS:
+        return None, None, state == "committed"
+    try:
+        if state != "committed":
+            check_json(text, max_chars=MAX_OUTPUT_CHARS)
+            return None, None, False
+        output = read_json_cut(text, cut_at=("aggregates", None, "rows"), keep=limit,
+                               max_values=MAX_SHOWN_OUTPUT_VALUES, max_chars=MAX_OUTPUT_CHARS)
+    except BoundsError as error:
+        return None, str(error), False
+    except TooManyValuesError:
+        return None, None, True
+    return output, None, False

@@ -89,10 +89,13 @@ class LedgerGovernor(LedgerBase):
     # -- schema --------------------------------------------------------------------------------------------------
     def init_schema(self) -> int:
         """Create the tables and the guard triggers if missing, upgrade an older schema in place, and record the
-        schema version; on PostgreSQL also install pgcrypto and (re)create the spend functions the spender role
-        executes (:mod:`~dp_operators.ledger.pg_functions`; grants made by ``dpctl ledger roles`` survive, but a
-        ledger upgraded from schema 3 needs ``dpctl ledger roles --execute`` again to grant them). Explicit
-        (``dpctl ledger init``): never called at import. Idempotent.
+        schema version; on PostgreSQL also install pgcrypto, drop overloads of the ledger's function names that are
+        not their current definitions (left by earlier versions), and (re)create the spend functions the spender
+        role executes (:mod:`~dp_operators.ledger.pg_functions`; grants made by ``dpctl ledger roles`` survive, but a
+        ledger upgraded from schema 3 needs ``dpctl ledger roles --execute`` again to grant them), and replace the
+        release key's unique constraint of earlier versions with the per-account one
+        (:func:`~dp_operators.ledger.schema.constraint_ddl`), all in one transaction. Explicit (``dpctl ledger
+        init``): never called at import. Idempotent.
 
         Returns the schema version.
 
@@ -123,10 +126,16 @@ class LedgerGovernor(LedgerBase):
         schema.metadata.create_all(self.engine)
 
         def create(conn: Connection) -> None:
+            if dialect == "postgresql":
+                # pgcrypto and the spend functions (docs/adr/0029); first, as it drops overloads of the ledger's
+                # function names left by earlier versions (the trigger functions' included)
+                pg_functions.install(conn)
             for statement in schema.trigger_ddl(dialect):
                 conn.exec_driver_sql(statement.replace("%", "%%") if dialect == "postgresql" else statement)
-            if dialect == "postgresql":
-                pg_functions.install(conn)  # pgcrypto and the spend functions (docs/adr/0029)
+            # PostgreSQL: the release key's constraint of earlier versions (without the account) becomes the current
+            # one; a SQLite file keeps the one it was created with (docs/adr/0029)
+            for statement in schema.constraint_ddl(conn):
+                conn.exec_driver_sql(statement)
             if found is not None and found < KEYED_CHAIN_VERSION:
                 self._migrate_chains(conn, found)
             if found is None or found < schema.SCHEMA_VERSION:

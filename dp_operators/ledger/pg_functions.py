@@ -8,13 +8,15 @@ FUNCTION, "Writing SECURITY DEFINER Functions Safely"). Only the spender may exe
 (:mod:`dp_operators.ledger.roles`); the helpers they call may be executed by nobody else.
 
 What a function does is what the Python path of :mod:`~dp_operators.ledger.spend` does on SQLite, step for step:
-lock the account row, compare it with the head of its audit chain, check the caller's team role
-(``allowed_roles``), the spend key, the allowlist, a committed output to replay, a live lease, the budget (exact
+check the caller's team role (``allowed_roles``; before any lock of the account or its charges, so another team's
+login neither holds nor waits for the account's lock), lock the account row, compare it with the head of its
+audit chain, check the spend key, the allowlist, a committed output to replay, a live lease, the budget (exact
 fractions, rounded as :func:`~dp_operators.accounting.round_up` and ``round_down`` round), the reservation token
 and the state machine. It computes the running totals, ``audit_seq``, ``prev_hash`` and each event's MAC itself
 (HMAC-SHA256 of the canonical JSON :func:`~dp_operators.ledger.chain.audit_row_mac` signs, built in SQL: pgcrypto's
 ``hmac``), stamps time with the database's clock and the caller with ``session_user`` (the context's ``db_role``),
-and bounds every input. So the spender cannot write a row the ledger would not write: it has no INSERT, UPDATE or
+and bounds every input (JSON holds only numbers the ledger's readers read: finite doubles, integers of at most
+4,300 digits). So the spender cannot write a row the ledger would not write: it has no INSERT, UPDATE or
 DELETE on any table (the functions do the writing), and a function refuses anything the state machine refuses.
 
 Refusals that are recorded (a DAG not allowed, budget exhausted) return a status and commit their ``refused``
@@ -52,6 +54,18 @@ MAX_CONTEXT_VALUE_CHARS = 1000
 MAX_AMOUNT_NUMERATOR_DIGITS = 40
 MAX_KEY_BYTES = 4096
 MAX_TOKEN_CHARS = 100  # dp_audit_events.proof holds the token
+#: Most digits of a JSON integer the readers convert: Python's int-string limit
+#: (``sys.int_info.default_max_str_digits``; ``bounded.read_json`` refuses a longer one).
+MAX_JSON_INTEGER_DIGITS = 4300
+#: The digits of 2^1024 - 2^970: Python's ``float()`` reads a decimal number of smaller magnitude as a finite double
+#: (at most the largest, 1.7976931348623157e308), this one and any larger as ``inf``, which the readers refuse.
+_DOUBLE_LIMIT_DIGITS = str(2**1024 - 2**970).rstrip("0")
+#: A JSON number (in text whose strings are removed) that could be beyond the readers: an exponent of 3 or more
+#: digits, or 25 or more characters before any exponent. Every other number is within 10^-125 and 10^125. The
+#: lookahead makes each match a whole number (a longer match of the same number would match from its start).
+_SUSPECT_NUMBER = (
+    r"-?[0-9]+(?:\.[0-9]+)?[eE][-+]?[0-9]{3,}(?![0-9.eE+-])|-?[0-9.]{25,}(?:[eE][-+]?[0-9]+)?(?![0-9.eE+-])"
+)
 
 #: The bytes :attr:`~dp_operators.ledger.keys.AuditKey.key_id` puts before the secret (a test checks the two agree).
 KEY_ID_DOMAIN = b"dp-operators audit key id\0"
@@ -77,6 +91,10 @@ class Function:
     @property
     def signature(self) -> str:
         return f"{self.name}({self.identity})"
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        return tuple(arg.strip().split(" ", 1)[0] for arg in self.args.split(",")) if self.args else ()
 
     def source(self, crypto_schema: str) -> str:
         """The body as stored (``pg_proc.prosrc``), pgcrypto's schema filled in."""
@@ -270,20 +288,58 @@ BEGIN
   END IF;
 END
 """, volatility="IMMUTABLE"),
+    # a JSON number (a whole token of valid JSON) the ledger's readers accept (bounded.read_json): an integer of at
+    # most MAX_JSON_INTEGER_DIGITS digits, or a number of magnitude below 2^1024 - 2^970, which Python's float()
+    # reads as a finite double (one too small for any double reads as 0.0). Decided on the digits, none converted:
+    # 10^v_order <= |value| < 10^(v_order + 1), and at 10^308 the digits are compared with the limit's.
+    Function("dp_json_number_ok", "p_token text", "boolean", f"""
+DECLARE
+  v_parts text[];
+  v_int text;
+  v_frac text;
+  v_digits text;
+  v_exponent text;
+  v_order numeric;
+BEGIN
+  v_parts := regexp_match(p_token, '^-?([0-9]+)(?:[.]([0-9]+))?(?:[eE]([-+]?)([0-9]+))?$');
+  IF v_parts IS NULL THEN
+    RETURN false;
+  END IF;
+  IF v_parts[2] IS NULL AND v_parts[4] IS NULL THEN
+    RETURN length(v_parts[1]) <= {MAX_JSON_INTEGER_DIGITS};
+  END IF;
+  v_int := ltrim(v_parts[1], '0');
+  v_frac := coalesce(v_parts[2], '');
+  v_digits := rtrim(ltrim(v_int || v_frac, '0'), '0');
+  IF v_digits = '' THEN
+    RETURN true;
+  END IF;
+  v_order := CASE WHEN v_int <> '' THEN length(v_int) - 1 ELSE length(ltrim(v_frac, '0')) - length(v_frac) - 1 END;
+  v_exponent := ltrim(coalesce(v_parts[4], ''), '0');
+  IF length(v_exponent) > 18 THEN  -- beyond any text's count of digits: the exponent's sign decides
+    RETURN v_parts[3] = '-';
+  END IF;
+  v_order := v_order + CASE WHEN v_parts[3] = '-' THEN -1 ELSE 1 END * coalesce(nullif(v_exponent, ''), '0')::numeric;
+  RETURN v_order < 308 OR (v_order = 308 AND v_digits COLLATE "C" < '{_DOUBLE_LIMIT_DIGITS}');
+END
+""", volatility="IMMUTABLE STRICT"),
     # JSON text a caller gives: at most p_max_chars characters, nested at most p_max_depth levels, of JSON type
-    # p_type (any type if NULL)
+    # p_type (any type if NULL), every number one the ledger's readers accept (dp_json_number_ok)
     Function("dp_check_json", "p_text text, p_name text, p_max_chars integer, p_max_depth integer, p_type text",
              "void", f"""
 DECLARE
+  v_bare text;
   v_shape text;
   v_type text;
+  v_number text;
 BEGIN
   IF p_text IS NULL OR length(p_text) > p_max_chars THEN
     {_fail(BAD_VALUE, "format('%s must be JSON text of at most %s characters', p_name, p_max_chars)",
            "jsonb_build_object('kind', 'json')")}
   END IF;
-  -- the brackets outside strings, then one level of empty pairs off per pass
-  v_shape := regexp_replace(regexp_replace(p_text, '"(\\\\.|[^"\\\\])*"', '', 'g'), '[^][{{}}]', '', 'g');
+  -- the text outside strings; its brackets, then one level of empty pairs off per pass
+  v_bare := regexp_replace(p_text, '"(\\\\.|[^"\\\\])*"', '', 'g');
+  v_shape := regexp_replace(v_bare, '[^][{{}}]+', '', 'g');
   FOR i IN 1..p_max_depth LOOP
     EXIT WHEN v_shape = '';
     v_shape := regexp_replace(v_shape, '\\[\\]|\\{{\\}}', '', 'g');
@@ -301,6 +357,15 @@ BEGIN
     {_fail(BAD_VALUE, "format('%s must be a JSON %s', p_name, coalesce(p_type, 'value'))",
            "jsonb_build_object('kind', 'json')")}
   END IF;
+  -- one scan for the few numbers that could be beyond the readers, not a loop over every number
+  SELECT m[1] INTO v_number FROM regexp_matches(v_bare, '{_SUSPECT_NUMBER}', 'g') AS m
+    WHERE NOT dp_json_number_ok(m[1]) LIMIT 1;
+  IF v_number IS NOT NULL THEN
+    {_fail(BAD_VALUE, "format('%s holds the number %s, which the ledger''s readers refuse (finite doubles and "
+           "integers of at most " + f"{MAX_JSON_INTEGER_DIGITS:,}" + " digits only)', p_name, CASE WHEN "
+           "length(v_number) <= 40 THEN v_number ELSE format('%s...%s (%s characters)', left(v_number, 20), "
+           "right(v_number, 10), length(v_number)) END)", "jsonb_build_object('kind', 'json_number')")}
+  END IF;
 END
 """, volatility="IMMUTABLE"),
     # an audit context (chain.audit_context): an object of AUDIT_CONTEXT_KEYS, values strings, integers or null
@@ -315,8 +380,8 @@ BEGIN
   END IF;
   BEGIN
     v_context := p_text::jsonb;
-  EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
-    v_context := NULL;
+  EXCEPTION WHEN invalid_text_representation OR untranslatable_character OR numeric_value_out_of_range THEN
+    v_context := NULL;  -- numeric_value_out_of_range: a number jsonb cannot hold (1e999999)
   END;
   IF v_context IS NULL OR jsonb_typeof(v_context) <> 'object' THEN
     {_fail(BAD_VALUE, "'an audit context must be a JSON object'", "jsonb_build_object('kind', 'context')")}
@@ -418,11 +483,28 @@ BEGIN
   END IF;
 END
 """, volatility="STABLE"),
-    # AccountChain.lock: lock the account row, check the caller's role, the stored totals and the chain head
+    # the account the caller may spend from, read without a lock: its row, once the caller's role is checked
+    # (dp_check_roles), so a login of another team is refused before it takes or waits for any lock of the account
+    Function("dp_spendable_account", "p_account text", "dp_budget_accounts", f"""
+DECLARE
+  a dp_budget_accounts;
+BEGIN
+  SELECT * INTO a FROM dp_budget_accounts AS x WHERE x.name = p_account;
+  IF NOT FOUND THEN
+    {_fail(ACCOUNT_NOT_FOUND, "format('budget account %L is not in the ledger', p_account)",
+           "jsonb_build_object('account', p_account)")}
+  END IF;
+  PERFORM dp_check_roles(a);
+  RETURN a;
+END
+""", volatility="STABLE"),
+    # AccountChain.lock: check the caller's role, lock the account row, check the role again (allowed_roles may
+    # have changed in between), the stored totals and the chain head
     Function("dp_lock_account", "p_account text, p_key bytea, p_key_id text", "dp_budget_accounts", f"""
 DECLARE
   a dp_budget_accounts;
 BEGIN
+  PERFORM dp_spendable_account(p_account);
   SELECT * INTO a FROM dp_budget_accounts AS x WHERE x.name = p_account FOR UPDATE;
   IF NOT FOUND THEN
     {_fail(ACCOUNT_NOT_FOUND, "format('budget account %L is not in the ledger', p_account)",
@@ -612,6 +694,8 @@ BEGIN
            "jsonb_build_object('kind', 'lease')")}
   END IF;
   v_context := dp_context_text(dp_context(p_context) || jsonb_build_object('db_role', session_user));
+  -- another team's login is refused before it reads the account's charges or waits for its lock
+  PERFORM dp_spendable_account(p_account);
   -- before the lock, so tries polling a busy key do not queue on the account ahead of the owner's renewals
   PERFORM dp_check_lease(p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, clock_timestamp());
 
@@ -901,36 +985,81 @@ def _sql(conn, statement: str):
     return conn.exec_driver_sql(statement.replace("%", "%%"))  # the driver's paramstyle escapes %
 
 
+#: The trigger functions :func:`~dp_operators.ledger.schema.trigger_ddl` (re)creates (no arguments, returning
+#: ``trigger``): their names are the ledger's too.
+TRIGGER_FUNCTIONS: tuple[str, ...] = tuple(schema._PG_FUNCTIONS)
+
+#: Every function name the ledger defines in its schema, and each name's one definition: name, signature, argument
+#: names, return type.
+_DEFINITIONS = [(f.name, f.signature, f.arg_names, f.returns) for f in FUNCTIONS] + [
+    (name, f"{name}()", (), "trigger") for name in TRIGGER_FUNCTIONS
+]
+MANAGED_NAMES: tuple[str, ...] = tuple(name for name, *_ in _DEFINITIONS)
+
+
+def _text_array(items) -> str:
+    return "ARRAY[" + ", ".join(f"'{item}'" for item in items) + "]::text[]"
+
+
+#: Whether the function ``p`` (pg_proc, in the namespace ``n``) is the current definition of its name: the same
+#: argument types, argument names and return type (``CREATE OR REPLACE`` can change none of these, so a function of
+#: an earlier version that differs stays beside the current one unless dropped).
+_IS_CURRENT = (
+    "EXISTS (SELECT FROM (VALUES "
+    + ", ".join(f"('{name}', '{signature}', {_text_array(names)}, '{returns}')"
+                for name, signature, names, returns in _DEFINITIONS)
+    + ") AS f(name, signature, argnames, returns) WHERE f.name = p.proname "
+    "AND p.oid = pg_catalog.to_regprocedure(format('%I.%s', n.nspname, f.signature)) "
+    "AND coalesce(p.proargnames, '{}'::text[]) = f.argnames AND p.prorettype = pg_catalog.to_regtype(f.returns))"
+)
+
+#: Drop every function of the current schema named as one of the ledger's that is not its current definition: an
+#: overload of an earlier version (or added by hand) would stay callable beside it.
+_DROP_STRAYS = (
+    "DO $do$ DECLARE r record; BEGIN FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_catalog.pg_proc AS p "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace WHERE n.nspname = current_schema() "
+    f"AND p.proname = ANY ({_text_array(MANAGED_NAMES)}) AND NOT {_IS_CURRENT} "
+    "LOOP EXECUTE format('DROP ROUTINE %s', r.fn); END LOOP; END $do$"
+)
+
+
 def install(conn) -> None:
-    """Install pgcrypto (if missing) and (re)create every ledger function in the connection's current schema,
-    owned by the connecting role (the tables' owner), pinned to that schema; revoke them from PUBLIC and the
-    helpers from every other role. Idempotent: the grants of the spend functions made by
-    :func:`~dp_operators.ledger.roles.apply_roles` survive (``CREATE OR REPLACE`` keeps them).
+    """Install pgcrypto (if missing), drop every function of the connection's current schema that has the name of a
+    ledger function (the trigger functions' included) but not its current arguments or return type (an overload
+    left by an earlier version: ``CREATE OR REPLACE`` cannot change them), then (re)create every ledger function in
+    that schema, owned by the connecting role (the tables' owner), pinned to that schema; revoke them from PUBLIC
+    and the helpers from every other role. Idempotent: the grants of the spend functions made by
+    :func:`~dp_operators.ledger.roles.apply_roles` survive (``CREATE OR REPLACE`` keeps them). Runs in the caller's
+    transaction, before :func:`~dp_operators.ledger.schema.trigger_ddl`.
 
     Raises:
-        sqlalchemy.exc.DBAPIError: no schema on the ``search_path``, or the role may not create the extension or
-            the functions.
+        sqlalchemy.exc.DBAPIError: no schema on the ``search_path``, the role may not create the extension or
+            the functions, or does not own a function to drop (or something depends on it).
     """
     _sql(conn, _ENSURE_PGCRYPTO)
     ledger_schema, crypto_schema = _sql(conn, _SCHEMAS).one()
     if ledger_schema is None:
         raise ValueError("no schema on the search_path: set the search_path of the ledger's connection")
+    _sql(conn, _DROP_STRAYS)
     for function in FUNCTIONS:
         for statement in function.ddl(ledger_schema, crypto_schema):
             _sql(conn, statement)
     _sql(conn, _REVOKE_HELPERS)
 
 
-_FUNCTION_QUERY = """
+_FUNCTION_QUERY = f"""
 SELECT p.proname, p.prosrc, p.prosecdef, p.proconfig, format('search_path=%I, pg_temp', n.nspname),
        p.proowner = t.relowner, pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE'),
-       pg_catalog.pg_get_function_identity_arguments(p.oid),
+       format('%s(%s)', p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid)),
+       pg_catalog.pg_get_function_result(p.oid),
        ARRAY(SELECT DISTINCT pg_catalog.pg_get_userbyid(a.grantee) FROM pg_catalog.aclexplode(p.proacl) AS a
-             WHERE a.grantee NOT IN (0, p.proowner) ORDER BY 1)
+             WHERE a.grantee NOT IN (0, p.proowner) ORDER BY 1),
+       {_IS_CURRENT}
 FROM pg_catalog.pg_class AS t
 JOIN pg_catalog.pg_namespace AS n ON n.oid = t.relnamespace
 JOIN pg_catalog.pg_proc AS p ON p.pronamespace = n.oid
-WHERE t.oid = 'dp_charges'::regclass AND p.proname = ANY (@NAMES@)
+WHERE t.oid = 'dp_charges'::regclass AND p.proname = ANY ({_text_array(MANAGED_NAMES)})
+ORDER BY 8
 """
 
 
@@ -938,25 +1067,28 @@ def function_problems(conn) -> list[str]:
     """Compare the ledger's functions in the database with their definitions: each must exist in the tables'
     schema, owned by the tables' owner, with its expected body, ``SECURITY DEFINER`` exactly for the spend
     functions, its ``search_path`` pinned to that schema then ``pg_temp``, no EXECUTE for PUBLIC, and (the helpers)
-    none for any other role. One line per problem (PostgreSQL only)."""
-    names = [function.name for function in FUNCTIONS]
-    query = _FUNCTION_QUERY.replace("@NAMES@", "ARRAY[" + ", ".join(f"'{name}'" for name in names) + "]")
-    found: dict[str, list[tuple]] = {}
-    for row in _sql(conn, query):
-        found.setdefault(row[0], []).append(tuple(row))
-    crypto = _sql(conn, _SCHEMAS).one()[1]
+    none for any other role; and no other function of that schema may have the name of a ledger function (a trigger
+    function's included) with other arguments or return type (an overload left by an earlier version, or added
+    outside ``dpctl ledger init``, which drops it). One line per problem (PostgreSQL only)."""
+    found: dict[str, tuple] = {}
     problems = []
+    for row in _sql(conn, _FUNCTION_QUERY):
+        if row[-1]:
+            found[row[0]] = tuple(row)
+        else:
+            problems.append(
+                f"ledger function name {row[0]} has an overload that is not the ledger's: {row[7]} returning "
+                f"{row[8]} (left by an earlier version or added outside 'dpctl ledger init'; init drops it)"
+            )
+    crypto = _sql(conn, _SCHEMAS).one()[1]
     if crypto is None:
-        problems.append("the pgcrypto extension is not installed (run 'dpctl ledger init')")
+        problems.insert(0, "the pgcrypto extension is not installed (run 'dpctl ledger init')")
     for function in FUNCTIONS:
         what = f"ledger function {function.signature}"
-        rows = found.get(function.name, [])
-        if not rows:
+        if function.name not in found:
             problems.append(f"{what} is missing (run 'dpctl ledger init')")
             continue
-        if len(rows) > 1:
-            problems.append(f"{what} has {len(rows) - 1} other overload(s) (added outside 'dpctl ledger init')")
-        _, source, definer, config, pinned, owned, public, _, grantees = rows[0]
+        _, source, definer, config, pinned, owned, public, _, _, grantees, _ = found[function.name]
         if crypto is not None and " ".join(source.split()) != " ".join(function.source(crypto).split()):
             problems.append(f"{what} was replaced (its body differs)")
         if definer != function.definer:

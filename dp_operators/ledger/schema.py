@@ -12,7 +12,9 @@ Version history (``dp_schema_version``): 1 — accounts and charges (the first c
 context, the audit event table and its triggers; 3 — keyed audit chain (``key_id``, ``spend_key_id``), reservation
 tokens and leases (``token_hash``, ``proof``, ``lease_expires_at``), guard triggers on charges and accounts; 4 —
 ``allowed_roles`` (the database roles whose members may spend from an account) and, on PostgreSQL, the spend
-functions: the spender role executes them and writes no table (docs/adr/0029).
+functions: the spender role executes them and writes no table (docs/adr/0029); later in 4, the release key's
+unique constraint includes the account (``uq_release_attempt_account``; on PostgreSQL ``dpctl ledger init`` replaces
+the earlier ``uq_release_attempt``).
 :mod:`dp_operators.ledger.govern` upgrades older versions in place.
 
 Database triggers (both dialects, :func:`trigger_ddl`) make ``dp_audit_events`` append-only, keep every charge
@@ -43,6 +45,16 @@ SCHEMA_VERSION = 4
 metadata = MetaData()
 
 _ID = BigInteger().with_variant(Integer, "sqlite")
+
+#: A charge's release key and attempt are unique per account: the ledger reads a key's charges on the caller's account
+#: only (replay, leases, takeover), so two accounts' charges of one key (a DAG id allowed on accounts of two teams)
+#: must never wait for each other either, as a unique index makes an INSERT wait for an uncommitted row with the same
+#: values. The release key's columns lead, so the index also serves lookups by key and by DAG and run.
+RELEASE_ATTEMPT_CONSTRAINT = "uq_release_attempt_account"
+RELEASE_ATTEMPT_COLUMNS = ("dag_id", "run_id", "task_id", "map_index", "release_name", "account", "attempt")
+#: The constraint ledgers had before (the release key and attempt, not the account): on PostgreSQL ``dpctl ledger
+#: init`` replaces it; SQLite files keep it (docs/adr/0029).
+OLD_RELEASE_ATTEMPT_CONSTRAINT = "uq_release_attempt"
 
 schema_version = Table(
     "dp_schema_version",
@@ -98,7 +110,7 @@ charges = Table(
     Column("lease_expires_at", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
-    UniqueConstraint("dag_id", "run_id", "task_id", "map_index", "release_name", "attempt", name="uq_release_attempt"),
+    UniqueConstraint(*RELEASE_ATTEMPT_COLUMNS, name=RELEASE_ATTEMPT_CONSTRAINT),
     Index("ix_dp_charges_account_state", "account", "state"),
 )
 
@@ -263,7 +275,8 @@ def trigger_problems(conn) -> list[str]:
     (PostgreSQL ``tgenabled = 'O'``) and run the expected body (SQLite: the stored ``CREATE TRIGGER`` text;
     PostgreSQL: ``pg_get_triggerdef``, the trigger function's source and its ``search_path``, pinned to its own
     schema then ``pg_temp``). On PostgreSQL the spend functions are compared too
-    (:func:`~dp_operators.ledger.pg_functions.function_problems`). Returns one line per problem.
+    (:func:`~dp_operators.ledger.pg_functions.function_problems`), and the unique constraints of ``dp_charges``
+    (:func:`constraint_problems`). Returns one line per problem.
 
     Args:
         conn: a SQLAlchemy connection to the ledger database.
@@ -310,7 +323,69 @@ def trigger_problems(conn) -> list[str]:
         problems.append(f"trigger {name} is not one of the ledger's (added outside 'dpctl ledger init')")
     from dp_operators.ledger.pg_functions import function_problems  # it imports this module
 
-    return problems + function_problems(conn)
+    return problems + constraint_problems(conn) + function_problems(conn)
+
+
+_PG_UNIQUE_QUERY = """
+SELECT c.conname, pg_catalog.pg_get_constraintdef(c.oid) FROM pg_catalog.pg_constraint AS c
+WHERE c.conrelid = 'dp_charges'::regclass AND c.contype = 'u' ORDER BY 1
+"""
+_RELEASE_ATTEMPT_DEFINITION = f"UNIQUE ({', '.join(RELEASE_ATTEMPT_COLUMNS)})"
+
+
+def constraint_ddl(conn) -> list[str]:
+    """PostgreSQL: the statements that give ``dp_charges`` the release-key constraint of this version
+    (:data:`RELEASE_ATTEMPT_CONSTRAINT`), read from the catalog: drop the constraint of earlier versions
+    (:data:`OLD_RELEASE_ATTEMPT_CONSTRAINT`) and one of the current name with another definition, add the current one
+    if it is then missing. Empty when the table already has it: idempotent. The new constraint is weaker than the old
+    (one more column), so adding it never fails on rows the old one admitted. ``dpctl ledger init`` runs them in its
+    transaction (:meth:`~dp_operators.ledger.govern.LedgerGovernor.init_schema`); other dialects: none (a SQLite
+    file keeps the constraint it was created with: docs/adr/0029).
+    """
+    if conn.dialect.name != "postgresql":
+        return []
+    found = dict(conn.exec_driver_sql(_PG_UNIQUE_QUERY).all())
+    statements = []
+    for name in (OLD_RELEASE_ATTEMPT_CONSTRAINT, RELEASE_ATTEMPT_CONSTRAINT):
+        if name in found and (name != RELEASE_ATTEMPT_CONSTRAINT or found[name] != _RELEASE_ATTEMPT_DEFINITION):
+            statements.append(f"ALTER TABLE dp_charges DROP CONSTRAINT {name}")
+    if found.get(RELEASE_ATTEMPT_CONSTRAINT) != _RELEASE_ATTEMPT_DEFINITION:
+        statements.append(
+            f"ALTER TABLE dp_charges ADD CONSTRAINT {RELEASE_ATTEMPT_CONSTRAINT} {_RELEASE_ATTEMPT_DEFINITION}"
+        )
+    return statements
+
+
+def constraint_problems(conn) -> list[str]:
+    """PostgreSQL: the unique constraints of ``dp_charges`` against this version's: the release-key constraint must
+    exist with its definition, and no other (the constraint of earlier versions, without the account, lets one
+    account's uncommitted charge stall another account's reserves). One line per problem; none on SQLite."""
+    if conn.dialect.name != "postgresql":
+        return []
+    found = dict(conn.exec_driver_sql(_PG_UNIQUE_QUERY).all())
+    problems = []
+    definition = found.pop(RELEASE_ATTEMPT_CONSTRAINT, None)
+    if definition is None:
+        if OLD_RELEASE_ATTEMPT_CONSTRAINT not in found:  # else named below, as the constraint init replaces
+            problems.append(
+                f"constraint {RELEASE_ATTEMPT_CONSTRAINT} on dp_charges is missing (run 'dpctl ledger init')"
+            )
+    elif definition != _RELEASE_ATTEMPT_DEFINITION:
+        problems.append(
+            f"constraint {RELEASE_ATTEMPT_CONSTRAINT} on dp_charges is {definition}, not "
+            f"{_RELEASE_ATTEMPT_DEFINITION} (replaced; 'dpctl ledger init' restores it)"
+        )
+    for name, definition in sorted(found.items()):
+        if name == OLD_RELEASE_ATTEMPT_CONSTRAINT:
+            problems.append(
+                f"constraint {name} on dp_charges is an earlier version's ({definition}: one account's open "
+                "reservation of a release key stalls another account's reserves of it); 'dpctl ledger init' "
+                f"replaces it with {RELEASE_ATTEMPT_CONSTRAINT}"
+            )
+        else:
+            problems.append(f"constraint {name} on dp_charges ({definition}) is not the ledger's (added outside "
+                            "'dpctl ledger init')")
+    return problems
 
 
 def _schema_prefix(definition: str, table: str) -> str:

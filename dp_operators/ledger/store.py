@@ -686,7 +686,8 @@ def _column_specs(table: sa.Table) -> dict[str, tuple[str, bool, int]]:
 
 def _column_problem(table: sa.Table, name: str, value: Any) -> tuple[Any, str | None]:
     """``(value as the readers use it, None)``, or ``(None, what is wrong)``: numbers become ``Fraction``, JSON
-    text its value, timestamps must be datetimes, text must fit its column, integers 64 bits."""
+    text its value (an output stays its text, only checked: :func:`~dp_operators.ledger.bounded.check_json`),
+    timestamps must be datetimes, text must fit its column, integers 64 bits."""
     what, nullable, limit = _column_specs(table)[name]
     if value is None:
         if nullable:
@@ -718,8 +719,11 @@ def _column_problem(table: sa.Table, name: str, value: Any) -> tuple[Any, str | 
                 if not inside(number):
                     return None, f"is outside what an account holds ({name} {wanted})"
             return number, None
-        if what == "output":
-            return read_json(value, max_chars=MAX_OUTPUT_CHARS), None
+        if what == "output":  # checked, not parsed: a long output is read as a stream, building no value
+            from dp_operators.ledger.bounded import check_json
+
+            check_json(value, max_chars=MAX_OUTPUT_CHARS)
+            return value, None
         parsed = read_json(value)
     except BoundsError as error:
         return None, str(error)
@@ -735,7 +739,9 @@ class ReadRow:
     """A ledger row checked column by column (:func:`read_row`).
 
     Attributes:
-        values: every column read, as the readers use it: numbers as ``Fraction``, JSON columns as their value,
+        values: every column read, as the readers use it: numbers as ``Fraction``, JSON columns as their value
+            (but ``output``: its text, checked to be JSON the readers accept without building its value, which may
+            hold millions of values; :func:`~dp_operators.ledger.bounded.read_json_cut` reads it within bounds),
             the rest as stored; ``None`` where a value is unreadable.
         problems: one :class:`~dp_operators.ledger.errors.UnreadableValueError` per unreadable column (table, row,
             column, reason), in column order; empty when the row is readable.
@@ -762,7 +768,8 @@ def read_row(table: sa.Table, row: Mapping[str, Any] | Any) -> ReadRow:
     """Check every column of ``row`` (a mapping, or a SQLAlchemy row, of ``table``'s columns; any subset) against
     what the ledger writes, within the bounds of :mod:`dp_operators.ledger.bounded`. Never raises for a stored
     value: each unreadable column is a problem naming the table, the row (its id; an account's name) and the
-    column. Costs one bounded parse per number and JSON column."""
+    column. Costs one bounded parse per number and JSON column (an output: a check, in memory that does not grow
+    with the values it holds)."""
     mapping = row if isinstance(row, Mapping) else row._mapping
     specs = _column_specs(table)
     values: dict[str, Any] = {}

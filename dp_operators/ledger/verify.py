@@ -29,7 +29,17 @@ A problem never raises: every value of every row read is checked against the bou
 :mod:`dp_operators.ledger.bounded` (numbers in ``str(Fraction)`` form of at most 60 digits a side, JSON text of
 bounded length and depth, text that fits its column, 64-bit integers, times), and an unreadable one becomes a
 problem naming its table, row and column; the replay goes on without it. Problem texts show at most a few hundred
-characters of any stored value, and at most :data:`MAX_PROBLEMS` are kept.
+characters of any stored value (quoted, or with control and format characters escaped: a problem names rows by
+what workers wrote, and is printed on an officer's terminal), and at most :data:`MAX_PROBLEMS` are kept.
+
+Outputs. A committed output (up to 256 MiB of JSON) needs only two checks: that it is JSON the ledger's readers
+accept and that it hashes to the digest its ``committed`` event signed. Its value is never built:
+:func:`~dp_operators.ledger.bounded.check_json` parses a short one and drops it, and reads one with many values
+(6 MB of ``[{},{},...]`` is two million objects, hundreds of MB as Python values) as a stream of parser events; the
+digest is computed a slice at a time; and an output longer than :data:`OUTPUT_BATCH_CHARS` is not fetched with its
+batch of charges but from a second stream, one row at a time, merged by charge id. So verify's memory is a constant
+plus the one long output it holds, whatever the outputs hold, and the usual small outputs cost what they did (one
+``json`` parse each).
 """
 
 from __future__ import annotations
@@ -57,7 +67,7 @@ from dp_operators.ledger.chain import (
     legacy_row_hash,
     timestamp_text,
 )
-from dp_operators.ledger.bounded import BoundsError, read_json, read_number, shown
+from dp_operators.ledger.bounded import BoundsError, read_json, read_number, shown, visible
 from dp_operators.ledger.config import LedgerConfig
 from dp_operators.ledger.errors import UnreadableValueError
 from dp_operators.ledger.keys import Keyring
@@ -81,6 +91,12 @@ MAX_PROBLEM_CHARS = 4000
 MAX_EVENTS_PER_CHARGE = 16
 #: Ids (the smallest) and account names listed in the problem about events of accounts that do not exist.
 FIRST_IDS_SHOWN = 5
+#: Outputs longer than this (in characters) are not read with their charges' batch of :data:`~dp_operators.ledger.
+#: store.STREAM_BATCH` rows but from a stream of their own, one row at a time, so a batch holds at most
+#: ``STREAM_BATCH`` times this much output (16 MiB) and verify at most one long output at a time.
+OUTPUT_BATCH_CHARS = 2**14
+#: A long output is hashed this many characters at a time (no whole encoded copy).
+_HASH_SLICE = 2**20
 
 _TERMINAL = ("committed", "released", "abandoned")
 _CHARGE_EVENTS = frozenset({"reserved", *_TERMINAL})
@@ -202,8 +218,9 @@ def _cut(text: str) -> str:
 
 
 def _plain(value: Any) -> str:
-    """A stored value inside a row's label: short text as it is, anything else as :func:`shown` gives it."""
-    return value if isinstance(value, str) and len(value) <= 80 else shown(value, 80)
+    """A stored value inside a row's label: short text as it is (control and format characters escaped:
+    :func:`~dp_operators.ledger.bounded.visible`), anything else as :func:`shown` gives it."""
+    return visible(value) if isinstance(value, str) and len(value) <= 80 else shown(value, 80)
 
 
 def _where(row: Mapping[str, Any]) -> str:
@@ -271,9 +288,16 @@ def _unreadable(problem: UnreadableValueError, value: Any) -> str:
 
 
 def _sha256(text: Any) -> str | None:
+    """The SHA-256 of ``text`` as UTF-8; a long text is encoded a slice at a time (UTF-8 encodes each character on
+    its own, so the digest is the same)."""
     if not isinstance(text, str):
         return None
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    if len(text) <= _HASH_SLICE:
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    digest = hashlib.sha256()
+    for start in range(0, len(text), _HASH_SLICE):
+        digest.update(text[start : start + _HASH_SLICE].encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
 
 
 def _show(value: Fraction) -> str:
@@ -289,10 +313,25 @@ def _differ(names: list[str]) -> str:
     return f"{', '.join(names)} {'differs' if len(names) == 1 else 'differ'}"
 
 
-def _stream(conn: Connection, query: Any) -> Iterator[Mapping[str, Any]]:
-    result = conn.execution_options(stream_results=True, yield_per=STREAM_BATCH).execute(query)
+def _stream(conn: Connection, query: Any, batch: int = STREAM_BATCH) -> Iterator[Mapping[str, Any]]:
+    result = conn.execution_options(stream_results=True, yield_per=batch).execute(query)
     for row in result:
         yield row._mapping
+
+
+def _with_long_outputs(
+    charges: Iterable[Mapping[str, Any]], long_outputs: Iterable[Mapping[str, Any]]
+) -> Iterator[Mapping[str, Any]]:
+    """The charges (by id, each output longer than :data:`OUTPUT_BATCH_CHARS` read as ``''``) with those outputs
+    put back from ``long_outputs`` (``id``, ``output`` of those charges by id, fetched one row at a time): a batch of
+    charge rows never holds a long output, and verify holds one at a time."""
+    found = iter(long_outputs)
+    pending = next(found, None)
+    for charge in charges:
+        if charge["output"] == "" and pending is not None and pending["id"] == charge["id"]:
+            charge = {**charge, "output": pending["output"]}
+            pending = next(found, None)
+        yield charge
 
 
 class _Strays:
@@ -569,7 +608,7 @@ class _Verifier:
                 if delta_amount > left:
                     flag(f"reserves delta {_show(delta_amount)} with only {_show(left)} left under the delta cap")
             elif delta_amount != 0:
-                flag(f"a {stored.get('accountant')} account takes no delta, got {_show(delta_amount)}")
+                flag(f"a {shown(stored.get('accountant'))} account takes no delta, got {_show(delta_amount)}")
             allowed = _json(stored.get("allowed_dags"), "the allowed DAGs in force")
         except _BadValue as error:
             flag(str(error))
@@ -917,7 +956,9 @@ def _verify(
     # PostgreSQL one outside the years 1 to 9999, which the driver cannot return, is read as NULL (timestamp_column)
     created = timestamp_column(c.created_at, base._reader.dialect.name)
     charge_columns = [c[name] for name in schema.CHARGE_FIXED_COLUMNS if name != "created_at"]
-    charge_columns += [created, c.state, c.output, c.output_digest]
+    # an output longer than OUTPUT_BATCH_CHARS comes as '' and is read from a stream of its own (_with_long_outputs)
+    output = sa.case((sa.func.length(c.output) > OUTPUT_BATCH_CHARS, sa.literal("")), else_=c.output).label("output")
+    charge_columns += [created, c.state, output, c.output_digest]
     account_columns = [column for column in a if column.name not in ("created_at", "updated_at")]
 
     with base._reader.connect() as conn:
@@ -927,8 +968,10 @@ def _verify(
             lenient_sqlite_text(conn, lenient)
             verifier.accounts = set(conn.execute(sa.select(a.name)).scalars())
             verifier.replay_chains(_stream(conn, sa.select(schema.audit_events).order_by(e.account, e.account_seq)))
+            long_outputs = sa.select(c.id, c.output).where(sa.func.length(c.output) > OUTPUT_BATCH_CHARS).order_by(c.id)
             verifier.check_charges(
-                _stream(conn, sa.select(*charge_columns).order_by(c.id)),
+                _with_long_outputs(_stream(conn, sa.select(*charge_columns).order_by(c.id)),
+                                   _stream(conn, long_outputs, batch=1)),
                 _stream(
                     conn,
                     sa.select(schema.audit_events).where(e.charge_id.is_not(None)).order_by(e.charge_id, e.account_seq, e.id),

@@ -5,7 +5,8 @@ Readers: ``verify_ledger`` and ``dpctl ledger verify`` (exit 3 naming each hosti
 ``dpctl ledger history`` as a table and as ``--json`` (every charge printed, a hostile one marked unreadable), and the
 dashboard's queries (accounts overview, account detail, charge pages, run and release). A hypothesis fuzz plants
 huge digit strings, exponents, ``1e-99999999``, ``nan``, ``inf``, empty and blank text, Unicode digits, negative
-zero, non-canonical fractions, deeply nested and non-finite JSON, 10 MB texts, junk accounts and (SQLite, which
+zero, non-canonical fractions, deeply nested and non-finite JSON, outputs of hundreds of thousands of values
+unreadable only at their end, 10 MB texts, junk accounts and (SQLite, which
 holds any value anywhere) wrong types and undecodable text. ``Fraction`` is watched throughout: a reader that handed
 it a stored text it would take for ever to parse fails the test instead of hanging it.
 """
@@ -67,6 +68,12 @@ HOSTILE_NUMBERS = hostile(
 HOSTILE_JSON = hostile(
     "[" * 200_000 + "]" * 200_000, "[" * 65 + "]" * 65, '{"a":' * 500 + "1" + "}" * 500, "[0," * 800 + "0" + "]" * 800,
     "NaN", "[Infinity]", "[1e999]", "{", "", " ", "[" + "1" * 5000 + "]", '"' + "x" * (10 * 2**20) + '"',
+)
+#: Outputs of hundreds of thousands of values, unreadable only at their end: readers check these as a stream of
+#: parser events, not with ``json.loads`` (bounded.MAX_PARSED_VALUES).
+HOSTILE_LONG_OUTPUTS = hostile(
+    "[" + "{}," * 150_000 + "NaN]", "[" + "[]," * 150_000 + "[" * 65 + "]" * 65 + "]", "[" + "0," * 150_000 + "1e999]",
+    '{"aggregates": {"n": {"rows": [' + "0," * 150_000 + "9" * 5000 + "]}}}", "[" + "{}," * 150_000 + "{}",
 )
 
 # -- a legitimate ledger -------------------------------------------------------------------------------------------
@@ -243,7 +250,7 @@ JSON_TARGETS = st.one_of(
               st.sampled_from(HOSTILE_JSON)),
     # an output may be longer (256 MiB): a 10 MB JSON string is a legitimate one
     st.tuples(st.just("new"), st.just("dp_charges"), st.just("output"),
-              st.sampled_from([text for text in HOSTILE_JSON if len(text) < 2**20])),
+              st.sampled_from([text for text in HOSTILE_JSON if len(text) < 2**20] + HOSTILE_LONG_OUTPUTS)),
     st.tuples(st.just("new"), st.just("dp_audit_events"), st.sampled_from(["mechanisms", "context", "details"]),
               st.sampled_from(HOSTILE_JSON)),
     st.tuples(st.just("account"), st.just("dp_budget_accounts"), st.sampled_from(["allowed_dags", "config"]),
@@ -365,6 +372,7 @@ FUZZ = dict(deadline=None, database=None, phases=(Phase.explicit, Phase.generate
 @settings(max_examples=14, **FUZZ)
 @given(plantings=st.lists(st.one_of(NUMBER_TARGETS, JSON_TARGETS, JUNK, SQLITE_ONLY), min_size=1, max_size=4))
 @example(plantings=[("junk", "dp_audit_events", "", 172), ("junk", "dp_audit_events", "", 1)])  # one problem counts both
+@example(plantings=[("new", "dp_charges", "output", text) for text in HOSTILE_LONG_OUTPUTS[:3]])
 def test_hostile_rows_on_sqlite_are_named_and_never_crash_or_hang_a_reader(sqlite_copies, no_slow_fractions, plantings):
     """On SQLite every reader finishes and names each planted row by table, id and column."""
     url = sqlite_copies()
@@ -373,6 +381,7 @@ def test_hostile_rows_on_sqlite_are_named_and_never_crash_or_hang_a_reader(sqlit
 
 @settings(max_examples=6, **FUZZ)
 @given(plantings=st.lists(st.one_of(NUMBER_TARGETS, JSON_TARGETS, JUNK), min_size=1, max_size=3))
+@example(plantings=[("new", "dp_charges", "output", text) for text in HOSTILE_LONG_OUTPUTS[3:]])
 def test_hostile_rows_on_postgresql_are_named_and_never_crash_or_hang_a_reader(pg_copies, no_slow_fractions,
                                                                                 plantings):
     """On PostgreSQL (raw SQL as the tables' owner) every reader finishes and names each planted row."""
