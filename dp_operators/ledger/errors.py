@@ -100,7 +100,8 @@ class LeaseHeldError(LedgerError):
 
 class LedgerAccessError(LedgerError):
     """The database refused this login a ledger call (PostgreSQL ``insufficient_privilege``): its role is not the
-    spender (or a member of it), or the grants were not re-run after ``dpctl ledger init``. Nothing was written."""
+    spender (or a member of it), or the grants were not re-run after ``dpctl ledger init``; or a SQLite ledger file
+    this process may read but not write. Nothing was written; no retry helps."""
 
 
 class LedgerKeyError(LedgerError):

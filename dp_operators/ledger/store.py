@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import getpass
+import os
 import random
 import sqlite3
 import time
@@ -28,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -204,6 +206,33 @@ class AccountStatus:
         }
 
 
+class LedgerFileReplacedError(LedgerNotInitialisedError):
+    """The SQLite ledger file a connection opened is no longer the file at its path (deleted or replaced while the
+    process had it open); nothing was committed."""
+
+
+def sqlite_file(url: sa.URL) -> Path | None:
+    """The file of a SQLite ledger URL (``sqlite:///path`` or ``sqlite:///file:path?...&uri=true``); ``None`` for
+    an in-memory database or another backend."""
+    database = url.database
+    if url.get_backend_name() != "sqlite" or not database or database == ":memory:" or url.query.get("mode") == "memory":
+        return None
+    if database.startswith("file:"):
+        database = unquote(urlsplit(database).path)
+    return Path(database)
+
+
+def sqlite_file_identity(url: sa.URL) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file at a SQLite ledger URL's path now, or ``None`` (no such file, not a file
+    database)."""
+    path = sqlite_file(url)
+    try:
+        found = os.stat(path) if path is not None else None
+    except OSError:
+        return None
+    return None if found is None else (found.st_dev, found.st_ino)
+
+
 def create_ledger_engine(url: str, *, read_only: bool = False) -> Engine:
     """Create a SQLAlchemy engine for a ledger URL (``sqlite:///path`` or ``postgresql+psycopg://...``).
 
@@ -218,9 +247,10 @@ def create_ledger_engine(url: str, *, read_only: bool = False) -> Engine:
         begin = "BEGIN" if read_only else "BEGIN IMMEDIATE"
 
         @sa.event.listens_for(engine, "connect")
-        def _no_implicit_transactions(dbapi_connection, _record) -> None:  # pragma: no cover - driver hook
+        def _no_implicit_transactions(dbapi_connection, record) -> None:  # pragma: no cover - driver hook
             dbapi_connection.isolation_level = None
             dbapi_connection.execute("PRAGMA foreign_keys = ON")
+            record.info["file"] = sqlite_file_identity(engine.url)
 
         @sa.event.listens_for(engine, "begin")
         def _begin(connection) -> None:  # pragma: no cover - driver hook
@@ -311,7 +341,9 @@ class LedgerBase:
             try:
                 with self.engine.begin() as conn:
                     result = work(conn)
+                    self._check_same_file(conn.connection.info, conn.invalidate)
             except sa.exc.DBAPIError as error:
+                self._raise_if_read_only(error)
                 if attempt == retries or not _is_retryable(error):
                     raise
                 time.sleep(delay * random.uniform(0.5, 1.5))
@@ -342,6 +374,7 @@ class LedgerBase:
             try:
                 result = self._in_driver_transaction(self.engine, "BEGIN IMMEDIATE", work, before)
             except sa.exc.DBAPIError as error:
+                self._raise_if_read_only(error)
                 if attempt == retries or not _is_retryable(error):
                     raise
                 time.sleep(delay * random.uniform(0.5, 1.5))
@@ -351,6 +384,38 @@ class LedgerBase:
                 raise result.error
             return result
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_same_file(self, info: Mapping[str, Any], invalidate: Callable[[], None]) -> None:
+        """Before a SQLite write commits: raise :class:`LedgerNotInitialisedError` (the transaction then rolls back,
+        and ``invalidate`` drops the connection from the pool) if the file this connection opened is no longer the
+        file at the ledger's path: deleted, or replaced (moved away, restored over). A commit into an unlinked file
+        would be lost with it, and a release would publish a result whose charge no ledger holds."""
+        opened = info.get("file")
+        if self.dialect != "sqlite" or opened is None or sqlite_file_identity(self.engine.url) == opened:
+            return
+        invalidate()
+        path = sqlite_file(self.engine.url)
+        now = "holds another file" if path is not None and path.exists() else "holds no file"
+        raise LedgerFileReplacedError(
+            f"the SQLite ledger {path} was deleted or replaced while this process had it open (its path now {now}); "
+            "nothing was committed, and nothing of this release is published. Restore the ledger file from its "
+            "backup (a copy taken with sqlite3's .backup, with the privacy officer); 'dpctl ledger init' would make "
+            "a new, empty ledger that forgets every charge"
+        )
+
+    def _raise_if_read_only(self, error: sa.exc.DBAPIError) -> None:
+        """Raise :class:`LedgerAccessError` naming the file and the fix for SQLite's "attempt to write a readonly
+        database" (the file, or its folder, where SQLite keeps the ``-wal`` and ``-shm`` files, not writable by this
+        process, or a ``mode=ro`` URI): no retry makes it writable."""
+        if self.dialect != "sqlite" or "readonly database" not in str(error.orig):
+            return
+        path = self.engine.url.database or "?"
+        raise LedgerAccessError(
+            f"the SQLite ledger {path} is read-only for this process ({error.orig}); nothing was written. Give the "
+            "user that runs the workers (and dpctl) write access to the file and to its folder, where SQLite keeps "
+            "its -wal and -shm files (chown/chmod), or point the ledger connection at the writable file (not a "
+            "mode=ro URI)"
+        ) from None
 
     def _in_driver_transaction(
         self, engine: Engine, begin: str, work: Callable[[Any], T], before: Callable[[Any], None] | None = None
@@ -366,12 +431,16 @@ class LedgerBase:
                     before(driver)
                 connection.execute(begin)
                 result = work(driver)
+                if begin != "BEGIN":
+                    self._check_same_file(pooled.info, lambda: None)
                 statement = "COMMIT"
                 connection.execute(statement)
                 return result
-            except BaseException:
+            except BaseException as error:
                 if connection.in_transaction:
                     connection.execute("ROLLBACK")
+                if isinstance(error, LedgerFileReplacedError):
+                    pooled.invalidate()
                 raise
         except sqlite3.Error as error:
             raise driver_error(error, engine.dialect, statement, ()) from error
@@ -405,8 +474,8 @@ class LedgerBase:
             raise LedgerNotInitialisedError(
                 f"no ledger at {missing}: the file does not exist (deleted, moved, or a wrong path; an absolute path "
                 "takes four slashes, sqlite:////path). Nothing was reserved. Point the ledger connection at the "
-                "ledger's file; 'dpctl ledger init' there would start a new, empty ledger whose budget forgets every "
-                "earlier charge"
+                "ledger's file, or restore it from its backup; 'dpctl ledger init' there would start a new, empty "
+                "ledger whose budget forgets every earlier charge"
             )
         version = self._schema_version()
         if version is None:

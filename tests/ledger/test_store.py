@@ -21,7 +21,7 @@ from dp_operators.ledger import (
 )
 from dp_operators.ledger.chain import CanonicalOutput, canonical_json
 from ledger_backends import account_config, ledger_with
-from support import SPEND_KEY, governor
+from support import SPEND_KEY, governor, spender
 
 NO_MECHANISMS: list[dict] = []
 
@@ -197,21 +197,58 @@ def test_a_missing_sqlite_ledger_file_is_refused_and_not_created(tmp_path):
 
 
 def test_a_database_error_never_carries_the_spend_key(tmp_path):
-    """The ledger's engines hide bound parameters: an error from the driver (here a ledger file opened read-only)
-    names the statement but not the values, so the spend key and the amounts stay out of task logs."""
+    """The ledger's engines hide bound parameters: an error from the driver (here a trigger planted in the file
+    refusing every charge) names the statement but not the values, so the spend key and the amounts stay out of
+    task logs."""
+    import sqlite3
+
     import sqlalchemy as sa
 
-    from dp_operators.ledger import Ledger, ReleaseKey
+    from dp_operators.ledger import ReleaseKey
 
     path = tmp_path / "ledger.db"
-    ledger_with(f"sqlite:///{path}", a=account_config("pure_dp", cap=1))
-    read_only = Ledger(f"sqlite:///file:{path}?mode=ro&uri=true", audit_key=SPEND_KEY)
+    ledger = ledger_with(f"sqlite:///{path}", a=account_config("pure_dp", cap=1))
+    with sqlite3.connect(path) as planted:
+        planted.execute("CREATE TRIGGER refuse BEFORE INSERT ON dp_charges BEGIN "
+                        "SELECT RAISE(ABORT, 'refused by a planted trigger'); END")
+    planted.close()
     with pytest.raises(sa.exc.DBAPIError) as failed:
-        read_only.reserve(ReleaseKey("d", "r", "t", -1, "x"), account="a", amount=Fraction(1, 10),
-                          mechanisms=[{"secret_marker": 1}], spec_hash="0" * 64)
+        ledger.reserve(ReleaseKey("d", "r", "t", -1, "x"), account="a", amount=Fraction(1, 10),
+                       mechanisms=[{"secret_marker": 1}], spec_hash="0" * 64)
     text = str(failed.value)
-    assert "readonly" in text and "hidden due to hide_parameters" in text
+    assert "refused by a planted trigger" in text and "INSERT INTO dp_charges" in text
+    assert "hidden due to hide_parameters" in text
     assert "secret_marker" not in text and SPEND_KEY.text not in text
+
+
+@pytest.mark.parametrize("who", ["spender", "governor"])
+def test_a_read_only_sqlite_ledger_is_refused_naming_the_file_and_the_fix(tmp_path, who):
+    """A ledger file this process may read but not write (here a mode=ro URI: tests run as root, whom file modes do
+    not stop) is refused with LedgerAccessError, a LedgerError the operator does not retry, naming the file and
+    the fix; nothing is written. Before, SQLAlchemy's raw OperationalError with the SQL, retried."""
+    import sqlite3
+
+    from dp_operators.ledger import Ledger, LedgerAccessError, ReleaseKey
+    from dp_operators.ledger.config import LedgerConfig
+
+    path = tmp_path / "ledger.db"
+    ledger_with(f"sqlite:///{path}", a=account_config("pure_dp", cap=1)).engine.dispose()
+    with sqlite3.connect(path) as before:
+        events = before.execute("SELECT count(*) FROM dp_audit_events").fetchone()[0]
+    before.close()
+    url = f"sqlite:///file:{path}?mode=ro&uri=true"
+    with pytest.raises(LedgerAccessError) as refused:
+        if who == "spender":
+            Ledger(url, audit_key=SPEND_KEY).reserve(ReleaseKey("d", "r", "t", -1, "x"), account="a",
+                                                     amount=Fraction(1, 10), mechanisms=[], spec_hash="0" * 64)
+        else:
+            governor(url).apply_config(LedgerConfig(version=1, accounts={"b": account_config("pure_dp", cap=1)}))
+    message = str(refused.value)
+    assert str(path) in message and "read-only" in message and "write access" in message
+    assert "nothing was written" in message and "INSERT" not in message
+    with sqlite3.connect(path) as after:
+        assert after.execute("SELECT count(*) FROM dp_audit_events").fetchone()[0] == events
+    after.close()
 
 
 def test_history_filters_by_account_dag_state_and_date(ledger_url):
@@ -378,3 +415,41 @@ def test_commit_takes_pre_encoded_text_only_as_the_canonical_output_type(ledger_
     digest = ledger.commit(reservation, output, canonical=CanonicalOutput.encode(output))
     assert digest == hashlib.sha256(canonical_json(output).encode("utf-8")).hexdigest()
     assert ledger.authenticated_output(key()) == output
+
+
+@pytest.mark.parametrize("change", ["deleted", "replaced", "untouched"])
+def test_a_sqlite_ledger_deleted_or_replaced_while_open_commits_nothing(tmp_path, change):
+    """A SQLite ledger file deleted (or replaced by another file) while a release holds it open: the commit must not
+    land in the unlinked file, where it would be lost with it while the release published. The write notices the
+    path no longer names the file it opened, rolls back and says to restore the file from backup, not to run init
+    (which would make a new, empty ledger). Untouched: the negative control commits."""
+    import os
+    import shutil
+
+    from dp_operators.ledger import LedgerNotInitialisedError, ReleaseKey
+
+    path = tmp_path / "ledger.db"
+    ledger = ledger_with(f"sqlite:///{path}", a=account_config("pure_dp", cap=1))
+    reservation = ledger.reserve(ReleaseKey("d", "r", "t", -1, "x"), account="a", amount=Fraction(1, 10),
+                                 mechanisms=[], spec_hash="0" * 64)
+    if change != "untouched":
+        copy = tmp_path / "copy.db"
+        shutil.copyfile(path, copy)
+        for suffix in ("-wal", "-shm"):
+            if (tmp_path / f"ledger.db{suffix}").exists():
+                shutil.copyfile(tmp_path / f"ledger.db{suffix}", tmp_path / f"copy.db{suffix}")
+        os.unlink(path)
+        if change == "replaced":
+            os.replace(copy, path)
+    if change == "untouched":
+        ledger.commit(reservation, {"value": 1})
+        assert [c["state"] for c in ledger.charges()] == ["committed"]
+        return
+    with pytest.raises(LedgerNotInitialisedError) as refused:
+        ledger.commit(reservation, {"value": 1})
+    message = str(refused.value)
+    assert str(path) in message and "deleted or replaced while this process had it open" in message
+    assert "Restore the ledger file from its backup" in message and "new, empty ledger" in message
+    assert path.exists() == (change == "replaced")  # nothing created where the file was
+    if change == "replaced":  # the replacement holds the reservation (copied after it), never the commit
+        assert [c["state"] for c in spender(f"sqlite:///{path}").charges()] == ["reserved"]
