@@ -335,13 +335,24 @@ class LedgerBase:
         """Run ``work`` in one write transaction, retried (``retries`` times, default ``max_retries``) when it loses
         a lock race. A :class:`Refusal` returned from ``work`` commits the transaction (its audit event), then its
         error is raised."""
+
+        def once() -> T:
+            with self.engine.begin() as conn:
+                result = work(conn)
+                self._check_same_file(conn.connection.info, conn.invalidate)
+                return result
+
+        return self._retried(once, retries)
+
+    def _retried(self, once: Callable[[], T], retries: int | None) -> T:
+        """``once()`` (one write transaction), again after a jittered exponential backoff (from 10 ms, capped at
+        1 s) while it loses a lock race, at most ``retries`` more times (default ``max_retries``); a
+        :class:`Refusal` it returns is raised as its error."""
         delay = 0.01
         retries = self.max_retries if retries is None else retries
         for attempt in range(retries + 1):
             try:
-                with self.engine.begin() as conn:
-                    result = work(conn)
-                    self._check_same_file(conn.connection.info, conn.invalidate)
+                result = once()
             except sa.exc.DBAPIError as error:
                 self._raise_if_read_only(error)
                 if attempt == retries or not _is_retryable(error):
@@ -368,22 +379,7 @@ class LedgerBase:
                 with self._read() as conn:
                     before(conn)
             return self._write(work, retries=retries)
-        delay = 0.01
-        retries = self.max_retries if retries is None else retries
-        for attempt in range(retries + 1):
-            try:
-                result = self._in_driver_transaction(self.engine, "BEGIN IMMEDIATE", work, before)
-            except sa.exc.DBAPIError as error:
-                self._raise_if_read_only(error)
-                if attempt == retries or not _is_retryable(error):
-                    raise
-                time.sleep(delay * random.uniform(0.5, 1.5))
-                delay = min(delay * 2, 1.0)
-                continue
-            if isinstance(result, Refusal):
-                raise result.error
-            return result
-        raise AssertionError("unreachable")  # pragma: no cover
+        return self._retried(lambda: self._in_driver_transaction(self.engine, "BEGIN IMMEDIATE", work, before), retries)
 
     def _check_same_file(self, info: Mapping[str, Any], invalidate: Callable[[], None]) -> None:
         """Before a SQLite write commits: raise :class:`LedgerNotInitialisedError` (the transaction then rolls back,
