@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from dp_operators.ledger.errors import (
     AccountNotFoundError,
+    AmbiguousReleaseKeyError,
     AuditChainError,
     BudgetExhaustedError,
     ChargeStateError,
@@ -50,6 +51,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "AmbiguousReleaseKeyError",
     "AccountConfig",
     "AccountNotFoundError",
     "AccountStatus",

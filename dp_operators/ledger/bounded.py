@@ -244,6 +244,31 @@ def _check_text(text: object, max_chars: int) -> None:
         raise BoundsError(f"holds {shown(text)}, not JSON text" if text is not None else "is empty (NULL)")
     if len(text) > max_chars:
         raise BoundsError(f"is {len(text):,} characters long; the ledger's JSON here has at most {max_chars:,}")
+    if "\\u" in text and lone_surrogate_escape(text):
+        raise BoundsError("holds a lone surrogate escape (a \\uD800-\\uDFFF not paired), which is not Unicode text")
+
+
+#: A ``\\u`` escape of a UTF-16 surrogate (not itself escaped: preceded by an even number of backslashes).
+_SURROGATE_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u([dD][89a-fA-F][0-9a-fA-F]{2})")
+
+
+def lone_surrogate_escape(text: str) -> bool:
+    """Whether JSON ``text`` holds a ``\\uD800``-``\\uDBFF`` escape not followed at once by a ``\\uDC00``-``\\uDFFF``
+    one, or the latter not preceded by the former (RFC 8259 section 8.2: such a string's meaning is unpredictable).
+    Python's ``json`` reads one as a lone surrogate, the stream parser cannot (it is not UTF-8), PostgreSQL's
+    ``jsonb`` refuses it: the ledger's readers refuse it whatever the text's size, and its writers never write one."""
+    pending = None  # where the escape after an unpaired high surrogate must start
+    for match in _SURROGATE_ESCAPE.finditer(text):
+        start = match.start(1) - 2
+        if int(match.group(1), 16) < 0xDC00:  # high
+            if pending is not None:
+                return True
+            pending = match.end()
+        elif pending != start:  # low, not right after a high
+            return True
+        else:
+            pending = None
+    return pending is not None
 
 
 def few_json_values(text: str) -> bool:
@@ -300,6 +325,8 @@ def _stream(text: str, consume: Any) -> Any:
         except ijson.JSONError as error:
             if "integer overflow" not in str(error):
                 raise _stream_error(error) from None
+        except UnicodeDecodeError:  # defence in depth: _check_text refused lone surrogate escapes already
+            raise BoundsError("holds a string that is not Unicode text") from None
     exact = fast if fast is not None and _RISKY_NUMBER.search(text) is None else ijson.get_backend("python")
     try:
         return consume(exact.basic_parse(_Utf8Slices(text), buf_size=_STREAM_CHARS, use_float=exact is not fast))

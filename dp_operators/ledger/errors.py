@@ -98,6 +98,10 @@ class LeaseHeldError(LedgerError):
         self.attempt, self.expires_at = attempt, expires_at
 
 
+class AmbiguousReleaseKeyError(LedgerError):
+    """A release key committed on several accounts was looked up without naming the account."""
+
+
 class LedgerAccessError(LedgerError):
     """The database refused this login a ledger call (PostgreSQL ``insufficient_privilege``): its role is not the
     spender (or a member of it), or the grants were not re-run after ``dpctl ledger init``; or a SQLite ledger file

@@ -602,8 +602,11 @@ class Ledger(LedgerBase):
         def work(conn: Connection) -> None:
             chain, charge = self._owned_charge(conn, reservation, "released")
             conn.execute(_UPDATE_CHARGE, {"state": "released", "updated_at": _utcnow(), "charge_id": charge.id})
-            chain.spent -= stored_fraction(charge.amount, f"charge {charge.id}: amount")
-            chain.delta_spent -= stored_fraction(charge.delta_amount, f"charge {charge.id}: delta_amount")
+            # rounded up to the ledger's resolution, as every total is: subtracting exact amounts one after another
+            # would multiply their denominators past what a stored number holds (never below the true total)
+            chain.spent = round_up(chain.spent - stored_fraction(charge.amount, f"charge {charge.id}: amount"))
+            chain.delta_spent = round_up(
+                chain.delta_spent - stored_fraction(charge.delta_amount, f"charge {charge.id}: delta_amount"))
             chain.append(
                 conn, "released", audit_context(audit, _stored_context(charge)), proof=reservation.token,
                 **charge_event_fields(charge), details={"reason": "no noise was drawn"},

@@ -50,6 +50,7 @@ from dp_operators.ledger.bounded import (
 )
 from dp_operators.ledger.errors import (
     AccountNotFoundError,
+    AmbiguousReleaseKeyError,
     LedgerAccessError,
     LedgerNotInitialisedError,
     UnreadableValueError,
@@ -91,7 +92,8 @@ _ACCOUNT = sa.select(*ACCOUNT_READ_COLUMNS).where(schema.accounts.c.name == sa.b
 _RESERVED_AMOUNTS = sa.select(_c.id, _c.amount, _c.delta_amount).where(
     _c.account == sa.bindparam("account"), _c.state == "reserved"
 ).order_by(_c.id)
-_COMMITTED_OUTPUT = sa.select(_c.id, _c.output).where(*KEY_MATCHES, _c.state == "committed")
+_COMMITTED_ACCOUNTS = sa.select(_c.id, _c.account).where(*KEY_MATCHES, _c.state == "committed").order_by(_c.id)
+_COMMITTED_OUTPUT_BY_ID = sa.select(_c.id, _c.output).where(_c.id == sa.bindparam("charge_id"))
 _DB_NOW = sa.select(sa.func.clock_timestamp())
 
 
@@ -541,17 +543,29 @@ class LedgerBase:
             rows = conn.execute(sa.select(*ACCOUNT_READ_COLUMNS).order_by(schema.accounts.c.name)).all()
             return [account_status(row, *reserved_totals(conn, row.name)) for row in rows]
 
-    def stored_output(self, key: ReleaseKey) -> dict | None:
-        """The committed output of ``key`` (parsed JSON), or ``None`` if it has none.
+    def stored_output(self, key: ReleaseKey, account: str | None = None) -> dict | None:
+        """The committed output of ``key`` on ``account`` (parsed JSON), or ``None`` if it has none. Without
+        ``account``, the key's committed output on whichever account holds one: a DAG id allowed on accounts of two
+        teams lets each commit the same release key on its own account, and one team's must never stand for the
+        other's, so a key committed on several accounts is refused rather than one picked.
 
         Raises:
             LedgerNotInitialisedError: the ledger has no schema.
+            AmbiguousReleaseKeyError: no ``account`` given, and the key is committed on several accounts.
             UnreadableValueError: the stored output is not JSON within the bounds of
                 :func:`~dp_operators.ledger.bounded.read_json` (at most ``MAX_OUTPUT_CHARS`` characters).
         """
         self.check_schema()
         with self._read() as conn:
-            row = conn.execute(_COMMITTED_OUTPUT, key.as_dict()).first()
+            rows = [row for row in conn.execute(_COMMITTED_ACCOUNTS, key.as_dict())
+                    if account is None or row.account == account]
+            if len({row.account for row in rows}) > 1:
+                raise AmbiguousReleaseKeyError(
+                    f"release {key} is committed on accounts {', '.join(sorted(repr(r.account) for r in rows))}: "
+                    "a DAG id allowed on accounts of two teams; name the account whose output is meant (the "
+                    "release's budget_account)"
+                )
+            row = conn.execute(_COMMITTED_OUTPUT_BY_ID, {"charge_id": rows[0].id}).first() if rows else None
         if row is None or row.output is None:
             return None
         return ledger_json(row.output, table="dp_charges", row=row.id, column="output", max_chars=MAX_OUTPUT_CHARS)

@@ -33,7 +33,7 @@ from typing import Any
 
 from airflow.sdk import ObjectStoragePath
 
-from dp_operators.ledger import ReleaseKey
+from dp_operators.ledger import AmbiguousReleaseKeyError, ReleaseKey
 from dp_operators.operators.locations import SEPARATOR, encode_component, key_of, release_file
 from dp_operators.operators.sinks import (
     FORMATS,
@@ -122,15 +122,16 @@ def release_files(path: ObjectStoragePath) -> list[ObjectStoragePath]:
 
 def verify_published(
     files: Iterable[ObjectStoragePath],
-    stored_output: Callable[[ReleaseKey], Mapping[str, Any] | None],
+    stored_output: Callable[[ReleaseKey, str | None], Mapping[str, Any] | None],
     output_uri: str | None = None,
 ) -> list[FileVerdict]:
     """The verdict on each of ``files`` (from :func:`release_files`), in order.
 
     Args:
         files: release files; those sharing a folder and stem are one release.
-        stored_output: the ledger's committed output of a key, or ``None`` (``Ledger.stored_output``); called once
-            per key.
+        stored_output: the ledger's committed output of a key on an account (``None``: any one account), or
+            ``None`` (``Ledger.stored_output``); called once per key, with the ``budget_account`` the release's JSON
+            states (a key committed on several accounts, each team's own, is never matched against another's).
         output_uri: the output root the files were published under; ``None`` to infer it (module docstring).
 
     Raises:
@@ -143,18 +144,24 @@ def verify_published(
     contents = {str(p): _read(p) for group in groups.values() for p in group if _suffix(p.name) == "json"}
     json_keys = {group_id: _json_key(group, contents) for group_id, group in groups.items()}
     roots = [str(storage_path(output_uri)).rstrip("/")] if output_uri else _inferred_roots(groups, json_keys)
-    outputs: dict[ReleaseKey, Mapping[str, Any] | None] = {}
+    outputs: dict[tuple[ReleaseKey, str | None], Mapping[str, Any] | None] = {}
+    ambiguous: dict[tuple[ReleaseKey, str | None], str] = {}
     verdicts = []
     for group_id, group in groups.items():
         json_key, json_problem = json_keys[group_id]
         root = next((r for r in roots if group_id[0].startswith(r + "/")), None)
         key = json_key or _path_key(group[0], root)
-        if key is not None and key not in outputs:
-            outputs[key] = stored_output(key)
+        account = _json_account(group, contents)
+        if key is not None and (key, account) not in outputs:
+            try:
+                outputs[key, account] = stored_output(key, account)
+            except AmbiguousReleaseKeyError as error:
+                outputs[key, account], ambiguous[key, account] = None, str(error)
+        problem_of_key = ambiguous.get((key, account))
         for path in group:
-            problem = _path_problem(path, key, root, given=bool(output_uri))
+            problem = problem_of_key or _path_problem(path, key, root, given=bool(output_uri))
             verdicts.append(_verdict(
-                path, contents.pop(str(path), None) or _read(path), key, outputs.get(key) if key else None,
+                path, contents.pop(str(path), None) or _read(path), key, outputs.get((key, account)) if key else None,
                 json_problem, problem,
                 path_checked=root is not None or problem is not None,
             ))
@@ -178,6 +185,20 @@ def _read(path: ObjectStoragePath) -> bytes | OSError:
         return path.read_bytes()
     except OSError as error:
         return error
+
+
+def _json_account(group: list[ObjectStoragePath], contents: Mapping[str, bytes | OSError]) -> str | None:
+    """The ``budget_account`` the group's JSON states, or ``None`` (no JSON, unreadable, or none stated)."""
+    json_file = next((p for p in group if _suffix(p.name) == "json"), None)
+    data = contents.get(str(json_file)) if json_file is not None else None
+    if not isinstance(data, bytes):
+        return None
+    try:
+        release = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    account = release.get("budget_account") if isinstance(release, dict) else None
+    return account if isinstance(account, str) else None
 
 
 def _json_key(group: list[ObjectStoragePath], contents: Mapping[str, bytes | OSError]) -> tuple[ReleaseKey | None,

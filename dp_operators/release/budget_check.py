@@ -107,7 +107,7 @@ def check_budget(
         DagNotAllowedError: ``dag_id`` may not spend from the account.
         IncompatibleAccountantError: a mechanism of the spec cannot be charged to the account's accountant.
     """
-    if release_key is not None and ledger.stored_output(release_key) is not None:
+    if release_key is not None and ledger.stored_output(release_key, spec.budget_account) is not None:
         return BudgetCheck(
             fits=True, reason=REPLAY, release=spec.release, account=spec.budget_account, unit=None,
             charge=Fraction(0), remaining=None,

@@ -453,3 +453,28 @@ def test_a_sqlite_ledger_deleted_or_replaced_while_open_commits_nothing(tmp_path
     assert path.exists() == (change == "replaced")  # nothing created where the file was
     if change == "replaced":  # the replacement holds the reservation (copied after it), never the commit
         assert [c["state"] for c in spender(f"sqlite:///{path}").charges()] == ["reserved"]
+
+
+def test_releases_of_amounts_with_large_denominators_keep_the_total_readable(tmp_path):
+    """Each reserve rounds the total up to the ledger's resolution (1/10^18); a release subtracting its exact
+    amount did not, so three releases of 1/p (p prime near 10^18) grew the total's denominator past the 60 digits a
+    stored number holds: the account refused every later reserve as edited, and verify alarmed for good. Releases
+    round up too (never below the exact difference)."""
+    from dp_operators.ledger import ReleaseKey
+    from dp_operators.ledger.bounded import MAX_DIGITS
+
+    ledger = ledger_with(f"sqlite:///{tmp_path / 'ledger.db'}", a=account_config("pure_dp", cap=1))
+    primes = [999999999999999989, 999999999999999967, 999999999999999877]
+    reservations = [
+        ledger.reserve(ReleaseKey("d", f"run-{i}", "t", -1, "r"), account="a", amount=Fraction(1, p), mechanisms=[],
+                       spec_hash="0" * 64)
+        for i, p in enumerate(primes)
+    ]
+    for reservation in reservations:
+        ledger.release(reservation)
+    spent = ledger.account("a").spent
+    assert 0 <= spent <= Fraction(3, 10**18) and len(str(spent.denominator)) <= MAX_DIGITS
+    ledger.reserve(ReleaseKey("d", "after", "t", -1, "r"), account="a", amount=Fraction(1, 10), mechanisms=[],
+                   spec_hash="0" * 64)
+    report = governor(f"sqlite:///{tmp_path / 'ledger.db'}").verify()
+    assert report.ok, report.problems
