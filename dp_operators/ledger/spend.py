@@ -566,7 +566,12 @@ class Ledger(LedgerBase):
         text = canonical_json(output) if canonical is None else str(canonical)
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
         if self._in_database:
-            self._call_owned("dp_commit", reservation, "committed", output=text, **self._audit_params(audit))
+            try:
+                self._call_owned("dp_commit", reservation, "committed", output=text, **self._audit_params(audit))
+            except ChargeStateError:
+                # a call retried after its connection was lost may find its own commit landed: that is success
+                if not self._committed_as(reservation, digest):
+                    raise
             return digest
 
         def work(conn: Connection) -> str:
@@ -586,6 +591,19 @@ class Ledger(LedgerBase):
             return digest
 
         return self._write_driver(work)
+
+    def _committed_as(self, reservation: Reservation, digest: str) -> bool:
+        """Whether ``reservation``'s own charge (its account, key, attempt and token) is committed with the output
+        of SHA-256 ``digest``."""
+        with self._read() as conn:
+            charge = conn.execute(_CHARGE, {"charge_id": reservation.charge_id}).first()
+        return (
+            charge is not None and charge.state == "committed" and charge.output_digest == digest
+            and charge.account == reservation.account and charge.attempt == reservation.attempt
+            and ReleaseKey(charge.dag_id, charge.run_id, charge.task_id, charge.map_index, charge.release_name)
+            == reservation.key
+            and charge.token_hash is not None and secrets.compare_digest(charge.token_hash, token_hash(reservation.token))
+        )
 
     def release(self, reservation: Reservation, *, audit: Mapping[str, Any] | None = None) -> None:
         """Return a reservation whose noise was provably never drawn (``reserved -> released``): its owner's

@@ -372,6 +372,33 @@ def test_postgresql_a_spend_call_on_a_dead_pooled_connection_reconnects(ledger_u
 
 
 @pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
+def test_postgresql_a_commit_whose_reply_was_lost_is_not_reported_as_taken_over(ledger_url, monkeypatch):
+    """dp_commit lands, then its reply is lost with the connection: the retry is refused (the charge is no longer
+    reserved), and the commit must still report success, not "another attempt took over", so the release publishes
+    what the ledger holds. A reservation whose charge another attempt committed is still refused."""
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    reservation = reserve(ledger)
+    call = spend.Ledger._driver_call
+    lost = []
+
+    def reply_lost_once(self, name, params):
+        result = call(self, name, params)
+        if name == "dp_commit" and not lost:
+            lost.append(result)
+            raise sa.exc.OperationalError("SELECT dp_commit(...)", {}, Exception("server closed the connection"),
+                                          connection_invalidated=True)
+        return result
+
+    monkeypatch.setattr(spend.Ledger, "_driver_call", reply_lost_once)
+    digest = ledger.commit(reservation, {"value": 1})
+    assert lost and lost[0]["output_digest"] == digest
+    assert [(c["attempt"], c["state"]) for c in ledger.charges()] == [(1, "committed")]
+    stale = dataclasses.replace(reservation, token="not-this-reservations-token")
+    with pytest.raises(ChargeStateError):
+        ledger.commit(stale, {"value": 1})
+
+
+@pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
 def test_postgresql_sessions_set_the_lock_and_idle_timeouts(ledger_url):
     ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
     with ledger.engine.connect() as conn:
