@@ -19,6 +19,10 @@ and bounds every input (JSON holds only numbers the ledger's readers read: finit
 4,300 digits). So the spender cannot write a row the ledger would not write: it has no INSERT, UPDATE or
 DELETE on any table (the functions do the writing), and a function refuses anything the state machine refuses.
 
+Calls on one account queue on a row no spend changes (the account's first audit event) before they lock the
+account's row, so each commit wakes one waiter, not all of them (:func:`_lock`); what needs no lock (the checks of
+the arguments, the contexts, the output's digest) is done before it, and the stored numbers are read once per call.
+
 Refusals that are recorded (a DAG not allowed, budget exhausted) return a status and commit their ``refused``
 event; every other refusal raises one of the SQLSTATEs below, naming its parameters in the error's DETAIL (JSON),
 and writes nothing; :mod:`~dp_operators.ledger.spend` maps them to the ledger's exceptions.
@@ -121,12 +125,11 @@ _KEY_MATCHES = (
 )
 #: A release key's charges on the caller's account only: another account's charges of the same key (another team
 #: whose DAG id is allowed on an account of its own) are neither replayed, nor waited for, nor taken over.
-_KEY_OF_ACCOUNT = _KEY_MATCHES + " AND x.account = p_account"
+_OF_ACCOUNT = "x.account = p_account"
 _RELEASE_KEY_ARGS = "p_dag_id text, p_run_id text, p_task_id text, p_map_index integer, p_release_name text"
 _OWNER_ARGS = (
     f"p_key bytea, p_charge_id bigint, p_account text, {_RELEASE_KEY_ARGS}, p_attempt integer, p_token text"
 )
-_LIVE = "(x.lease_expires_at > p_now AND x.lease_expires_at <= p_now + interval '{max} seconds')"
 _M = str(MAX_DENOMINATOR)
 _MAX_LEASE = schema.MAX_LEASE_SECONDS
 
@@ -134,20 +137,413 @@ _EVENT_COLUMNS = [c.name for c in schema.audit_events.c if c.name != "id"]
 _INTEGER_COLUMNS = {c.name for c in schema.audit_events.c if c.type.python_type is int}
 
 
+_ACCOUNTANT_UNITS = " ".join(f"WHEN '{name}' THEN '{unit}'" for name, unit in sorted(ACCOUNTANTS.items()))
+_CONTEXT_KEYS = ", ".join(f"'{key}'" for key in sorted(AUDIT_CONTEXT_KEYS))
+
+
+def _live(now: str) -> str:
+    """SQL: the charge ``x`` holds a live lease at ``now`` (one beyond MAX_LEASE_SECONDS is tampered: expired)."""
+    return f"(x.lease_expires_at > {now} AND x.lease_expires_at <= {now} + interval '{_MAX_LEASE} seconds')"
+
+
 def _canonical_event_json() -> str:
     """SQL building :func:`~dp_operators.ledger.chain.audit_row_mac`'s message from an event ``e``: Python's
     ``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` of the hashed columns (``to_json`` of
     text escapes as Python does without ``ensure_ascii``: ``\\"``, ``\\\\``, ``\\b\\f\\n\\r\\t``, other controls
-    as lowercase ``\\u00xx``, nothing else)."""
+    as lowercase ``\\u00xx``, nothing else). One ``concat`` (it writes a ``json`` value as its text), ``null`` for
+    each NULL column."""
     parts = []
     for i, name in enumerate(sorted(schema.AUDIT_HASHED_COLUMNS)):
-        value = f"e.{name}::text" if name in _INTEGER_COLUMNS else f"to_json(e.{name})::text"
-        parts.append(f"'{',' if i else '{'}\"{name}\":' || coalesce({value}, 'null')")
-    return " || ".join(parts) + " || '}'"
+        if name in _INTEGER_COLUMNS:
+            value = f"coalesce(e.{name}::text, 'null')"
+        else:
+            value = f"coalesce(to_json(e.{name}), 'null'::json)"
+        parts.append(f"'{',' if i else '{'}\"{name}\":', {value}")
+    assert 2 * len(parts) + 1 <= 100, "concat takes at most 100 arguments (FUNC_MAX_ARGS)"
+    return "concat(" + ", ".join(parts) + ", '}')"
 
 
-_ACCOUNTANT_UNITS = " ".join(f"WHEN '{name}' THEN '{unit}'" for name, unit in sorted(ACCOUNTANTS.items()))
-_CONTEXT_KEYS = ", ".join(f"'{key}'" for key in sorted(AUDIT_CONTEXT_KEYS))
+# ---- PL/pgSQL fragments ------------------------------------------------------------------------------------------
+# The steps a spend function takes on every call are written into its body from these fragments rather than called
+# as helpers: a call of a function pinned to the schema sets the search_path and back, and a PERFORM of a void
+# helper is a query of its own. The helpers that name the same steps (dp_check_head, dp_lock_account, dp_append, ...)
+# are built from the same fragments, and the rarer paths (a refusal's message, a tampered number) still call the
+# helpers, so each check has one text. Same checks, same order, same messages, same rows. Larger steps a call takes
+# more than once stay helpers (dp_event_mac: PL/pgSQL sets an expression up once per transaction).
+
+
+def _ts_text(at: str) -> str:
+    """SQL: the timestamp ``at`` as the audit rows write it (:func:`~dp_operators.ledger.chain.timestamp_text`)."""
+    return f"""to_char(({at}) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US') || '+00:00'"""
+
+
+def _q_text(q: str) -> str:
+    """SQL: str(Fraction) of the fraction ``q`` (numeric[] {numerator, denominator > 0}, in lowest terms)."""
+    return f"(CASE WHEN {q}[2] = 1 THEN {q}[1]::text ELSE {q}[1]::text || '/' || {q}[2]::text END)"
+
+
+def _q_sum(target: str, a: str, b: str, op: str, up: str) -> str:
+    """Statements: ``target := dp_q_round(dp_q_add(a, b), up)`` (``op`` ``+``) or ``dp_q_sub`` (``-``): the same
+    arithmetic, dp_q_round called only when the reduced denominator exceeds MAX_DENOMINATOR (else it returns its
+    argument)."""
+    n = f"({a}[1] * {b}[2] {op} {b}[1] * {a}[2])"
+    d = f"({a}[2] * {b}[2])"
+    return f"""{target} := ARRAY[div({n}, gcd({n}, {d})), div({d}, gcd({n}, {d}))];
+  IF {target}[2] > {_M} THEN
+    {target} := dp_q_round({target}, {up});
+  END IF;"""
+
+
+#: A number as ``str(Fraction)`` writes it: no leading zeros, no ``-0``, a denominator (if any) > 1. At most
+#: MAX_DIGITS characters long, with numerator and denominator coprime, it is a text dp_stored_number accepts, and
+#: below MAX_DENOMINATOR and MAX_AMOUNT_NUMERATOR_DIGITS without a sign, one dp_amount accepts. (No bounded
+#: repetition: PostgreSQL's regular expressions run those several times slower.)
+_CANONICAL_NUMBER = "^(0|-?[1-9][0-9]*)(/([2-9]|[1-9][0-9]+))?$"
+
+
+def _fraction_of(text: str) -> str:
+    """SQL: the fraction numeric[] {numerator, denominator} of ``text``, which matches _CANONICAL_NUMBER."""
+    return (f"CASE WHEN strpos({text}, '/') = 0 THEN ARRAY[{text}::numeric, 1] "
+            f"ELSE ARRAY[split_part({text}, '/', 1)::numeric, split_part({text}, '/', 2)::numeric] END")
+
+
+def _stored_number(target: str, text: str, where: str) -> str:
+    """Statements: ``target := dp_stored_number(text, where)``; the call (and ``where``) only for a ``text`` that is
+    not plainly a number the ledger writes: the call decides, and refuses with its message."""
+    return f"""{target} := CASE WHEN length({text}) <= {MAX_DIGITS} AND {text} ~ '{_CANONICAL_NUMBER}'
+    THEN {_fraction_of(text)} END;
+  IF {target} IS NULL OR gcd({target}[1], {target}[2]) <> 1 THEN
+    {target} := dp_stored_number({text}, {where});
+  END IF;"""
+
+
+def _account_number(target: str, column: str) -> str:
+    """:func:`_stored_number` of the column ``column`` of the account ``a``."""
+    return _stored_number(target, f"a.{column}", f"jsonb_build_object('what', format('budget account %L: {column}', "
+                          f"a.name), 'account', a.name, 'column', '{column}')")
+
+
+def _amount(target: str, text: str, name: str, positive: bool) -> str:
+    """Statements: ``target := dp_amount(text, name, positive)``; the call only for a ``text`` that is not plainly
+    an amount it accepts: the call decides, and refuses with its message."""
+    zero = f" OR {target}[1] = 0" if positive else ""
+    return f"""{target} := CASE WHEN length({text}) <= {MAX_AMOUNT_NUMERATOR_DIGITS} AND {text} ~ '{_CANONICAL_NUMBER}'
+      AND left({text}, 1) <> '-' THEN {_fraction_of(text)} END;
+  IF {target} IS NULL OR {target}[2] > {_M} OR gcd({target}[1], {target}[2]) <> 1{zero} THEN
+    {target} := dp_amount({text}, '{name}', {str(positive).lower()});
+  END IF;"""
+
+
+#: The spend key's bounds (dp_spend_key_id), and its id as AuditKey.key_id computes it.
+_KEY_BOUNDS = f"""
+  IF p_key IS NULL OR octet_length(p_key) < 32 OR octet_length(p_key) > {MAX_KEY_BYTES} THEN
+    {_fail(KEY_REFUSED, "'the spend key must have 32 to " + str(MAX_KEY_BYTES) + " bytes; nothing was changed'",
+           "jsonb_build_object('kind', 'key_length')")}
+  END IF;"""
+_KEY_ID = f"left(encode(sha256(decode('{KEY_ID_DOMAIN.hex()}', 'hex') || p_key), 'hex'), 16)"
+#: dp_spend_key_id into ``v_key_id``.
+_SPEND_KEY_ID = f"""{_KEY_BOUNDS}
+  v_key_id := {_KEY_ID};"""
+
+#: dp_check_release_key.
+_RELEASE_KEY_CHECK = f"""
+  IF p_account IS NULL OR length(p_account) > 200 OR p_dag_id IS NULL OR length(p_dag_id) > 250
+      OR p_run_id IS NULL OR length(p_run_id) > 250 OR p_task_id IS NULL OR length(p_task_id) > 250
+      OR p_map_index IS NULL OR p_release_name IS NULL OR length(p_release_name) > 200 THEN
+    {_fail(BAD_VALUE, "'a release key needs a dag_id, run_id and task_id of at most 250 characters, a map_index, and "
+           "a release name and account of at most 200 characters'", "jsonb_build_object('kind', 'release_key')")}
+  END IF;"""
+
+
+_BACKSLASH = "\\"
+#: A ``\\u`` escape of a UTF-16 surrogate, as a PostgreSQL regular expression (a backslash, then ``u``).
+_SURROGATE_ESCAPE = "\\\\u[dD][89a-fA-F]"
+_LONE_SURROGATE = "'%s holds a lone surrogate escape (a \\uD800-\\uDFFF not paired), which is not Unicode text'"
+
+
+def _check_json(text: str, name: str, max_chars: str, max_depth: str, json_type: str) -> str:
+    """Statements of dp_check_json (variables :data:`_CHECK_JSON_VARS`). The query for numbers beyond the readers
+    runs only when the text outside strings holds a suspect one (which needs an exponent or 25 characters)."""
+    return f"""
+  IF {text} IS NULL OR length({text}) > {max_chars} THEN
+    {_fail(BAD_VALUE, f"format('%s must be JSON text of at most %s characters', {name}, {max_chars})",
+           "jsonb_build_object('kind', 'json')")}
+  END IF;
+  -- the text outside strings; its brackets, then one level of empty pairs off per pass
+  v_bare := regexp_replace({text}, '"(\\\\.|[^"\\\\])*"', '', 'g');
+  v_shape := regexp_replace(v_bare, '[^][{{}}]+', '', 'g');
+  FOR i IN 1..{max_depth} LOOP
+    EXIT WHEN v_shape = '';
+    v_shape := regexp_replace(v_shape, '\\[\\]|\\{{\\}}', '', 'g');
+  END LOOP;
+  IF v_shape <> '' THEN
+    {_fail(BAD_VALUE, f"format('%s nests deeper than %s levels (or is not JSON)', {name}, {max_depth})",
+           "jsonb_build_object('kind', 'json')")}
+  END IF;
+  BEGIN
+    v_type := json_typeof({text}::json);
+  EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+    v_type := NULL;
+  END;
+  IF v_type IS NULL OR v_type <> coalesce({json_type}, v_type) THEN
+    {_fail(BAD_VALUE, f"format('%s must be a JSON %s', {name}, coalesce({json_type}, 'value'))",
+           "jsonb_build_object('kind', 'json')")}
+  END IF;
+  -- a \\u escape of a UTF-16 surrogate (rare): jsonb, which pairs them, decides (the readers refuse a lone one)
+  IF strpos({text}, '{_BACKSLASH}u') > 0 AND {text} ~ '{_SURROGATE_ESCAPE}' THEN
+    BEGIN
+      PERFORM {text}::jsonb;
+    EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+      {_fail(BAD_VALUE, "format(" + _LONE_SURROGATE + ", " + name + ")", "jsonb_build_object('kind', 'json')")}
+    END;
+  END IF;
+  -- one scan for the few numbers that could be beyond the readers, not a loop over every number
+  IF (length(v_bare) >= 25 OR strpos(v_bare, 'e') > 0 OR strpos(v_bare, 'E') > 0)
+      AND v_bare ~ '{_SUSPECT_NUMBER}' THEN
+    SELECT m[1] INTO v_number FROM regexp_matches(v_bare, '{_SUSPECT_NUMBER}', 'g') AS m
+      WHERE NOT dp_json_number_ok(m[1]) LIMIT 1;
+    IF v_number IS NOT NULL THEN
+      {_fail(BAD_VALUE, "format('%s holds the number %s, which the ledger''s readers refuse (finite doubles and "
+             "integers of at most " + f"{MAX_JSON_INTEGER_DIGITS:,}" + f" digits only)', {name}, CASE WHEN "
+             "length(v_number) <= 40 THEN v_number ELSE format('%s...%s (%s characters)', left(v_number, 20), "
+             "right(v_number, 10), length(v_number)) END)", "jsonb_build_object('kind', 'json_number')")}
+    END IF;
+  END IF;"""
+
+
+_CHECK_JSON_VARS = """
+  v_bare text;
+  v_shape text;
+  v_type text;
+  v_number text;"""
+
+
+def _context_value_ok(value: str) -> str:
+    """SQL: the value ``value`` (jsonb) of an audit context is one dp_context accepts: null, a string of at most
+    MAX_CONTEXT_VALUE_CHARS characters or an integer of at most 18 digits."""
+    return (f"(jsonb_typeof({value}) = 'null'\n"
+            f"        OR (jsonb_typeof({value}) = 'string' AND length({value} #>> '{{}}') <= "
+            f"{MAX_CONTEXT_VALUE_CHARS})\n"
+            f"        OR (jsonb_typeof({value}) = 'number' AND ({value} #>> '{{}}') ~ '^-?[0-9]{{1,18}}$'))")
+
+
+def _context_value_json(value: str) -> str:
+    """SQL: the value ``value`` (jsonb) of a checked audit context as canonical_json writes it."""
+    return (f"CASE jsonb_typeof({value}) WHEN 'string' THEN to_json({value} #>> '{{}}')::text "
+            f"WHEN 'number' THEN (({value} #>> '{{}}')::numeric)::text ELSE 'null' END")
+
+
+#: SQL over the rows ``key``, ``value`` of a checked context: its canonical_json (sorted keys, no whitespace).
+_CANONICAL_CONTEXT = (f"'{{' || coalesce(string_agg(to_json(key)::text || ':' || {_context_value_json('value')}, "
+                      "',' ORDER BY key COLLATE \"C\"), '') || '}'")
+
+
+def _spendable(account: str, row: str) -> str:
+    """Statements of dp_spendable_account: the account's row into ``row``, without a lock, then the caller's role
+    (dp_check_roles returns at once when ``allowed_roles`` is NULL: the query is saved then)."""
+    return f"""
+  SELECT * INTO {row} FROM dp_budget_accounts AS x WHERE x.name = {account};
+  IF NOT FOUND THEN
+    {_fail(ACCOUNT_NOT_FOUND, f"format('budget account %L is not in the ledger', {account})",
+           f"jsonb_build_object('account', {account})")}
+  END IF;
+  IF {row}.allowed_roles IS NOT NULL THEN
+    PERFORM dp_check_roles({row});
+  END IF;"""
+
+
+def _check_head(a: str, key: str, key_id: str) -> str:
+    """Statements of dp_check_head (variables :data:`_CHECK_HEAD_VARS`)."""
+    agrees = "{e}.spent_after = {a}.spent AND {e}.delta_spent_after = {a}.delta_spent"
+    head, own = agrees.format(e="v_head", a=a), agrees.format(e="v_own", a=a)
+    return f"""
+  IF coalesce({a}.audit_seq, 0) <> 0 THEN
+    SELECT * INTO v_head FROM dp_audit_events AS x WHERE x.account = {a}.name AND x.account_seq = {a}.audit_seq;
+    v_intact := FOUND AND coalesce(v_head.row_hash = {a}.audit_head AND {head}, false);
+    IF v_intact AND {a}.spend_key_id = {key_id} THEN
+      IF v_head.key_id = {key_id} THEN  -- the head is the key's newest event
+        v_intact := coalesce(dp_event_mac(v_head, {key}) = v_head.row_hash AND {head}, false);
+      ELSE
+        SELECT * INTO v_own FROM dp_audit_events AS x WHERE x.account = {a}.name AND x.key_id = {key_id}
+          ORDER BY x.account_seq DESC LIMIT 1;
+        IF v_own.id IS NOT NULL THEN
+          v_intact := coalesce(dp_event_mac(v_own, {key}) = v_own.row_hash AND {own}, false);
+        END IF;
+      END IF;
+    END IF;
+    IF NOT v_intact THEN
+      {_fail(CHAIN_BROKEN, f"format('budget account %L: its running totals or chain head disagree with the last "
+             "event of its audit chain (edited outside the ledger); nothing was changed. A privacy officer runs "
+             f"''dpctl ledger verify''', {a}.name)", f"jsonb_build_object('kind', 'head', 'account', {a}.name)")}
+    END IF;
+  END IF;"""
+
+
+_CHECK_HEAD_VARS = """
+  v_head dp_audit_events;
+  v_own dp_audit_events;
+  v_intact boolean;"""
+
+
+def _lock(account: str, key_id: str) -> str:
+    """Statements of AccountChain.lock, once the caller's role was checked on the unlocked row (variables
+    :data:`_LOCK_VARS`): lock the account row into ``a``, check the role again (allowed_roles may have changed in
+    between), read the stored totals (once: ``v_spent``, ``v_delta_spent``) and check the chain head.
+
+    The spend functions queue first on a row no spend changes, the account's first audit event (exclusive: no
+    login but the tables' owner may lock a row): the waiters for an account row that each call updates would all
+    wake at every commit to find its newer version and queue again, each of them, for every charge; on a row that
+    stays where it is they wait in turn, one woken per commit. The account's row lock is then taken at once (or
+    after the governor, which locks the row alone), and it is the lock that serialises the account's writes."""
+    return f"""
+  PERFORM FROM dp_audit_events AS x WHERE x.account = {account} AND x.account_seq = 1 FOR UPDATE;
+  SELECT * INTO a FROM dp_budget_accounts AS x WHERE x.name = {account} FOR UPDATE;
+  IF NOT FOUND THEN
+    {_fail(ACCOUNT_NOT_FOUND, f"format('budget account %L is not in the ledger', {account})",
+           f"jsonb_build_object('account', {account})")}
+  END IF;
+  IF a.allowed_roles IS NOT NULL THEN
+    PERFORM dp_check_roles(a);
+  END IF;
+  {_account_number("v_spent", "spent")}
+  {_account_number("v_delta_spent", "delta_spent")}{_check_head("a", "p_key", key_id)}"""
+
+
+_LOCK_VARS = _CHECK_HEAD_VARS + """
+  v_unlocked dp_budget_accounts;
+  v_spent numeric[];
+  v_delta_spent numeric[];"""
+
+
+def _key_check(key_id: str) -> str:
+    """Statements of dp_check_key: the account ``a`` accepts the spend key ``key_id``."""
+    return f"""
+  IF a.spend_key_id IS DISTINCT FROM {key_id} THEN
+    {_fail(KEY_REFUSED, "format('budget account %L accepts spend key id %L, not %L; nothing was changed', a.name, "
+           f"a.spend_key_id, {key_id})", "jsonb_build_object('kind', 'spend_key', 'account', a.name, 'accepts', "
+           f"a.spend_key_id, 'given', {key_id})")}
+  END IF;"""
+
+
+def _token_hash(token: str) -> str:
+    """SQL: the SHA-256 (hex) of the reservation token ``token``; NULL for one longer than MAX_TOKEN_CHARS (which
+    then matches no charge)."""
+    return (f"CASE WHEN length({token}) <= {MAX_TOKEN_CHARS} THEN encode(sha256(convert_to({token}, 'UTF8')), "
+            "'hex') END")
+
+
+def _owned_checks(key_id: str) -> str:
+    """Statements of Ledger._owned_charge once the account ``a`` is locked and the charge read into ``c``: the
+    reservation's account, release key, attempt and token (``v_token_hash``: :func:`_token_hash`), the spend key,
+    the state."""
+    return f"""
+  IF NOT coalesce(c.account = p_account AND c.dag_id = p_dag_id AND c.run_id = p_run_id AND c.task_id = p_task_id
+      AND c.map_index = p_map_index AND c.release_name = p_release_name AND c.attempt = p_attempt
+      AND c.token_hash = v_token_hash, false) THEN
+    {_fail(CHARGE_STATE, "format('charge %s is not this reservation''s (the account, release key, attempt or token "
+           "differ); nothing was changed', p_charge_id)", "jsonb_build_object('kind', 'not_owner')")}
+  END IF;{_key_check(key_id)}
+  IF c.state <> 'reserved' THEN
+    {_fail(CHARGE_STATE, "format('charge %s is %s, no longer reserved; nothing was changed, and the charge stays "
+           "spent', p_charge_id, c.state)", "jsonb_build_object('kind', 'state', 'state', c.state)")}
+  END IF;"""
+
+
+def _sign(e: str, key_id: str) -> str:
+    """Statements of dp_append before its INSERT: the event ``e`` as the next of the chain of the account ``a``,
+    signed with ``p_key``."""
+    return f"""
+  {e}.account := a.name;
+  {e}.account_seq := coalesce(a.audit_seq, 0) + 1;
+  {e}.spent_after := a.spent;
+  {e}.delta_spent_after := a.delta_spent;
+  {e}.created_at := coalesce({e}.created_at, {_ts_text("clock_timestamp()")});
+  {e}.key_id := {key_id};
+  {e}.prev_hash := coalesce(a.audit_head, '{GENESIS_HASH}');
+  {e}.row_hash := dp_event_mac({e}, p_key);"""
+
+
+def _insert_event(e: str) -> str:
+    """SQL: INSERT the event ``e``; nothing if another row holds its sequence number."""
+    return (f"INSERT INTO dp_audit_events ({', '.join(_EVENT_COLUMNS)})\n"
+            f"    VALUES ({', '.join(f'{e}.{name}' for name in _EVENT_COLUMNS)})\n"
+            "    ON CONFLICT DO NOTHING")
+
+
+def _seq_taken(e: str) -> str:
+    """Statements: refuse the event ``e`` whose sequence number another row holds (variable ``v_taken``)."""
+    return f"""
+    SELECT x.id INTO v_taken FROM dp_audit_events AS x WHERE x.account = a.name AND x.account_seq = {e}.account_seq;
+    {_fail(CHAIN_BROKEN, "format('budget account %L: audit row id=%s already holds sequence number %s, which the "
+           "ledger did not write; nothing was changed. A privacy officer runs ''dpctl ledger verify''', a.name, "
+           f"v_taken, {e}.account_seq)", "jsonb_build_object('kind', 'seq_taken', 'account', a.name, 'id', v_taken, "
+           f"'seq', {e}.account_seq)")}"""
+
+
+def _append(e: str, key_id: str) -> str:
+    """Statements of dp_append (variable ``v_taken``): ``a`` gets its new head."""
+    return f"""{_sign(e, key_id)}
+  {_insert_event(e)};
+  IF NOT FOUND THEN{_seq_taken(e)}
+  END IF;
+  a.audit_seq := {e}.account_seq;
+  a.audit_head := {e}.row_hash;"""
+
+
+#: dp_flush: the account ``a``'s running totals and chain head.
+_FLUSH = """
+  UPDATE dp_budget_accounts AS x SET spent = a.spent, delta_spent = a.delta_spent, audit_seq = a.audit_seq,
+    audit_head = a.audit_head, updated_at = clock_timestamp()
+  WHERE x.name = a.name;"""
+
+
+def _append_and_flush(e: str, key_id: str) -> str:
+    """Statements of dp_append then dp_flush, the INSERT and the UPDATE one statement: the account's row changes
+    only with its event in (and a refused event changes nothing)."""
+    return f"""{_sign(e, key_id)}
+  a.audit_seq := {e}.account_seq;
+  a.audit_head := {e}.row_hash;
+  WITH appended AS ({_insert_event(e)} RETURNING 1)
+  UPDATE dp_budget_accounts AS x SET spent = a.spent, delta_spent = a.delta_spent, audit_seq = a.audit_seq,
+    audit_head = a.audit_head, updated_at = clock_timestamp()
+  FROM appended WHERE x.name = a.name;
+  IF NOT FOUND THEN{_seq_taken(e)}
+  END IF;"""
+
+
+def _charge_event(e: str, event: str, c: str, context: str, details: str) -> str:
+    """Statements of dp_charge_event: ``e`` becomes the event ``event`` of the charge ``c``."""
+    fields = ["dag_id", "run_id", "task_id", "map_index", "release_name", "attempt", "try_number", "spec_hash",
+              "amount", "delta_amount", "mechanisms"]
+    return f"""
+  {e} := NULL;
+  {e}.event := {event};
+  {e}.charge_id := {c}.id;""" + "".join(f"\n  {e}.{name} := {c}.{name};" for name in fields) + f"""
+  {e}.context := {context};
+  {e}.details := {details};"""
+
+
+def _lease_check(now: str) -> str:
+    """Statements of dp_check_lease at ``now`` (variables :data:`_LEASE_VARS`). The key's charges are read by the
+    release-key index whatever plan the plan cache settles on (the account-and-state index would read every
+    reservation the account ever had, until vacuum)."""
+    return f"""
+  SELECT x.attempt, x.lease_expires_at INTO v_held_attempt, v_held_until
+    FROM (SELECT * FROM dp_charges AS x WHERE {_KEY_MATCHES} OFFSET 0) AS x
+    WHERE {_OF_ACCOUNT} AND x.state = 'reserved' AND {_live(now)}
+    ORDER BY x.attempt LIMIT 1;
+  IF FOUND THEN
+    {_fail(LEASE_HELD, "format('attempt %s of release %L (run %L, task %L) is still running and holds its lease "
+           "until %s; nothing was charged', v_held_attempt, p_release_name, p_run_id, p_task_id, "
+           "dp_ts_text(v_held_until))",
+           "jsonb_build_object('attempt', v_held_attempt, 'expires_at', dp_ts_text(v_held_until))")}
+  END IF;"""
+
+
+_LEASE_VARS = """
+  v_held_attempt integer;
+  v_held_until timestamp with time zone;"""
+
 
 HELPERS: tuple[Function, ...] = (
     Function("dp_fail", "p_code text, p_message text, p_detail jsonb", "void", """
@@ -163,9 +559,9 @@ BEGIN
   RETURN ARRAY[div(p_n, v_gcd), div(p_d, v_gcd)];
 END
 """, volatility="IMMUTABLE STRICT"),
-    Function("dp_q_text", "p_q numeric[]", "text", """
+    Function("dp_q_text", "p_q numeric[]", "text", f"""
 BEGIN
-  RETURN CASE WHEN p_q[2] = 1 THEN p_q[1]::text ELSE p_q[1]::text || '/' || p_q[2]::text END;
+  RETURN {_q_text("p_q")};
 END
 """, volatility="IMMUTABLE STRICT"),
     Function("dp_q_add", "p_a numeric[], p_b numeric[]", "numeric[]", """
@@ -246,8 +642,8 @@ BEGIN
     {_fail(BAD_VALUE, "format('%s %s is out of bounds: at most " + str(MAX_AMOUNT_NUMERATOR_DIGITS) + " digits "
            "over a denominator in (0, " + _M + "]', p_name, left(p_text, 60))", "jsonb_build_object('kind', 'amount')")}
   END IF;
-  v_q := dp_q(v_num::numeric, v_den::numeric);
-  IF dp_q_text(v_q) <> p_text THEN
+  v_q := ARRAY[v_num::numeric, v_den::numeric];
+  IF gcd(v_q[1], v_q[2]) <> 1 OR {_q_text("v_q")} <> p_text THEN
     {_fail(BAD_VALUE, "format('%s %s is not in lowest terms (write it as str(Fraction))', p_name, p_text)",
            "jsonb_build_object('kind', 'amount')")}
   END IF;
@@ -263,29 +659,19 @@ BEGIN
   RETURN CASE p_accountant {_ACCOUNTANT_UNITS} END;
 END
 """, volatility="IMMUTABLE"),
-    Function("dp_ts_text", "p_at timestamp with time zone", "text", """
+    Function("dp_ts_text", "p_at timestamp with time zone", "text", f"""
 BEGIN
-  RETURN to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US') || '+00:00';
+  RETURN {_ts_text("p_at")};
 END
 """, volatility="IMMUTABLE STRICT"),
     # the spend key's id as AuditKey.key_id computes it, after bounding the key
     Function("dp_spend_key_id", "p_key bytea", "text", f"""
-BEGIN
-  IF p_key IS NULL OR octet_length(p_key) < 32 OR octet_length(p_key) > {MAX_KEY_BYTES} THEN
-    {_fail(KEY_REFUSED, "'the spend key must have 32 to " + str(MAX_KEY_BYTES) + " bytes; nothing was changed'",
-           "jsonb_build_object('kind', 'key_length')")}
-  END IF;
-  RETURN left(encode(sha256(decode('{KEY_ID_DOMAIN.hex()}', 'hex') || p_key), 'hex'), 16);
+BEGIN{_KEY_BOUNDS}
+  RETURN {_KEY_ID};
 END
 """, volatility="IMMUTABLE"),
     Function("dp_check_release_key", f"p_account text, {_RELEASE_KEY_ARGS}", "void", f"""
-BEGIN
-  IF p_account IS NULL OR length(p_account) > 200 OR p_dag_id IS NULL OR length(p_dag_id) > 250
-      OR p_run_id IS NULL OR length(p_run_id) > 250 OR p_task_id IS NULL OR length(p_task_id) > 250
-      OR p_map_index IS NULL OR p_release_name IS NULL OR length(p_release_name) > 200 THEN
-    {_fail(BAD_VALUE, "'a release key needs a dag_id, run_id and task_id of at most 250 characters, a map_index, and "
-           "a release name and account of at most 200 characters'", "jsonb_build_object('kind', 'release_key')")}
-  END IF;
+BEGIN{_RELEASE_KEY_CHECK}
 END
 """, volatility="IMMUTABLE"),
     # a JSON number (a whole token of valid JSON) the ledger's readers accept (bounded.read_json): an integer of at
@@ -327,45 +713,8 @@ END
     # p_type (any type if NULL), every number one the ledger's readers accept (dp_json_number_ok)
     Function("dp_check_json", "p_text text, p_name text, p_max_chars integer, p_max_depth integer, p_type text",
              "void", f"""
-DECLARE
-  v_bare text;
-  v_shape text;
-  v_type text;
-  v_number text;
-BEGIN
-  IF p_text IS NULL OR length(p_text) > p_max_chars THEN
-    {_fail(BAD_VALUE, "format('%s must be JSON text of at most %s characters', p_name, p_max_chars)",
-           "jsonb_build_object('kind', 'json')")}
-  END IF;
-  -- the text outside strings; its brackets, then one level of empty pairs off per pass
-  v_bare := regexp_replace(p_text, '"(\\\\.|[^"\\\\])*"', '', 'g');
-  v_shape := regexp_replace(v_bare, '[^][{{}}]+', '', 'g');
-  FOR i IN 1..p_max_depth LOOP
-    EXIT WHEN v_shape = '';
-    v_shape := regexp_replace(v_shape, '\\[\\]|\\{{\\}}', '', 'g');
-  END LOOP;
-  IF v_shape <> '' THEN
-    {_fail(BAD_VALUE, "format('%s nests deeper than %s levels (or is not JSON)', p_name, p_max_depth)",
-           "jsonb_build_object('kind', 'json')")}
-  END IF;
-  BEGIN
-    v_type := json_typeof(p_text::json);
-  EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
-    v_type := NULL;
-  END;
-  IF v_type IS NULL OR v_type <> coalesce(p_type, v_type) THEN
-    {_fail(BAD_VALUE, "format('%s must be a JSON %s', p_name, coalesce(p_type, 'value'))",
-           "jsonb_build_object('kind', 'json')")}
-  END IF;
-  -- one scan for the few numbers that could be beyond the readers, not a loop over every number
-  SELECT m[1] INTO v_number FROM regexp_matches(v_bare, '{_SUSPECT_NUMBER}', 'g') AS m
-    WHERE NOT dp_json_number_ok(m[1]) LIMIT 1;
-  IF v_number IS NOT NULL THEN
-    {_fail(BAD_VALUE, "format('%s holds the number %s, which the ledger''s readers refuse (finite doubles and "
-           "integers of at most " + f"{MAX_JSON_INTEGER_DIGITS:,}" + " digits only)', p_name, CASE WHEN "
-           "length(v_number) <= 40 THEN v_number ELSE format('%s...%s (%s characters)', left(v_number, 20), "
-           "right(v_number, 10), length(v_number)) END)", "jsonb_build_object('kind', 'json_number')")}
-  END IF;
+DECLARE{_CHECK_JSON_VARS}
+BEGIN{_check_json("p_text", "p_name", "p_max_chars", "p_max_depth", "p_type")}
 END
 """, volatility="IMMUTABLE"),
     # an audit context (chain.audit_context): an object of AUDIT_CONTEXT_KEYS, values strings, integers or null
@@ -373,6 +722,9 @@ END
 DECLARE
   v_context jsonb;
   v_item record;
+  v_key text;
+  v_value jsonb;
+  v_checked integer := 0;
 BEGIN
   IF p_text IS NULL OR octet_length(p_text) > {MAX_CONTEXT_BYTES} THEN
     {_fail(BAD_VALUE, "'an audit context must be a JSON object of at most " + str(MAX_CONTEXT_BYTES) + " bytes'",
@@ -386,14 +738,23 @@ BEGIN
   IF v_context IS NULL OR jsonb_typeof(v_context) <> 'object' THEN
     {_fail(BAD_VALUE, "'an audit context must be a JSON object'", "jsonb_build_object('kind', 'context')")}
   END IF;
+  -- the keys it may have, one at a time (no query); the loop below, over its items, names the first it refuses
+  IF v_context - ARRAY[{_CONTEXT_KEYS}] = '{{}}'::jsonb THEN
+    FOREACH v_key IN ARRAY ARRAY[{_CONTEXT_KEYS}] LOOP
+      v_value := v_context -> v_key;
+      EXIT WHEN NOT (v_value IS NULL OR {_context_value_ok("v_value")});
+      v_checked := v_checked + 1;
+    END LOOP;
+    IF v_checked = {len(AUDIT_CONTEXT_KEYS)} THEN
+      RETURN v_context;
+    END IF;
+  END IF;
   FOR v_item IN SELECT key, value FROM jsonb_each(v_context) LOOP
     IF NOT v_item.key = ANY (ARRAY[{_CONTEXT_KEYS}]) THEN
       {_fail(BAD_VALUE, "format('audit context key %L is not one of [" + _CONTEXT_KEYS.replace("'", "''") + "]', "
              "v_item.key)", "jsonb_build_object('kind', 'context')")}
     END IF;
-    IF NOT (jsonb_typeof(v_item.value) = 'null'
-        OR (jsonb_typeof(v_item.value) = 'string' AND length(v_item.value #>> '{{}}') <= {MAX_CONTEXT_VALUE_CHARS})
-        OR (jsonb_typeof(v_item.value) = 'number' AND (v_item.value #>> '{{}}') ~ '^-?[0-9]{{1,18}}$')) THEN
+    IF NOT {_context_value_ok("v_item.value")} THEN
       {_fail(BAD_VALUE, "format('audit context %L must be a string (at most " + str(MAX_CONTEXT_VALUE_CHARS)
              + " characters), an integer or None', v_item.key)", "jsonb_build_object('kind', 'context')")}
     END IF;
@@ -402,12 +763,24 @@ BEGIN
 END
 """, volatility="IMMUTABLE"),
     # canonical_json of a checked context (sorted keys, no whitespace)
-    Function("dp_context_text", "p_context jsonb", "text", """
+    Function("dp_context_text", "p_context jsonb", "text", f"""
+DECLARE
+  v_key text;
+  v_value jsonb;
+  v_parts text[] := ARRAY[]::text[];
 BEGIN
-  RETURN (SELECT '{' || coalesce(string_agg(to_json(key)::text || ':' || CASE jsonb_typeof(value)
-      WHEN 'string' THEN to_json(value #>> '{}')::text
-      WHEN 'number' THEN ((value #>> '{}')::numeric)::text
-      ELSE 'null' END, ',' ORDER BY key COLLATE "C"), '') || '}'
+  IF jsonb_typeof(p_context) = 'object' THEN
+    IF p_context - ARRAY[{_CONTEXT_KEYS}] = '{{}}'::jsonb THEN  -- the audit context keys only: in their order
+      FOREACH v_key IN ARRAY ARRAY[{_CONTEXT_KEYS}] LOOP
+        v_value := p_context -> v_key;
+        IF v_value IS NOT NULL THEN
+          v_parts := v_parts || (to_json(v_key)::text || ':' || {_context_value_json("v_value")});
+        END IF;
+      END LOOP;
+      RETURN '{{' || array_to_string(v_parts, ',') || '}}';
+    END IF;
+  END IF;
+  RETURN (SELECT {_CANONICAL_CONTEXT}
     FROM jsonb_each(p_context));
 END
 """, volatility="IMMUTABLE STRICT"),
@@ -453,34 +826,8 @@ END
 """, volatility="STABLE"),
     # chain._check_head: the row must agree with the head of its chain (and with the newest event of its key)
     Function("dp_check_head", "a dp_budget_accounts, p_key bytea, p_key_id text", "void", f"""
-DECLARE
-  v_head dp_audit_events;
-  v_own dp_audit_events;
-  v_intact boolean;
-BEGIN
-  IF coalesce(a.audit_seq, 0) = 0 THEN
-    RETURN;
-  END IF;
-  SELECT * INTO v_head FROM dp_audit_events AS x WHERE x.account = a.name AND x.account_seq = a.audit_seq;
-  v_intact := FOUND AND coalesce(v_head.row_hash = a.audit_head AND v_head.spent_after = a.spent
-                                 AND v_head.delta_spent_after = a.delta_spent, false);
-  IF v_intact AND a.spend_key_id = p_key_id THEN
-    IF v_head.key_id = p_key_id THEN
-      v_own := v_head;
-    ELSE
-      SELECT * INTO v_own FROM dp_audit_events AS x WHERE x.account = a.name AND x.key_id = p_key_id
-        ORDER BY x.account_seq DESC LIMIT 1;
-    END IF;
-    IF v_own.id IS NOT NULL THEN
-      v_intact := coalesce(dp_event_mac(v_own, p_key) = v_own.row_hash AND v_own.spent_after = a.spent
-                           AND v_own.delta_spent_after = a.delta_spent, false);
-    END IF;
-  END IF;
-  IF NOT v_intact THEN
-    {_fail(CHAIN_BROKEN, "format('budget account %L: its running totals or chain head disagree with the last event "
-           "of its audit chain (edited outside the ledger); nothing was changed. A privacy officer runs ''dpctl "
-           "ledger verify''', a.name)", "jsonb_build_object('kind', 'head', 'account', a.name)")}
-  END IF;
+DECLARE{_CHECK_HEAD_VARS}
+BEGIN{_check_head("a", "p_key", "p_key_id")}
 END
 """, volatility="STABLE"),
     # the account the caller may spend from, read without a lock: its row, once the caller's role is checked
@@ -488,13 +835,7 @@ END
     Function("dp_spendable_account", "p_account text", "dp_budget_accounts", f"""
 DECLARE
   a dp_budget_accounts;
-BEGIN
-  SELECT * INTO a FROM dp_budget_accounts AS x WHERE x.name = p_account;
-  IF NOT FOUND THEN
-    {_fail(ACCOUNT_NOT_FOUND, "format('budget account %L is not in the ledger', p_account)",
-           "jsonb_build_object('account', p_account)")}
-  END IF;
-  PERFORM dp_check_roles(a);
+BEGIN{_spendable("p_account", "a")}
   RETURN a;
 END
 """, volatility="STABLE"),
@@ -502,30 +843,13 @@ END
     # have changed in between), the stored totals and the chain head
     Function("dp_lock_account", "p_account text, p_key bytea, p_key_id text", "dp_budget_accounts", f"""
 DECLARE
-  a dp_budget_accounts;
-BEGIN
-  PERFORM dp_spendable_account(p_account);
-  SELECT * INTO a FROM dp_budget_accounts AS x WHERE x.name = p_account FOR UPDATE;
-  IF NOT FOUND THEN
-    {_fail(ACCOUNT_NOT_FOUND, "format('budget account %L is not in the ledger', p_account)",
-           "jsonb_build_object('account', p_account)")}
-  END IF;
-  PERFORM dp_check_roles(a);
-  PERFORM dp_stored_number(a.spent, jsonb_build_object('what', format('budget account %L: spent', a.name),
-                                                       'account', a.name, 'column', 'spent'));
-  PERFORM dp_stored_number(a.delta_spent, jsonb_build_object('what', format('budget account %L: delta_spent',
-                                                             a.name), 'account', a.name, 'column', 'delta_spent'));
-  PERFORM dp_check_head(a, p_key, p_key_id);
+  a dp_budget_accounts;{_LOCK_VARS}
+BEGIN{_spendable("p_account", "v_unlocked")}{_lock("p_account", "p_key_id")}
   RETURN a;
 END
 """),
     Function("dp_check_key", "a dp_budget_accounts, p_key_id text", "void", f"""
-BEGIN
-  IF a.spend_key_id IS DISTINCT FROM p_key_id THEN
-    {_fail(KEY_REFUSED, "format('budget account %L accepts spend key id %L, not %L; nothing was changed', a.name, "
-           "a.spend_key_id, p_key_id)", "jsonb_build_object('kind', 'spend_key', 'account', a.name, 'accepts', "
-           "a.spend_key_id, 'given', p_key_id)")}
-  END IF;
+BEGIN{_key_check("p_key_id")}
 END
 """, volatility="IMMUTABLE"),
     # AccountChain.append: the next event of the account's chain, signed; returns the account with its new head
@@ -533,58 +857,20 @@ END
              "dp_budget_accounts", f"""
 DECLARE
   v_taken bigint;
-BEGIN
-  e.account := a.name;
-  e.account_seq := coalesce(a.audit_seq, 0) + 1;
-  e.spent_after := a.spent;
-  e.delta_spent_after := a.delta_spent;
-  e.created_at := coalesce(e.created_at, dp_ts_text(clock_timestamp()));
-  e.key_id := p_key_id;
-  e.prev_hash := coalesce(a.audit_head, '{GENESIS_HASH}');
-  e.row_hash := dp_event_mac(e, p_key);
-  INSERT INTO dp_audit_events ({", ".join(_EVENT_COLUMNS)})
-    VALUES ({", ".join(f"e.{name}" for name in _EVENT_COLUMNS)})
-    ON CONFLICT DO NOTHING;
-  IF NOT FOUND THEN
-    SELECT x.id INTO v_taken FROM dp_audit_events AS x WHERE x.account = a.name AND x.account_seq = e.account_seq;
-    {_fail(CHAIN_BROKEN, "format('budget account %L: audit row id=%s already holds sequence number %s, which the "
-           "ledger did not write; nothing was changed. A privacy officer runs ''dpctl ledger verify''', a.name, "
-           "v_taken, e.account_seq)", "jsonb_build_object('kind', 'seq_taken', 'account', a.name, 'id', v_taken, "
-           "'seq', e.account_seq)")}
-  END IF;
-  a.audit_seq := e.account_seq;
-  a.audit_head := e.row_hash;
+BEGIN{_append("e", "p_key_id")}
   RETURN a;
 END
 """),
     # AccountChain.flush
-    Function("dp_flush", "a dp_budget_accounts", "void", """
-BEGIN
-  UPDATE dp_budget_accounts AS x SET spent = a.spent, delta_spent = a.delta_spent, audit_seq = a.audit_seq,
-    audit_head = a.audit_head, updated_at = clock_timestamp()
-  WHERE x.name = a.name;
+    Function("dp_flush", "a dp_budget_accounts", "void", f"""
+BEGIN{_FLUSH}
 END
 """),
     # chain.charge_event_fields
-    Function("dp_charge_event", "p_event text, c dp_charges, p_context text, p_details text", "dp_audit_events", """
+    Function("dp_charge_event", "p_event text, c dp_charges, p_context text, p_details text", "dp_audit_events", f"""
 DECLARE
   e dp_audit_events;
-BEGIN
-  e.event := p_event;
-  e.charge_id := c.id;
-  e.dag_id := c.dag_id;
-  e.run_id := c.run_id;
-  e.task_id := c.task_id;
-  e.map_index := c.map_index;
-  e.release_name := c.release_name;
-  e.attempt := c.attempt;
-  e.try_number := c.try_number;
-  e.spec_hash := c.spec_hash;
-  e.amount := c.amount;
-  e.delta_amount := c.delta_amount;
-  e.mechanisms := c.mechanisms;
-  e.context := p_context;
-  e.details := p_details;
+BEGIN{_charge_event("e", "p_event", "c", "p_context", "p_details")}
   RETURN e;
 END
 """, volatility="IMMUTABLE"),
@@ -616,37 +902,16 @@ END
              "p_token text, p_key_id text", "dp_charges", f"""
 DECLARE
   c dp_charges;
+  v_token_hash text := {_token_hash("p_token")};
 BEGIN
-  SELECT * INTO c FROM dp_charges AS x WHERE x.id = p_charge_id;
-  IF NOT coalesce(c.account = p_account AND c.dag_id = p_dag_id AND c.run_id = p_run_id AND c.task_id = p_task_id
-      AND c.map_index = p_map_index AND c.release_name = p_release_name AND c.attempt = p_attempt
-      AND length(p_token) <= {MAX_TOKEN_CHARS}
-      AND c.token_hash = encode(sha256(convert_to(p_token, 'UTF8')), 'hex'), false) THEN
-    {_fail(CHARGE_STATE, "format('charge %s is not this reservation''s (the account, release key, attempt or token "
-           "differ); nothing was changed', p_charge_id)", "jsonb_build_object('kind', 'not_owner')")}
-  END IF;
-  PERFORM dp_check_key(a, p_key_id);
-  IF c.state <> 'reserved' THEN
-    {_fail(CHARGE_STATE, "format('charge %s is %s, no longer reserved; nothing was changed, and the charge stays "
-           "spent', p_charge_id, c.state)", "jsonb_build_object('kind', 'state', 'state', c.state)")}
-  END IF;
+  SELECT * INTO c FROM dp_charges AS x WHERE x.id = p_charge_id;{_owned_checks("p_key_id")}
   RETURN c;
 END
 """, volatility="STABLE"),
     # spend._raise_if_leased: another attempt of the key holds a live lease
     Function("dp_check_lease", f"p_account text, {_RELEASE_KEY_ARGS}, p_now timestamp with time zone", "void", f"""
-DECLARE
-  v_attempt integer;
-  v_lease timestamp with time zone;
-BEGIN
-  SELECT x.attempt, x.lease_expires_at INTO v_attempt, v_lease FROM dp_charges AS x
-    WHERE {_KEY_OF_ACCOUNT} AND x.state = 'reserved' AND {_LIVE.format(max=_MAX_LEASE)}
-    ORDER BY x.attempt LIMIT 1;
-  IF FOUND THEN
-    {_fail(LEASE_HELD, "format('attempt %s of release %L (run %L, task %L) is still running and holds its lease "
-           "until %s; nothing was charged', v_attempt, p_release_name, p_run_id, p_task_id, dp_ts_text(v_lease))",
-           "jsonb_build_object('attempt', v_attempt, 'expires_at', dp_ts_text(v_lease))")}
-  END IF;
+DECLARE{_LEASE_VARS}
+BEGIN{_lease_check("p_now")}
 END
 """, volatility="STABLE"),
 )
@@ -662,9 +927,9 @@ DECLARE
   v_key_id text;
   v_amount numeric[];
   v_delta numeric[];
-  v_spent numeric[];
-  v_delta_spent numeric[];
+  v_limit numeric[];
   v_remaining numeric[];
+  v_total numeric[];
   v_unit text;
   v_context text;
   v_now timestamp with time zone;
@@ -672,20 +937,23 @@ DECLARE
   v_lease timestamp with time zone;
   v_output text;
   v_attempt integer;
+  v_replay boolean;
+  v_reserved boolean;
+  v_charge_id bigint;
+  v_taken bigint;
   v_refused dp_audit_events;
   a dp_budget_accounts;
   c dp_charges;
-  e dp_audit_events;
+  e dp_audit_events;{_CHECK_JSON_VARS}{_LEASE_VARS}{_LOCK_VARS}
 BEGIN
-  v_key_id := dp_spend_key_id(p_key);
-  PERFORM dp_check_release_key(p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name);
-  v_amount := dp_amount(p_amount, 'amount', true);
-  v_delta := dp_amount(p_delta, 'delta', false);
-  PERFORM dp_check_json(p_mechanisms, 'mechanisms', {MAX_MECHANISMS_CHARS}, {MAX_JSON_DEPTH}, 'array');
+{_SPEND_KEY_ID}{_RELEASE_KEY_CHECK}
+  {_amount("v_amount", "p_amount", "amount", True)}
+  {_amount("v_delta", "p_delta", "delta", False)}{_check_json("p_mechanisms", "'mechanisms'", str(MAX_MECHANISMS_CHARS),
+                                                          str(MAX_JSON_DEPTH), "'array'")}
   IF p_spec_hash IS NULL OR length(p_spec_hash) > 64 THEN
     {_fail(BAD_VALUE, "'spec_hash must be text of at most 64 characters'", "jsonb_build_object('kind', 'spec_hash')")}
   END IF;
-  IF p_token_hash IS NULL OR p_token_hash !~ '^[0-9a-f]{{64}}$' THEN
+  IF p_token_hash IS NULL OR length(p_token_hash) <> 64 OR p_token_hash ~ '[^0-9a-f]' THEN
     {_fail(BAD_VALUE, "'token_hash must be the SHA-256 of the reservation token, in 64 lowercase hex digits'",
            "jsonb_build_object('kind', 'token_hash')")}
   END IF;
@@ -694,17 +962,7 @@ BEGIN
            "jsonb_build_object('kind', 'lease')")}
   END IF;
   v_context := dp_context_text(dp_context(p_context) || jsonb_build_object('db_role', session_user));
-  -- another team's login is refused before it reads the account's charges or waits for its lock
-  PERFORM dp_spendable_account(p_account);
-  -- before the lock, so tries polling a busy key do not queue on the account ahead of the owner's renewals
-  PERFORM dp_check_lease(p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, clock_timestamp());
-
-  a := dp_lock_account(p_account, p_key, v_key_id);
-  PERFORM dp_check_key(a, v_key_id);
-  IF v_delta[1] <> 0 AND a.accountant <> 'approx_dp' THEN
-    {_fail(BAD_VALUE, "format('account %L is %s: a charge on it has no delta part', a.name, a.accountant)",
-           "jsonb_build_object('kind', 'no_delta', 'account', a.name, 'accountant', a.accountant)")}
-  END IF;
+  -- what every event of this call records from the caller (a refusal's; a reservation's adds the charge)
   v_refused.event := 'refused';
   v_refused.dag_id := p_dag_id;
   v_refused.run_id := p_run_id;
@@ -717,45 +975,56 @@ BEGIN
   v_refused.delta_amount := p_delta;
   v_refused.mechanisms := p_mechanisms;
   v_refused.context := v_context;
+  -- another team's login is refused before it reads the account's charges or waits for its lock
+{_spendable("p_account", "v_unlocked")}
+  -- before the lock, so tries polling a busy key do not queue on the account ahead of the owner's renewals
+  v_now := clock_timestamp();{_lease_check("v_now")}
+{_lock("p_account", "v_key_id")}{_key_check("v_key_id")}
+  IF v_delta[1] <> 0 AND a.accountant <> 'approx_dp' THEN
+    {_fail(BAD_VALUE, "format('account %L is %s: a charge on it has no delta part', a.name, a.accountant)",
+           "jsonb_build_object('kind', 'no_delta', 'account', a.name, 'accountant', a.accountant)")}
+  END IF;
   IF NOT coalesce(a.allowed_dags::jsonb ? p_dag_id, false) THEN
-    v_refused.details := '{{"reason":"dag_not_allowed"}}';
-    a := dp_append(a, v_refused, p_key, v_key_id);
-    PERFORM dp_flush(a);
+    v_refused.details := '{{"reason":"dag_not_allowed"}}';{_append_and_flush("v_refused", "v_key_id")}
     RETURN jsonb_build_object('status', 'dag_not_allowed', 'allowed', a.allowed_dags::jsonb);
   END IF;
 
-  SELECT x.output INTO v_output FROM dp_charges AS x WHERE {_KEY_OF_ACCOUNT} AND x.state = 'committed'
-    ORDER BY x.attempt LIMIT 1;
-  IF FOUND THEN
+  -- the key's charges, in one query by the release-key index: the next attempt (numbered across accounts), and on
+  -- this account a committed output to replay (the first attempt's), and whether a reservation is left to take over
+  SELECT coalesce(max(x.attempt), 0) + 1,
+         coalesce(bool_or({_OF_ACCOUNT} AND x.state = 'committed'), false),
+         (array_agg(x.output ORDER BY x.attempt) FILTER (WHERE {_OF_ACCOUNT} AND x.state = 'committed'))[1],
+         coalesce(bool_or({_OF_ACCOUNT} AND x.state = 'reserved'), false)
+    INTO v_attempt, v_replay, v_output, v_reserved
+    FROM dp_charges AS x WHERE {_KEY_MATCHES};
+  IF v_replay THEN
     RETURN jsonb_build_object('status', 'replay', 'output', v_output);
   END IF;
   v_now := clock_timestamp();
-  FOR c IN SELECT * FROM dp_charges AS x WHERE {_KEY_OF_ACCOUNT} AND x.state = 'reserved' ORDER BY x.attempt LOOP
-    IF c.lease_expires_at > v_now AND c.lease_expires_at <= v_now + interval '{_MAX_LEASE} seconds' THEN
-      PERFORM dp_check_lease(p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, v_now);
-    END IF;
-    -- a try of this key on another account (a spec that changed account, or another team's DAG id) is not
-    -- this call's to take over: it stays reserved, and spent, until its own account's reconcile
-    a := dp_abandon_charge(a, c, p_key, v_key_id, v_context,
-                           'lease expired; a later attempt of the same release key took over');
-  END LOOP;
+  IF v_reserved THEN
+    FOR c IN SELECT * FROM (SELECT * FROM dp_charges AS x WHERE {_KEY_MATCHES} OFFSET 0) AS x
+        WHERE {_OF_ACCOUNT} AND x.state = 'reserved' ORDER BY x.attempt LOOP
+      IF c.lease_expires_at > v_now AND c.lease_expires_at <= v_now + interval '{_MAX_LEASE} seconds' THEN
+        PERFORM dp_check_lease(p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, v_now);
+      END IF;
+      -- a try of this key on another account (a spec that changed account, or another team's DAG id) is not
+      -- this call's to take over: it stays reserved, and spent, until its own account's reconcile
+      a := dp_abandon_charge(a, c, p_key, v_key_id, v_context,
+                             'lease expired; a later attempt of the same release key took over');
+    END LOOP;
+  END IF;
 
-  v_spent := dp_stored_number(a.spent, jsonb_build_object('what', format('budget account %L: spent', a.name),
-                                                          'account', a.name, 'column', 'spent'));
-  v_delta_spent := dp_stored_number(a.delta_spent, jsonb_build_object(
-    'what', format('budget account %L: delta_spent', a.name), 'account', a.name, 'column', 'delta_spent'));
-  v_remaining := dp_q_round(dp_q_sub(dp_stored_number(a.cap, jsonb_build_object(
-    'what', format('budget account %L: cap', a.name), 'account', a.name, 'column', 'cap')), v_spent), false);
-  IF dp_q_cmp(v_amount, v_remaining) > 0 THEN
+  {_account_number("v_limit", "cap")}
+  {_q_sum("v_remaining", "v_limit", "v_spent", "-", "false")}
+  IF v_amount[1] * v_remaining[2] > v_remaining[1] * v_amount[2] THEN
     v_unit := dp_unit(a.accountant);
     IF v_unit IS NULL THEN
       {_fail(BAD_VALUE, "format('unknown accountant %L', a.accountant)", "jsonb_build_object('kind', 'accountant')")}
     END IF;
   ELSIF a.accountant = 'approx_dp' THEN
-    v_remaining := dp_q_round(dp_q_sub(dp_stored_number(a.delta, jsonb_build_object(
-      'what', format('budget account %L: delta', a.name), 'account', a.name, 'column', 'delta')), v_delta_spent),
-      false);
-    IF dp_q_cmp(v_delta, v_remaining) > 0 THEN
+    {_account_number("v_limit", "delta")}
+    {_q_sum("v_remaining", "v_limit", "v_delta_spent", "-", "false")}
+    IF v_delta[1] * v_remaining[2] > v_remaining[1] * v_delta[2] THEN
       v_unit := 'delta';
     END IF;
   END IF;
@@ -763,14 +1032,11 @@ BEGIN
     IF v_remaining[1] < 0 THEN
       v_remaining := ARRAY[0, 1]::numeric[];
     END IF;
-    v_refused.details := '{{"reason":"budget_exhausted","remaining":' || to_json(dp_q_text(v_remaining))::text
-      || ',"unit":' || to_json(v_unit)::text || '}}';
-    a := dp_append(a, v_refused, p_key, v_key_id);
-    PERFORM dp_flush(a);
-    RETURN jsonb_build_object('status', 'budget_exhausted', 'unit', v_unit, 'remaining', dp_q_text(v_remaining));
+    v_refused.details := '{{"reason":"budget_exhausted","remaining":' || to_json({_q_text("v_remaining")})::text
+      || ',"unit":' || to_json(v_unit)::text || '}}';{_append_and_flush("v_refused", "v_key_id")}
+    RETURN jsonb_build_object('status', 'budget_exhausted', 'unit', v_unit, 'remaining', {_q_text("v_remaining")});
   END IF;
 
-  SELECT coalesce(max(x.attempt), 0) + 1 INTO v_attempt FROM dp_charges AS x WHERE {_KEY_MATCHES};
   v_created := clock_timestamp();
   v_lease := v_now + make_interval(secs => p_lease_seconds);
   INSERT INTO dp_charges (account, dag_id, run_id, task_id, map_index, release_name, attempt, state, amount,
@@ -778,16 +1044,20 @@ BEGIN
                           created_at, updated_at)
     VALUES (a.name, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, v_attempt, 'reserved', p_amount,
             p_delta, p_mechanisms, p_spec_hash, p_try_number, v_context, p_token_hash, v_lease, v_created, v_created)
-    RETURNING * INTO c;
-  a.spent := dp_q_text(dp_q_round(dp_q_add(v_spent, v_amount), true));
-  a.delta_spent := dp_q_text(dp_q_round(dp_q_add(v_delta_spent, v_delta), true));
-  e := dp_charge_event('reserved', c, v_context, NULL);
+    RETURNING id INTO v_charge_id;
+  {_q_sum("v_total", "v_spent", "v_amount", "+", "true")}
+  a.spent := {_q_text("v_total")};
+  {_q_sum("v_total", "v_delta_spent", "v_delta", "+", "true")}
+  a.delta_spent := {_q_text("v_total")};
+  -- the charge's event (dp_charge_event): the caller's fields as the charge stores them, and the charge's own
+  e := v_refused;
+  e.event := 'reserved';
+  e.charge_id := v_charge_id;
+  e.attempt := v_attempt;
   e.token_hash := p_token_hash;
-  e.created_at := dp_ts_text(v_created);
-  a := dp_append(a, e, p_key, v_key_id);
-  PERFORM dp_flush(a);
-  RETURN jsonb_build_object('status', 'reserved', 'charge_id', c.id, 'attempt', v_attempt,
-                            'lease_expires_at', dp_ts_text(v_lease));
+  e.created_at := {_ts_text("v_created")};{_append_and_flush("e", "v_key_id")}
+  RETURN jsonb_build_object('status', 'reserved', 'charge_id', v_charge_id, 'attempt', v_attempt,
+                            'lease_expires_at', {_ts_text("v_lease")});
 END
 """,
     definer=True,
@@ -796,20 +1066,39 @@ END
 
 _CONTEXTS_GIVEN = """
   v_base := dp_context(p_defaults);
-  v_over := dp_context(p_audit);
-"""
-#: The event's context: the defaults of the caller's process, the charge's stored context, the caller's ``audit``
-#: (chain.audit_context(audit, stored)), and the caller's database role.
-_CONTEXT_OF_CHARGE = """
-  v_context := dp_context_text(v_base || CASE WHEN coalesce(c.context, '') = '' THEN '{}'::jsonb
-    ELSE dp_context(c.context) END || v_over || jsonb_build_object('db_role', session_user));
-"""
+  v_over := dp_context(p_audit);"""
 
 
-def _owner_function(name: str, extra_args: str, declare: str, before: str, after: str) -> Function:
-    """A function acting on a reservation its caller owns: ``before`` (checks of the arguments), then lock the
-    charge's account and check the charge is the caller's (``Ledger._owned_charge``), then ``after`` (with ``a``,
-    ``c``, ``v_key_id``, and ``v_context`` if the function takes ``p_defaults`` and ``p_audit``)."""
+def _context_of_charge(c: str) -> str:
+    """SQL: the event's context: the defaults of the caller's process, the stored context of the charge ``c``, the
+    caller's ``audit`` (chain.audit_context(audit, stored)), and the caller's database role."""
+    return (f"dp_context_text(v_base || CASE WHEN coalesce({c}.context, '') = '' THEN '{{}}'::jsonb\n"
+            f"    ELSE dp_context({c}.context) END || v_over || jsonb_build_object('db_role', session_user))")
+
+
+#: Before the lock: the event's context from the charge as read without it (its context is a fixed column). A
+#: context it would refuse is left to the same step under the lock, which refuses it where it always did.
+_EARLY_CONTEXT = f"""
+  BEGIN
+    v_early_context := {_context_of_charge("v_charge")};
+  EXCEPTION WHEN OTHERS THEN
+    v_early_context := NULL;
+  END;"""
+
+_CONTEXT_OF_CHARGE = f"""
+  IF v_early_context IS NOT NULL AND c.context IS NOT DISTINCT FROM v_charge.context THEN
+    v_context := v_early_context;
+  ELSE
+    v_context := {_context_of_charge("c")};
+  END IF;"""
+
+
+def _owner_function(name: str, extra_args: str, declare: str, before: str, after: str, early: str = "") -> Function:
+    """A function acting on a reservation its caller owns: ``before`` (checks of the arguments), then read the
+    charge's account and check the caller's role there (without a lock), ``early`` (work that needs no lock), then
+    lock the account and check the charge is the caller's (``Ledger._owned_charge``), then ``after`` (with ``a``,
+    ``c``, ``v_key_id``, ``v_spent``, ``v_delta_spent``, and ``v_context`` if the function takes ``p_defaults`` and
+    ``p_audit``)."""
     audited = "p_defaults" in extra_args
     return Function(
         name,
@@ -818,19 +1107,26 @@ def _owner_function(name: str, extra_args: str, declare: str, before: str, after
         f"""
 DECLARE
   v_key_id text;
+  v_token_hash text;
   v_context text;
+  v_early_context text;
   v_base jsonb;
   v_over jsonb;
+  v_taken bigint;
+  v_charge dp_charges;
   a dp_budget_accounts;
   c dp_charges;
-  e dp_audit_events;{declare}
+  e dp_audit_events;{_LOCK_VARS}{declare}
 BEGIN
-  v_key_id := dp_spend_key_id(p_key);
-  PERFORM dp_check_release_key(p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name);
-{_CONTEXTS_GIVEN if audited else ""}{before}
-  a := dp_lock_account(dp_charge_account(p_charge_id), p_key, v_key_id);
-  c := dp_owned_charge(a, p_charge_id, p_account, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name,
-                       p_attempt, p_token, v_key_id);
+{_SPEND_KEY_ID}{_RELEASE_KEY_CHECK}{_CONTEXTS_GIVEN if audited else ""}{before}
+  SELECT * INTO v_charge FROM dp_charges AS x WHERE x.id = p_charge_id;
+  IF NOT FOUND THEN
+    {_fail(CHARGE_STATE, "format('charge %s does not exist; nothing was changed', p_charge_id)",
+           "jsonb_build_object('kind', 'missing')")}
+  END IF;{_spendable("v_charge.account", "v_unlocked")}
+  v_token_hash := {_token_hash("p_token")};{_EARLY_CONTEXT if audited else ""}{early}
+{_lock("v_charge.account", "v_key_id")}
+  SELECT * INTO c FROM dp_charges AS x WHERE x.id = p_charge_id;{_owned_checks("v_key_id")}
 {_CONTEXT_OF_CHARGE if audited else ""}{after}END
 """,
         definer=True,
@@ -839,42 +1135,37 @@ BEGIN
 
 _AUDITED = ", p_defaults text, p_audit text"
 
-_COMMIT = _owner_function("dp_commit", ", p_output text" + _AUDITED, """
-  v_digest text;""", """
-  PERFORM dp_check_json(p_output, 'output', """ + f"{MAX_OUTPUT_CHARS}, {READER_JSON_DEPTH}" + """, NULL);""", """
-  v_digest := encode(sha256(convert_to(p_output, 'UTF8')), 'hex');
+_COMMIT = _owner_function("dp_commit", ", p_output text" + _AUDITED, _CHECK_JSON_VARS + """
+  v_digest text;""", _check_json("p_output", "'output'", str(MAX_OUTPUT_CHARS), str(READER_JSON_DEPTH), "NULL"),
+    f"""
   UPDATE dp_charges AS x SET state = 'committed', output = p_output, output_digest = v_digest,
-    updated_at = clock_timestamp() WHERE x.id = c.id;
-  e := dp_charge_event('committed', c, v_context, NULL);
+    updated_at = clock_timestamp() WHERE x.id = c.id;{_charge_event("e", "'committed'", "c", "v_context", "NULL")}
   e.output_digest := v_digest;
-  e.proof := p_token;
-  a := dp_append(a, e, p_key, v_key_id);
-  PERFORM dp_flush(a);
+  e.proof := p_token;{_append_and_flush("e", "v_key_id")}
   RETURN jsonb_build_object('status', 'committed', 'output_digest', v_digest);
-""")
+""", early="""
+  v_digest := encode(sha256(convert_to(p_output, 'UTF8')), 'hex');""")
 
-_RELEASE = _owner_function("dp_release", _AUDITED, "", "", """
+_NO_NOISE = """'{"reason":"no noise was drawn"}'"""
+
+_RELEASE = _owner_function("dp_release", _AUDITED, "", "", f"""
   UPDATE dp_charges AS x SET state = 'released', updated_at = clock_timestamp() WHERE x.id = c.id;
-  a.spent := dp_q_text(dp_q_sub(
-    dp_stored_number(a.spent, jsonb_build_object('what', format('budget account %L: spent', a.name),
-                                                 'account', a.name, 'column', 'spent')),
+  -- rounded up to the ledger's resolution as every total is (accounting.round_up): exact differences would grow
+  -- the denominator release after release past what a stored number holds
+  a.spent := dp_q_text(dp_q_round(dp_q_sub(v_spent,
     dp_stored_number(c.amount, jsonb_build_object('what', format('charge %s: amount', c.id), 'charge', c.id,
-                                                  'column', 'amount'))));
-  a.delta_spent := dp_q_text(dp_q_sub(
-    dp_stored_number(a.delta_spent, jsonb_build_object('what', format('budget account %L: delta_spent', a.name),
-                                                       'account', a.name, 'column', 'delta_spent')),
+                                                  'column', 'amount'))), true));
+  a.delta_spent := dp_q_text(dp_q_round(dp_q_sub(v_delta_spent,
     dp_stored_number(c.delta_amount, jsonb_build_object('what', format('charge %s: delta_amount', c.id),
-                                                        'charge', c.id, 'column', 'delta_amount'))));
-  e := dp_charge_event('released', c, v_context, '{"reason":"no noise was drawn"}');
-  e.proof := p_token;
-  a := dp_append(a, e, p_key, v_key_id);
-  PERFORM dp_flush(a);
+                                                        'charge', c.id, 'column', 'delta_amount'))), true));
+{_charge_event("e", "'released'", "c", "v_context", _NO_NOISE)}
+  e.proof := p_token;{_append_and_flush("e", "v_key_id")}
   RETURN jsonb_build_object('status', 'released');
 """)
 
-_ABANDON = _owner_function("dp_abandon", _AUDITED, "", "", """
+_ABANDON = _owner_function("dp_abandon", _AUDITED, "", "", f"""
   a := dp_abandon_charge(a, c, p_key, v_key_id, v_context, 'its attempt failed after noise may have been drawn');
-  PERFORM dp_flush(a);
+{_FLUSH}
   RETURN jsonb_build_object('status', 'abandoned');
 """)
 

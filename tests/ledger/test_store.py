@@ -455,7 +455,7 @@ def test_a_sqlite_ledger_deleted_or_replaced_while_open_commits_nothing(tmp_path
         assert [c["state"] for c in spender(f"sqlite:///{path}").charges()] == ["reserved"]
 
 
-def test_releases_of_amounts_with_large_denominators_keep_the_total_readable(tmp_path):
+def test_releases_of_amounts_with_large_denominators_keep_the_total_readable(ledger_url):
     """Each reserve rounds the total up to the ledger's resolution (1/10^18); a release subtracting its exact
     amount did not, so three releases of 1/p (p prime near 10^18) grew the total's denominator past the 60 digits a
     stored number holds: the account refused every later reserve as edited, and verify alarmed for good. Releases
@@ -463,7 +463,7 @@ def test_releases_of_amounts_with_large_denominators_keep_the_total_readable(tmp
     from dp_operators.ledger import ReleaseKey
     from dp_operators.ledger.bounded import MAX_DIGITS
 
-    ledger = ledger_with(f"sqlite:///{tmp_path / 'ledger.db'}", a=account_config("pure_dp", cap=1))
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
     primes = [999999999999999989, 999999999999999967, 999999999999999877]
     reservations = [
         ledger.reserve(ReleaseKey("d", f"run-{i}", "t", -1, "r"), account="a", amount=Fraction(1, p), mechanisms=[],
@@ -476,5 +476,30 @@ def test_releases_of_amounts_with_large_denominators_keep_the_total_readable(tmp
     assert 0 <= spent <= Fraction(3, 10**18) and len(str(spent.denominator)) <= MAX_DIGITS
     ledger.reserve(ReleaseKey("d", "after", "t", -1, "r"), account="a", amount=Fraction(1, 10), mechanisms=[],
                    spec_hash="0" * 64)
-    report = governor(f"sqlite:///{tmp_path / 'ledger.db'}").verify()
+    report = governor(ledger_url).verify()
     assert report.ok, report.problems
+
+
+@pytest.mark.parametrize("ledger_url", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("text, refused", [('["\\udc00"]', True), ('{"\\ud83d": 1}', True),
+                                           ('["\\ud83d\\ude00"]', False), ('["\\\\udc00"]', False)])
+def test_the_spend_functions_refuse_a_lone_surrogate_escape_the_readers_refuse(ledger_url, text, refused):
+    """JSON allows a \\uDC00 escape alone, and PostgreSQL's json type and Python's json read one, but it is not
+    Unicode text: the stream reader cannot read it and the ledger's readers refuse it at any size, so dp_commit
+    refuses it (DPL06, nothing written); a surrogate pair and an escaped backslash are text like any other."""
+    from dp_operators.ledger import ReleaseKey
+    from dp_operators.ledger.bounded import BoundsError, read_json
+
+    ledger = ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    reservation = ledger.reserve(ReleaseKey("d", "r", "t", -1, "x"), account="a", amount=Fraction(1, 10),
+                                 mechanisms=[], spec_hash="0" * 64)
+    if refused:
+        with pytest.raises(BoundsError):
+            read_json(text)
+        with pytest.raises(ValueError, match="lone surrogate escape"):
+            ledger.commit(reservation, None, canonical=CanonicalOutput(text))
+        assert [c["state"] for c in ledger.charges()] == ["reserved"]
+    else:
+        ledger.commit(reservation, None, canonical=CanonicalOutput(text))
+        assert ledger.stored_output(ReleaseKey("d", "r", "t", -1, "x")) == read_json(text)
+        assert governor(ledger_url).verify().ok
