@@ -297,7 +297,7 @@ def recording_raw_connection(name: str, raw_connection, calls: list):
     def connect():
         pooled = raw_connection()
         return types.SimpleNamespace(driver_connection=_Recorded(name, pooled.driver_connection, calls),
-                                     close=pooled.close)
+                                     close=pooled.close, info=pooled.info, invalidate=pooled.invalidate)
 
     return connect
 
