@@ -292,7 +292,9 @@ def _check_json(text: str, name: str, max_chars: str, max_depth: str, json_type:
   -- a \\u escape of a UTF-16 surrogate (rare): jsonb, which pairs them, decides (the readers refuse a lone one)
   IF strpos({text}, '{_BACKSLASH}u') > 0 AND {text} ~ '{_SURROGATE_ESCAPE}' THEN
     BEGIN
-      PERFORM {text}::jsonb;
+      -- jsonb also refuses a \\u0000 escape, which the readers read: made a space first, which changes no pairing
+      -- (in an escaped backslash followed by "u0000" it stays an escaped backslash followed by "u0020")
+      PERFORM replace({text}, '{_BACKSLASH}u0000', '{_BACKSLASH}u0020')::jsonb;
     EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
       {_fail(BAD_VALUE, "format(" + _LONE_SURROGATE + ", " + name + ")", "jsonb_build_object('kind', 'json')")}
     END;

@@ -271,6 +271,7 @@ def test_dp_check_json_at_the_bounds_of_the_doubles_and_of_pythons_integers(pg_l
 @given(values=st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False),
                                  st.integers(-(10**MAX_JSON_INTEGER_DIGITS) + 1, 10**MAX_JSON_INTEGER_DIGITS - 1),
                                  st.text(max_size=20)), max_size=20))
+@example(values=["\x00\U00010000"])  # a \u0000 escape beside a surrogate pair: jsonb refuses the former alone
 def test_whatever_python_writes_as_json_the_function_accepts(pg_ledger, values):
     """json.dumps of finite floats, integers of up to 4,300 digits and strings is accepted."""
     assert _function_accepts(pg_ledger, json.dumps({"values": values}))
