@@ -217,7 +217,8 @@ def sqlite_file(url: sa.URL) -> Path | None:
     """The file of a SQLite ledger URL (``sqlite:///path`` or ``sqlite:///file:path?...&uri=true``); ``None`` for
     an in-memory database or another backend."""
     database = url.database
-    if url.get_backend_name() != "sqlite" or not database or database == ":memory:" or url.query.get("mode") == "memory":
+    if (url.get_backend_name() != "sqlite" or not database or database == ":memory:"
+            or url.query.get("mode") == "memory"):
         return None
     if database.startswith("file:"):
         database = unquote(urlsplit(database).path)
@@ -507,12 +508,8 @@ class LedgerBase:
 
     def _missing_sqlite_file(self) -> str | None:
         """The path of a SQLite ledger file that does not exist (checked before any connection creates it)."""
-        url = self.engine.url
-        database = url.database
-        if (url.get_backend_name() != "sqlite" or not database or database == ":memory:"
-                or database.startswith("file:") or url.query.get("mode") == "memory"):
-            return None
-        return None if Path(database).exists() else database
+        path = sqlite_file(self.engine.url)
+        return None if path is None or path.exists() else str(path)
 
     # -- reading ---------------------------------------------------------------------------------------------------
     def account(self, name: str) -> AccountStatus:

@@ -25,7 +25,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from fractions import Fraction
 
 import pytest
@@ -45,9 +44,9 @@ from dp_operators.ledger.pg_functions import (
     ROLE_NOT_ALLOWED,
     SPEND_FUNCTIONS,
 )
-from dp_operators.ledger.team_roles import apply_team_roles
 from ledger_backends import account_config
 from support import GOVERNOR_KEY, SPEND_KEY, governor, spender
+from team_deployment import Teams, team_deployment
 
 #: Seconds after which a call that should return at once counts as waiting (a bound, never a sleep).
 PROMPT = 20
@@ -314,69 +313,16 @@ def test_the_spend_functions_store_legitimate_outputs_and_mechanisms_that_verify
 # ---- another team is refused before any lock of the account ------------------------------------------------------
 
 
-@dataclass
-class Teams:
-    database: sa.URL
-    schema: str
-    spender_role: str = field(default_factory=lambda: _unique("lk_sp"))
-    governor_role: str = field(default_factory=lambda: _unique("lk_gov"))
-    team_a: str = field(default_factory=lambda: _unique("lk_team_a"))
-    team_b: str = field(default_factory=lambda: _unique("lk_team_b"))
-    login_a: str = field(default_factory=lambda: _unique("lk_login_a"))
-    login_b: str = field(default_factory=lambda: _unique("lk_login_b"))
-    engines: list[sa.Engine] = field(default_factory=list)
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        return (self.login_a, self.login_b, self.team_a, self.team_b, self.spender_role, self.governor_role)
-
-    def url(self, role: str = "postgres") -> str:
-        return (self.database.set(username=role).update_query_dict({"options": f"-csearch_path={self.schema}"})
-                .render_as_string(hide_password=False))
-
-    def engine(self, role: str, **kwargs) -> sa.Engine:
-        engine = sa.create_engine(self.url(role), **kwargs)
-        self.engines.append(engine)
-        return engine
-
-    def dispose(self) -> None:
-        for engine in self.engines:
-            engine.dispose()
-        self.engines.clear()
-
-
 @pytest.fixture(scope="module")
 def teams(pg_database: sa.URL) -> Iterator[Teams]:
     """Accounts ``a`` (team A's logins only) and ``b`` (team B's), both allowing the DAG ``d``."""
-    t = Teams(pg_database, _unique("t_lk"))
-    admin = sa.create_engine(pg_database, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE SCHEMA "{t.schema}"')
-            for role in (t.spender_role, t.governor_role):
-                conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
-        LedgerGovernor(t.url(), governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY).init_schema()
-        apply_team_roles(t.url(), [t.team_a, t.team_b], t.spender_role, t.governor_role, create=True)
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE ROLE "{t.login_a}" LOGIN IN ROLE "{t.team_a}"')
-            conn.exec_driver_sql(f'CREATE ROLE "{t.login_b}" LOGIN IN ROLE "{t.team_b}"')
-        officer = LedgerGovernor(t.url(t.governor_role), governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY)
-        officer.apply_config(LedgerConfig(version=1, accounts={
-            "a": account_config("pure_dp", cap=10, allowed_roles=[t.team_a]),
-            "b": account_config("pure_dp", cap=10, allowed_roles=[t.team_b]),
-        }))
-        officer.engine.dispose()
-        officer._reader.dispose()
+    with team_deployment(pg_database, "lk", _team_accounts) as t:
         yield t
-    finally:
-        t.dispose()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{t.schema}" CASCADE')
-            for role in t.roles:
-                if conn.exec_driver_sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'").first():
-                    conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
-                    conn.exec_driver_sql(f'DROP ROLE "{role}"')
-        admin.dispose()
+
+
+def _team_accounts(t: Teams) -> dict:
+    return {"a": account_config("pure_dp", cap=10, allowed_roles=[t.team_a]),
+            "b": account_config("pure_dp", cap=10, allowed_roles=[t.team_b])}
 
 
 def _key() -> ReleaseKey:
@@ -575,38 +521,14 @@ def old_teams(pg_database: sa.URL) -> Iterator[Teams]:
     """As ``teams``, in a schema of its own whose ``dp_charges`` has the release key's constraint of earlier
     versions (``uq_release_attempt``: the release key and attempt, not the account), as a ledger initialised before
     the change has it; no charge yet."""
-    t = Teams(pg_database, _unique("t_uq"))
-    admin = sa.create_engine(pg_database, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE SCHEMA "{t.schema}"')
-            for role in (t.spender_role, t.governor_role):
-                conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
-        LedgerGovernor(t.url(), governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY).init_schema()
+
+    def old_constraint(t: Teams) -> None:
         with t.engine("postgres").begin() as conn:
             conn.exec_driver_sql("ALTER TABLE dp_charges DROP CONSTRAINT uq_release_attempt_account, "
                                  f"ADD CONSTRAINT uq_release_attempt {_OLD_CONSTRAINT}")
-        apply_team_roles(t.url(), [t.team_a, t.team_b], t.spender_role, t.governor_role, create=True)
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE ROLE "{t.login_a}" LOGIN IN ROLE "{t.team_a}"')
-            conn.exec_driver_sql(f'CREATE ROLE "{t.login_b}" LOGIN IN ROLE "{t.team_b}"')
-        officer = LedgerGovernor(t.url(t.governor_role), governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY)
-        t.engines += [officer.engine, officer._reader]
-        officer.apply_config(LedgerConfig(version=1, accounts={
-            "a": account_config("pure_dp", cap=10, allowed_roles=[t.team_a]),
-            "b": account_config("pure_dp", cap=10, allowed_roles=[t.team_b]),
-        }))
-        t.dispose()
+
+    with team_deployment(pg_database, "uq", _team_accounts, after_init=old_constraint) as t:
         yield t
-    finally:
-        t.dispose()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{t.schema}" CASCADE')
-            for role in t.roles:
-                if conn.exec_driver_sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'").first():
-                    conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
-                    conn.exec_driver_sql(f'DROP ROLE "{role}"')
-        admin.dispose()
 
 
 def test_init_replaces_the_release_key_constraint_of_an_earlier_version(old_teams):

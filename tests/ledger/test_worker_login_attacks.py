@@ -19,7 +19,6 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
@@ -28,93 +27,26 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from dp_operators.cli import app
-from dp_operators.ledger import Ledger, LedgerConfig, LedgerGovernor, ReleaseKey, Reservation
+from dp_operators.ledger import Ledger, ReleaseKey, Reservation
 from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV
 from dp_operators.ledger.pg_functions import SPEND_FUNCTIONS
-from dp_operators.ledger.team_roles import apply_team_roles
 from ledger_backends import account_config
 from support import GOVERNOR_KEY, SPEND_KEY
+from team_deployment import Teams, team_deployment
 
 REPO = Path(__file__).resolve().parents[2]
 #: Peak resident memory ``dpctl ledger verify`` may take (docs/ledger.md: "under 75 MB", target "< 200 MB").
 VERIFY_RSS_LIMIT_MB = 200
 
 
-def _unique(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:10]}"
-
-
-@dataclass
-class Teams:
-    database: sa.URL
-    schema: str
-    spender_role: str = field(default_factory=lambda: _unique("atk_sp"))
-    governor_role: str = field(default_factory=lambda: _unique("atk_gov"))
-    team_a: str = field(default_factory=lambda: _unique("atk_team_a"))
-    team_b: str = field(default_factory=lambda: _unique("atk_team_b"))
-    login_a: str = field(default_factory=lambda: _unique("atk_login_a"))
-    login_b: str = field(default_factory=lambda: _unique("atk_login_b"))
-    engines: list[sa.Engine] = field(default_factory=list)
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        return (self.login_a, self.login_b, self.team_a, self.team_b, self.spender_role, self.governor_role)
-
-    def url(self, role: str = "postgres") -> str:
-        return (self.database.set(username=role).update_query_dict({"options": f"-csearch_path={self.schema}"})
-                .render_as_string(hide_password=False))
-
-    def ledger(self, role: str, **kwargs) -> Ledger:
-        ledger = Ledger(self.url(role), **{"audit_key": SPEND_KEY, **kwargs})
-        self.engines += [ledger.engine, ledger._reader]
-        return ledger
-
-    def officer(self) -> LedgerGovernor:
-        officer = LedgerGovernor(self.url(self.governor_role), governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY)
-        self.engines += [officer.engine, officer._reader]
-        return officer
-
-    def raw(self, role: str) -> sa.Engine:
-        engine = sa.create_engine(self.url(role), isolation_level="AUTOCOMMIT")
-        self.engines.append(engine)
-        return engine
-
-    def dispose(self) -> None:
-        for engine in self.engines:
-            engine.dispose()
-        self.engines.clear()
-
-
 @pytest.fixture(scope="module")
 def teams(pg_database: sa.URL) -> Iterator[Teams]:
-    t = Teams(pg_database, _unique("t_atk"))
-    admin = sa.create_engine(pg_database, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE SCHEMA "{t.schema}"')
-            for role in (t.spender_role, t.governor_role):
-                conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
-        LedgerGovernor(t.url(), governor_key=GOVERNOR_KEY, spend_key=SPEND_KEY).init_schema()
-        apply_team_roles(t.url(), [t.team_a, t.team_b], t.spender_role, t.governor_role, create=True)
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE ROLE "{t.login_a}" LOGIN IN ROLE "{t.team_a}"')
-            conn.exec_driver_sql(f'CREATE ROLE "{t.login_b}" LOGIN IN ROLE "{t.team_b}"')
-        t.officer().apply_config(LedgerConfig(version=1, accounts={
-            "a": account_config("pure_dp", cap=10, dags=("dag_a", "shared_dag"), allowed_roles=[t.team_a]),
-            "b": account_config("pure_dp", cap=10, dags=("dag_b", "shared_dag"), allowed_roles=[t.team_b]),
-            "shared": account_config("pure_dp", cap=10, dags=("shared_dag",)),
-        }))
-        t.dispose()
+    with team_deployment(pg_database, "atk", lambda t: {
+        "a": account_config("pure_dp", cap=10, dags=("dag_a", "shared_dag"), allowed_roles=[t.team_a]),
+        "b": account_config("pure_dp", cap=10, dags=("dag_b", "shared_dag"), allowed_roles=[t.team_b]),
+        "shared": account_config("pure_dp", cap=10, dags=("shared_dag",)),
+    }) as t:
         yield t
-    finally:
-        t.dispose()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{t.schema}" CASCADE')
-            for role in t.roles:
-                if conn.exec_driver_sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'").first():
-                    conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
-                    conn.exec_driver_sql(f'DROP ROLE "{role}"')
-        admin.dispose()
 
 
 @pytest.fixture(autouse=True)
