@@ -11,6 +11,7 @@ Environment: as ``adult_census_release`` (``DP_OPERATORS_ADULT_CSV``, ``DP_OPERA
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import pendulum
@@ -67,7 +68,8 @@ def adult_consistent_release():
         aggregates_task_id="compute_counts",
         output_uri=os.environ.get("DP_OPERATORS_OUTPUT_URI", f"file://{REPO / '.demo' / 'releases'}"),
         ledger_conn_id="dp_ledger_default",
-        retries=2,
+        retries=2,  # transient errors (storage, the ledger's database); a held lease waits without a try (ADR 31)
+        retry_delay=timedelta(seconds=30),
     )
     counts >> release
 

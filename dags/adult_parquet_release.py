@@ -26,6 +26,7 @@ The ledger connection is ``dp_ledger_default``; the account's ``allowed_dags`` m
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import pendulum
@@ -91,7 +92,8 @@ def adult_parquet_release():
         output_uri=os.environ.get("DP_OPERATORS_OUTPUT_URI", f"file://{REPO / '.demo' / 'releases'}"),
         output_formats=("json", "parquet"),
         ledger_conn_id="dp_ledger_default",
-        retries=2,
+        retries=2,  # transient errors (storage, the ledger's database); a held lease waits without a try (ADR 31)
+        retry_delay=timedelta(seconds=30),
     )
     staged >> release
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import pendulum
@@ -112,7 +113,8 @@ def adult_sql_release():
         # the released rows also go to a SQL table beside the source (idempotent: a replay rewrites the same rows)
         sql_sink=SQLTableSink(conn_id=CONN_ID, table=RELEASE_TABLE),
         ledger_conn_id="dp_ledger_default",
-        retries=2,
+        retries=2,  # transient errors (storage, the ledger's database); a held lease waits without a try (ADR 31)
+        retry_delay=timedelta(seconds=30),
     )
     load_adult() >> release
 

@@ -7,6 +7,7 @@ committed (:mod:`~dp_operators.operators.sinks`, :mod:`~dp_operators.operators.l
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseOperator, ObjectStoragePath
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowRescheduleException
 from sqlalchemy.exc import SQLAlchemyError
 
 from dp_operators.accounting import IncompatibleAccountantError
@@ -50,8 +51,9 @@ if TYPE_CHECKING:
 
 #: Refusals no retry can fix: Airflow must fail the task at once (DESIGN.md 7). Every ledger refusal is one
 #: (budget exhausted, DAG not allowed, unknown account, no schema, wrong spend key: configuration), except
-#: :class:`LeaseHeldError`, which is caught first: another try of the same release still holds its lease, and a
-#: later retry replays that try's output or takes over once the lease has expired.
+#: :class:`LeaseHeldError`, which is caught first and is no failure at all: another try of the same release still
+#: holds its lease, so the task is rescheduled to the lease's end (:func:`lease_wait_until`, ADR 31) without spending
+#: a try, and then replays that try's output or takes the release over.
 _PERMANENT = (LedgerError, ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError)
 
 
@@ -247,7 +249,9 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             # the original exception's text is not audited for data: it stays out of the task log
             raise AirflowFailException(str(error)) from None
         except LeaseHeldError as error:  # before _PERMANENT: a live try of the same release, not a refusal
-            raise AirflowException(lease_held_message(key, error)) from None
+            until = lease_wait_until(error, ledger.lease_seconds)
+            self.log.warning("%s", lease_held_message(key, error, until))
+            raise AirflowRescheduleException(until) from None
         except _PERMANENT as error:
             # the messages are self-contained; the chain's frames hold the true aggregates in their locals, which
             # error reporters (Sentry) capture
@@ -465,15 +469,46 @@ def _inside(inner: str, outer: str) -> bool:
     return inner_text == outer_text or inner_text.startswith(outer_text + "/")
 
 
-def lease_held_message(key: ReleaseKey, error: LeaseHeldError) -> str:
-    """The retryable task error for :class:`LeaseHeldError`: which try holds the lease, until when (UTC), and what
-    Airflow's retry will do. Public parameters only."""
-    until = error.expires_at.isoformat(timespec="seconds") if error.expires_at is not None else "it expires"
+#: A lease wait reschedules the task at least this far ahead: the ledger's clock (PostgreSQL's, or the holder's host)
+#: and the scheduler's may disagree by seconds, and a reschedule date in the scheduler's past would rerun the task at
+#: once, over and over, while the lease is still live.
+LEASE_WAIT_MIN = dt.timedelta(seconds=5)
+#: How far past the lease's end the task is rescheduled, so that the lease has expired when it runs again.
+LEASE_WAIT_MARGIN = dt.timedelta(seconds=1)
+
+
+def lease_wait_until(error: LeaseHeldError, lease_seconds: float, now: dt.datetime | None = None) -> dt.datetime:
+    """When a task that met another try's live lease runs again (UTC, timezone-aware): the lease's end plus
+    :data:`LEASE_WAIT_MARGIN`, at least :data:`LEASE_WAIT_MIN` from ``now`` and at most one lease (plus the margin)
+    from it, since no lease reaches further ahead than that on the ledger's clock. Public parameters only.
+
+    Args:
+        error: the ledger's refusal; ``expires_at`` is the holder's lease end (UTC), None if unknown.
+        lease_seconds: the ledger's lease length, in seconds (the connection's ``lease_seconds`` extra).
+        now: the current time (UTC); default the system clock.
+
+    Source: Airflow's reschedule (``AirflowRescheduleException``, the mechanism of sensors in ``reschedule`` mode):
+    the task instance waits in ``up_for_reschedule`` and runs again with the same try number (ADR 31).
+    """
+    now = now or dt.datetime.now(dt.timezone.utc)
+    longest = now + dt.timedelta(seconds=lease_seconds) + LEASE_WAIT_MARGIN
+    end = error.expires_at
+    if end is None:
+        return longest
+    if end.tzinfo is None:  # the ledger's timestamps are UTC
+        end = end.replace(tzinfo=dt.timezone.utc)
+    return min(max(end + LEASE_WAIT_MARGIN, now + LEASE_WAIT_MIN), longest)
+
+
+def lease_held_message(key: ReleaseKey, error: LeaseHeldError, until: dt.datetime) -> str:
+    """The task log's line for :class:`LeaseHeldError`: which try holds the lease, until when (UTC), and that the
+    task waits until ``until`` without spending a try. Public parameters only."""
+    lease_end = error.expires_at.isoformat(timespec="seconds") if error.expires_at is not None else "unknown"
     return (
         f"another try of release {key.release_name!r} (run {key.run_id!r}, ledger attempt {error.attempt}) is still "
-        f"running and holds the budget lease until {until}; nothing was charged. Airflow's retry will replay its "
-        "committed output, or take the release over after the lease expires if that try died (its charge stays "
-        "spent)"
+        f"running and holds the budget lease until {lease_end}; nothing was charged. This task waits (rescheduled "
+        f"to {until.isoformat(timespec='seconds')}, no try spent), then replays that try's committed output, or "
+        "takes the release over if that try died (its charge stays spent)"
     )
 
 
@@ -489,5 +524,6 @@ def _audit_context(context: Context) -> dict[str, Any]:
 
 
 __all__ = [
-    "RELEASE_ALIAS", "DPReleaseOperator", "PublishedRelease", "default_asset", "lease_held_message", "release_csv",
+    "LEASE_WAIT_MARGIN", "LEASE_WAIT_MIN", "RELEASE_ALIAS", "DPReleaseOperator", "PublishedRelease", "default_asset",
+    "lease_held_message", "lease_wait_until", "release_csv",
 ]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from dp_operators.operators.release import DPReleaseOperator, release_csv
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowRescheduleException
+from dp_operators.operators.release import LEASE_WAIT_MARGIN, LEASE_WAIT_MIN, DPReleaseOperator, release_csv
 from dp_operators.spec import SpecError
 
 from airflow_fakes import FakeAssetEvents, FakeTaskInstance, context_for, emitted_events
@@ -248,12 +248,13 @@ def _states(ledger) -> list[tuple[int, str]]:
     return [(charge["attempt"], charge["state"]) for charge in ledger.charges()]
 
 
-def test_a_second_try_while_the_first_holds_the_lease_is_retryable_and_a_later_one_replays(
-    tmp_path, ledger_conn, adult_aggregates, monkeypatch
+def test_a_second_try_while_the_first_holds_the_lease_waits_without_spending_a_try_then_replays(
+    tmp_path, ledger_conn, adult_aggregates, monkeypatch, capsys
 ):
     """Airflow can start try 2 while try 1 still draws (a zombie, a lost heartbeat). Try 2 must not be charged,
-    must not fail the task for good, and must say who holds the lease until when; once try 1 has committed, the
-    next try replays its output without reading the aggregates or charging. The lease is 3 s here (renewed every
+    must not fail, and must not spend a try: it is rescheduled to the lease's end (Airflow's reschedule keeps the
+    try number) and says who holds the lease until when; once try 1 has committed, the same try 2 runs again and
+    replays its output without reading the aggregates or charging. The lease is 3 s here (renewed every
     second, so a keeper stalled 2 s by a loaded machine still holds it) and try 1 draws until its first lease has
     ended: it holds the release only because the engine renews the lease while it draws."""
     import dp_operators.release.run as engine
@@ -298,16 +299,21 @@ def test_a_second_try_while_the_first_holds_the_lease_is_retryable_and_a_later_o
         while dt.datetime.now(dt.timezone.utc) <= first_end:  # past the unrenewed lease's end
             time.sleep(0.05)
         before = dt.datetime.now(dt.timezone.utc)
-        with pytest.raises(AirflowException) as refused:
+        capsys.readouterr()
+        with pytest.raises(AirflowRescheduleException) as waiting:
             operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, try_number=2)))
-        assert not isinstance(refused.value, AirflowFailException)  # Airflow retries it
-        message = str(refused.value)
-        assert message.startswith("another try of release 'adult_census_statistics'"), message
+        after = dt.datetime.now(dt.timezone.utc)
+        [message] = [line for line in task_log(capsys) if "holds the budget lease" in line]
+        assert "another try of release 'adult_census_statistics'" in message, message
         assert "ledger attempt 1) is still running" in message and "nothing was charged" in message
-        assert "will replay its committed output, or take the release over after the lease expires" in message
+        assert "This task waits (rescheduled to " in message and "no try spent" in message
         until = dt.datetime.fromisoformat(re.search(r"holds the budget lease until (\S+);", message).group(1))
         assert until >= before.replace(microsecond=0)  # renewed: the unrenewed lease has ended
-        assert refused.value.__cause__ is None and refused.value.__suppress_context__
+        # rescheduled past the renewed lease's end, within one lease (3 s, shorter than LEASE_WAIT_MIN) of now
+        wake, lease = waiting.value.reschedule_date, dt.timedelta(seconds=3.0)
+        assert wake.tzinfo is not None and wake > until
+        assert before + min(LEASE_WAIT_MIN, lease + LEASE_WAIT_MARGIN) <= wake <= after + lease + LEASE_WAIT_MARGIN
+        assert waiting.value.__cause__ is None and waiting.value.__suppress_context__
         # nothing charged, refused or published for try 2; try 1 still holds its reservation
         assert _states(ledger_conn) == [(1, "reserved")]
         assert [e["event"] for e in ledger_conn.events("census_adult")] == ["account_created", "reserved"]
@@ -319,7 +325,7 @@ def test_a_second_try_while_the_first_holds_the_lease_is_retryable_and_a_later_o
         thread.join(60)
     assert "error" not in first, first.get("error")
 
-    ti = FakeTaskInstance(None, try_number=3)  # the retry after try 1 committed: a replay
+    ti = FakeTaskInstance(None, try_number=2)  # try 2 run again once try 1 committed: a replay
     assert operator(tmp_path).execute(context_for(ti)) == first["output"]
     assert ti.pulls == [] and calls == ["try-1"]
     assert _states(ledger_conn) == [(1, "committed")]
@@ -406,3 +412,34 @@ def test_the_temporary_run_of_tasks_test_is_refused_before_the_charge(tmp_path, 
 def test_a_relative_output_location_is_refused_at_construction(tmp_path, location):
     with pytest.raises(ValueError, match="is a relative path; give a URI"):
         DPReleaseOperator(task_id="release", spec_path=EXAMPLE_SPEC, aggregates_task_id="x", output_uri=location)
+
+
+def _held(expires_at: dt.datetime | None):
+    from dp_operators.ledger import LeaseHeldError
+
+    return LeaseHeldError("held", attempt=1, expires_at=expires_at)
+
+
+NOW = dt.datetime(2026, 12, 6, 12, 0, tzinfo=dt.timezone.utc)
+
+
+@pytest.mark.parametrize(("expires_in", "waits"), [
+    pytest.param(60.0, 61.0, id="the lease's end and the margin"),
+    pytest.param(4.5, 5.5, id="a lease ending soon: its end and the margin"),
+    pytest.param(0.5, 5.0, id="a lease ending now: the least wait"),
+    pytest.param(-30.0, 5.0, id="a lease already over on the ledger's clock: the least wait, not the past"),
+    pytest.param(7200.0, 121.0, id="a lease beyond one lease from now (a clock ahead): one lease and the margin"),
+    pytest.param(None, 121.0, id="no lease end known: one lease and the margin"),
+])
+def test_a_held_lease_reschedules_to_its_end_within_one_lease(expires_in, waits):
+    from dp_operators.operators.release import lease_wait_until
+
+    end = None if expires_in is None else NOW + dt.timedelta(seconds=expires_in)
+    assert lease_wait_until(_held(end), 120.0, now=NOW) == NOW + dt.timedelta(seconds=waits)
+
+
+def test_a_naive_lease_end_is_read_as_utc():
+    from dp_operators.operators.release import lease_wait_until
+
+    naive = (NOW + dt.timedelta(seconds=60)).replace(tzinfo=None)
+    assert lease_wait_until(_held(naive), 120.0, now=NOW) == NOW + dt.timedelta(seconds=61)
