@@ -1,0 +1,30 @@
+"""Series: running totals released at every step of a scheduled series from one budget (continual release).
+
+:mod:`.strategies` (the factorizations ``A = B C`` of the prefix-sum matrix, their exact sensitivities under a
+contribution pattern, their step variances), :mod:`.plan` (the noise a budget sets, the planned errors, the choice
+of ``mechanism: auto``). Public parameters only; nothing here reads data. Decisions: docs/adr/0032.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name -> defining submodule, imported on first use (PEP 562)
+_LAZY = {
+    "BinaryTree": "strategies", "Participation": "strategies", "SquareRootToeplitz": "strategies",
+    "Strategy": "strategies", "SummedIncrements": "strategies", "prefix_sum_lower_bound": "strategies",
+    "strategies": "strategies",
+    "MECHANISMS": "plan", "Candidate": "plan", "SeriesPlan": "plan", "plan_series": "plan",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
