@@ -16,7 +16,9 @@ mapped otherwise                                refused: :class:`~airflow.sdk.ex
 ==============================================  ===========================================================
 
 A missing value (the upstream returned ``None`` or nothing) is refused by the caller, never replaced by another
-instance's value.
+instance's value. A value the upstream wrapped with :func:`~dp_operators.operators.xcom_aggregates.aggregates_for_xcom`
+(to carry NaN, infinities and exact decimals through XCom) is unwrapped here, so the caller sees what the upstream
+task computed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from dp_operators.operators.xcom_aggregates import XComAggregatesError, aggregates_from_xcom
+
 
 def _mapped_group_id(task: Any) -> str | None:
     group = task.get_closest_mapped_task_group()
@@ -33,13 +37,23 @@ def _mapped_group_id(task: Any) -> str | None:
 
 
 def pull_return_value(operator: Any, context: Any, upstream_id: str) -> Any:
-    """The return value of ``upstream_id`` that belongs to this task instance (see the module docstring).
+    """The return value of ``upstream_id`` that belongs to this task instance (see the module docstring), unwrapped
+    if the upstream returned :func:`~dp_operators.operators.xcom_aggregates.aggregates_for_xcom`.
 
     Returns ``None`` if that instance returned nothing.
 
     Raises:
-        AirflowFailException: the upstream is mapped in a way no single instance belongs to this release.
+        AirflowFailException: the upstream is mapped in a way no single instance belongs to this release, or it
+            returned an envelope of ``aggregates_for_xcom`` this version cannot read.
     """
+    pulled = _pull(operator, context, upstream_id)
+    try:
+        return aggregates_from_xcom(pulled)
+    except XComAggregatesError as error:
+        raise AirflowFailException(f"the return value of task {upstream_id!r}: {error}") from None
+
+
+def _pull(operator: Any, context: Any, upstream_id: str) -> Any:
     ti = context["ti"]
     map_index = -1 if getattr(ti, "map_index", None) is None else ti.map_index
     dag = operator.dag if operator.has_dag() else None

@@ -15,6 +15,9 @@ from pydantic import AfterValidator
 #: A release, aggregate or account name: a letter or ``_``, then letters, digits, ``_`` and ``-`` (matched with
 #: ``fullmatch``: no trailing newline).
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
+#: Names starting with this are dp_operators' own: the key of the XCom envelope of ``aggregates_for_xcom``
+#: (``__dp_operators_aggregates__``), which an aggregate of that name would be mistaken for.
+RESERVED_PREFIX = "__dp_"
 #: The longest release or aggregate name. Both become parts of file names (``<release>/...``, one folder name of at
 #: most 255 bytes on common filesystems) and of the SQL sink's rows and release key.
 MAX_NAME_LENGTH = 200
@@ -29,6 +32,9 @@ def check_name(value: str, what: str) -> str:
     most :data:`MAX_NAME_LENGTH` characters; else ValueError saying which rule it breaks."""
     if not NAME.fullmatch(value):
         raise ValueError(f"{what} use letters, digits, '_' and '-', got {value!r}")
+    if value.startswith(RESERVED_PREFIX):
+        raise ValueError(f"{what} cannot start with {RESERVED_PREFIX!r} (dp_operators' own keys, such as the XCom "
+                         f"envelope of aggregates_for_xcom, use it), got {value!r}: rename it")
     if len(value) > MAX_NAME_LENGTH:
         raise ValueError(
             f"{what} are at most {MAX_NAME_LENGTH} characters (they become parts of file names and of the SQL "

@@ -92,6 +92,17 @@ def test_a_name_with_other_characters_is_refused(name):
     assert "release: release names use letters, digits, '_' and '-'" in refusal(spec_text(release=name))
 
 
+def test_an_aggregate_named_like_the_xcom_envelope_is_refused():
+    """An upstream mapping holding an aggregate ``__dp_operators_aggregates__`` would be read as the envelope of
+    ``aggregates_for_xcom``: the name is refused when the spec is loaded, as every ``__dp_`` name is."""
+    from dp_operators.operators.xcom_aggregates import ENVELOPE
+
+    message = refusal(spec_text(name=ENVELOPE))
+    assert "aggregate names cannot start with '__dp_'" in message and "rename it" in message
+    assert "release names cannot start with '__dp_'" in refusal(spec_text(release="__dp_release"))
+    assert parse_spec(spec_text(name="_dp_counts")).aggregates  # one underscore is an ordinary name
+
+
 def test_the_shipped_specs_still_validate():
     specs = sorted((REPO / "config" / "releases").glob("*.yaml"))
     assert specs
