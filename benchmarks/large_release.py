@@ -256,6 +256,7 @@ def operator_child(folder: Path) -> dict:
     sys.path.insert(0, str(REPO / "tests"))
     from airflow_fakes import NoXComTaskInstance, context_for
 
+    from dp_operators.operators.locations import storage_path_of
     from dp_operators.operators.release import DPReleaseOperator
 
     operator = DPReleaseOperator(
@@ -269,9 +270,9 @@ def operator_child(folder: Path) -> dict:
     operator.execute(context_for(ti))
     result["operator_s"] = time.perf_counter() - start
     result["operator_peak_mb"] = peak_rss_mb()
-    sink = operator.published.locations["parquet"]
-    result["sink_rows"] = pq.read_metadata(sink.removeprefix("file://")).num_rows
-    result["sink_mb"] = Path(sink.removeprefix("file://")).stat().st_size / 2**20
+    sink = storage_path_of(operator.published.locations["parquet"]).path  # a published URI, percent-encoded
+    result["sink_rows"] = pq.read_metadata(sink).num_rows
+    result["sink_mb"] = Path(sink).stat().st_size / 2**20
     return result
 
 

@@ -243,7 +243,7 @@ def test_a_forged_parquet_value_is_named_by_its_row(published, tree):
     table = pq.read_table(path)
     values = table.column("value").to_pylist()
     values[3] += 1
-    forged = table.set_column(3, table.schema.field("value"), pa.array(values, pa.float64()))
+    forged = table.set_column(3, table.schema.field("value"), pa.array(values, table.schema.field("value").type))
     pq.write_table(forged, path, compression="snappy")
     found = verdicts(verify(published, tree, "--json"))[str(path)]
     assert found["verdict"] == "differs"

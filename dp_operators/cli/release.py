@@ -119,7 +119,8 @@ def _shown_half_width(row: dict) -> str:
 
 @release_app.command("verify")
 def release_verify(
-    path: Annotated[str, typer.Argument(help="A release file or a folder of them: a local path or a URI (s3://...).")],
+    path: Annotated[str, typer.Argument(help="A release file or a folder of them: a local path or a URI (s3://...), "
+                                        "such as a published location.")],
     url: UrlOption = None,
     conn_id: ConnOption = None,
     output_uri: Annotated[
@@ -134,7 +135,8 @@ def release_verify(
     For each .json release (and its .csv and .parquet siblings) under PATH: the file must be exactly
     what the operator writes for the committed output of its release key (the JSON's release_key): the JSON
     equal and byte for byte, the CSV byte for byte, the Parquet file byte for byte or (written by another pyarrow
-    version) the same table, which the verdict says. Its path must be its key's location under the output root
+    version) the same table, or (written before values were typed) the same values, which the verdict says; numbers
+    are compared exactly, never through doubles. Its path must be its key's location under the output root
     (--output-uri, else the root the folders show), so a file copied into another DAG's folder is caught.
     Diagnostics reports are skipped. Reading needs no key; run 'dpctl ledger verify' to authenticate the ledger
     itself.
@@ -143,12 +145,12 @@ def release_verify(
     1 when PATH or the ledger cannot be read.
     """
     from dp_operators.ledger import Ledger
-    from dp_operators.operators.verification import release_files, storage_path, verify_published
+    from dp_operators.operators.verification import located_path, release_files, verify_published
 
     with _ledger_errors():
         ledger = Ledger(_locate(url, conn_id).url)  # reading needs no spend key
         ledger.check_schema()
-        root = storage_path(path)
+        root = located_path(path)
         try:
             files = release_files(root)
         except FileNotFoundError:

@@ -96,8 +96,11 @@ class ReleaseLineageMixin:
         if lineage is None or published is None:
             return lineage
         from dp_operators.operators import lineage_facets
+        from dp_operators.operators.locations import storage_path_of
 
-        lineage.outputs.extend(lineage_facets.dataset_for_uri(uri) for _, uri in sorted(published.locations.items()))
+        # OpenLineage names a file by its path or object key (naming spec), not by a URI: the published URI decoded
+        lineage.outputs.extend(lineage_facets.dataset_for_uri(str(storage_path_of(uri)))
+                               for _, uri in sorted(published.locations.items()))
         sink_conn_id = getattr(getattr(self, "sql_sink", None), "conn_id", None)
         if published.sql_table and sink_conn_id:
             try:

@@ -16,12 +16,17 @@ So:
   (``..``, ``.``, absolute paths) or hide as a dot-file; :func:`release_stem` checks the result lies under the base;
 * a path can be read back to its release key (:func:`decode_component`), which an auditor uses to match files to
   ledger rows.
+
+So a folder name holds a literal ``%`` (``manual__2026-01-01T00%3A00%3A00%2B00%3A00``). ``ObjectStoragePath``
+(fsspec) writes a path as the text it is given, while every URI reader (urllib, pandas, pyarrow) percent-decodes a
+URI's path once: the URI a file is published under (XCom, asset events, the extra link, rows files in the ledger) is
+therefore :func:`published_uri`, which encodes that ``%`` as ``%25``; :func:`storage_path_of` reads it back.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import quote, unquote, urlsplit
 
 from airflow.sdk import ObjectStoragePath
 
@@ -60,6 +65,45 @@ def encode_component(text: str) -> str:
 def decode_component(component: str) -> str:
     """The inverse of :func:`encode_component`."""
     return unquote(component, encoding="utf-8", errors="strict")
+
+
+def published_uri(path: ObjectStoragePath) -> str:
+    """The URI a file written at ``path`` is published under: an RFC 3986 URI whose path, percent-decoded once
+    (section 2.1), is the file's real path (or object key). A local file (``file://`` or a bare path) as
+    :meth:`pathlib.PurePath.as_uri` writes it; an object store's ``<protocol>://<bucket>`` kept, its key encoded by
+    :func:`urllib.parse.quote` (UTF-8, only ``/`` and the unreserved characters left as they are). Opens as it is
+    with ``urllib.request.urlopen``, pandas and ``pyarrow.fs.FileSystem.from_uri``; fsspec and ``ObjectStoragePath``
+    take a URI's path text as the path: give them :func:`storage_path_of` of it."""
+    if _is_local(path):
+        return Path(path.path).as_uri()
+    scheme, _, rest = str(path).partition("://")
+    authority, slash, key = rest.partition("/")
+    return f"{scheme}://{authority}{slash}{quote(key, safe='/')}"
+
+
+def storage_path_of(uri: str) -> ObjectStoragePath:
+    """The file a URI from :func:`published_uri` names: its path percent-decoded once (the inverse).
+
+    Raises:
+        ValueError: not ``<scheme>://...``, a query or fragment, a ``file`` URI naming another host, or a path that
+            is not UTF-8 once decoded (no URI :func:`published_uri` writes).
+    """
+    parts = urlsplit(uri)
+    if not parts.scheme or not uri.lower().startswith(f"{parts.scheme}://") or parts.query or parts.fragment:
+        raise ValueError(f"{uri!r} is not a URI of a published file (<scheme>://<path>, no query or fragment)")
+    try:
+        path = unquote(parts.path, encoding="utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise ValueError(f"the path of {uri!r} is not UTF-8 once percent-decoded") from None
+    if parts.scheme in ("file", "local"):
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"{uri!r} names a file on another host ({parts.netloc})")
+        return ObjectStoragePath(f"file://{path}")
+    return ObjectStoragePath(f"{parts.scheme}://{parts.netloc}{path}")
+
+
+def _is_local(path: ObjectStoragePath) -> bool:
+    return path.protocol in ("file", "local", "")
 
 
 def release_folder(base_uri: str, key: ReleaseKey) -> ObjectStoragePath:
@@ -141,7 +185,7 @@ def check_publishable(base_uri: str, key: ReleaseKey) -> ObjectStoragePath:
 
 def _check_no_links(base: ObjectStoragePath, folder: ObjectStoragePath) -> None:
     """On local storage, refuse a symbolic link at any level below ``base`` down to ``folder``."""
-    if base.protocol not in ("file", "local", ""):
+    if not _is_local(base):
         return
     root = Path(base.path)
     current = root

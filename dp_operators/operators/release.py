@@ -37,11 +37,17 @@ from dp_operators.operators.assets import (
 )
 from dp_operators.operators.gate import load_planned_spec
 from dp_operators.operators.lineage import ReleaseLineageMixin
-from dp_operators.operators.locations import check_publishable, diagnostics_file, release_folder, release_stem
+from dp_operators.operators.locations import (
+    check_publishable,
+    diagnostics_file,
+    published_uri,
+    release_folder,
+    release_stem,
+)
 from dp_operators.operators.sinks import ObjectStorageRowsStore, SQLTableSink, check_formats, release_csv, write_files
 from dp_operators.operators.flat_rows import NotInlineError
 from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, ROWS_SUFFIX, RowsFileError
-from dp_operators.release.run import check_inline_rows_limit, filed_aggregates, too_large_inline
+from dp_operators.release.run import check_inline_rows_limit, filed_aggregates, filed_value_problem, too_large_inline
 from dp_operators.operators.sources import is_reference, read_reference
 from dp_operators.operators.upstream import describe_missing, pull_return_value
 from dp_operators.spec import load_spec_with_hash
@@ -64,7 +70,9 @@ class PublishedRelease:
     Attributes:
         output: the committed release (plain JSON, canonical key order).
         replayed: True when the release key was already committed (nothing charged, no asset event).
-        locations: format (``json``, ``csv``, ``parquet``) -> URI of the file written.
+        locations: format (``json``, ``csv``, ``parquet``) -> URI of the file written
+            (:func:`~dp_operators.operators.locations.published_uri`: RFC 3986, its path percent-decoded once is the
+            file's, so a folder's ``%3A`` is ``%253A`` in it).
         sql_table: the SQL sink's table, if any.
     """
 
@@ -116,7 +124,9 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             see them. Default None: no report (the task log never holds such numbers). (templated)
 
     Returns (XCom ``return_value``): the published release, plain JSON; identical, byte for byte, on every replay.
-    Also pushes XCom ``release_location``: the JSON file's URI (the "DP release" extra link).
+    Also pushes XCom ``release_location``: the JSON file's URI (the "DP release" extra link), as every published
+    location, an RFC 3986 URI whose path percent-decoded once is the file's
+    (:func:`~dp_operators.operators.locations.published_uri`).
 
     Raises:
         ValueError: at construction, neither or both of ``aggregates_task_id`` and ``aggregates_uri``, or an unknown
@@ -204,7 +214,7 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             limit = check_inline_rows_limit(kwargs.get("inline_rows_limit", INLINE_ROWS_LIMIT))
             problem = rows_files_problem(
                 spec, limit, kwargs.get("output_uri", "<expanded>"),
-                check_formats(kwargs["output_formats"]) if "output_formats" in kwargs else ("json", "parquet"),
+                check_formats(kwargs["output_formats"]) if "output_formats" in kwargs else ("json",),
                 kwargs.get("sql_sink"),
             )
             if problem:
@@ -384,7 +394,7 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             if self.output_uri:
                 written = write_files(output, release_folder(self.output_uri, key), release_stem(key),
                                       self.output_formats, rows_store=self._rows_store(key))
-                locations = {fmt: str(path) for fmt, path in written.items()}
+                locations = {fmt: published_uri(path) for fmt, path in written.items()}
             if self.sql_sink is not None:
                 self.sql_sink.write(output)
         except AirflowFailException:  # a sink's own refusal (e.g. the connection is not SQL): no retry fixes it
@@ -429,12 +439,18 @@ TEMPORARY_RUN_PREFIX = "__airflow_temporary_run_"
 
 def rows_files_problem(spec: Any, limit: int | None, output_uri: str | None, formats: Sequence[str],
                        sql_sink: Any) -> str | None:
-    """What keeps ``spec``'s large aggregates from being published with these arguments (public parameters only;
-    checked when the DAG is parsed and again before the ledger is called), or None."""
+    """What keeps ``spec``'s large aggregates, or its values in Parquet, from being published with these arguments
+    (public parameters only; checked when the DAG is parsed and again before the ledger is called), or None."""
     refusal = too_large_inline(spec, limit)
     if refusal:
         return refusal
     filed = filed_aggregates(spec, limit)
+    # a Parquet file (the parquet format, or rows files) holds each value exactly: a sum's grid needs a decimal form
+    parquet = [a.name for a in spec.aggregates] if "parquet" in formats else filed
+    problem = filed_value_problem(spec, parquet) if parquet else None
+    if problem:
+        return f"its Parquet {'file' if 'parquet' in formats else 'rows files'} cannot hold every value exactly: " \
+               f"{problem}"
     if not filed:
         return None
     why = f"aggregate(s) {filed} release more than inline_rows_limit={limit} cells, so their rows go to Parquet " \

@@ -9,7 +9,9 @@ content, byte for byte in files, row for row in the table.
 The flat table of a release, :func:`release_rows` (:mod:`dp_operators.operators.flat_rows`), is the one shape the
 CSV, the Parquet file and the SQL table share: one row per released value (a grouped aggregate gives one row per
 released key; an ungrouped one, one row), aggregates sorted by name, rows in the output's order (the engine's key
-order).
+order). Every value is published exactly: the Parquet ``value`` column's type comes from the release's public
+parameters (:func:`parquet_schema`), the SQL ``value`` column holds any number exactly
+(:func:`~dp_operators.operators.sql_sink.sql_release_table`), the CSV writes the JSON's numbers.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from dp_operators.operators.flat_rows import COLUMNS, release_rows
 from dp_operators.release import rows_file
+from dp_operators.release.value_types import ValueType, output_value_types, value_columns
 from dp_operators.operators.sql_sink import SQLTableSink, row_digest, sql_release_table
 
 __all__ = [
@@ -66,58 +71,156 @@ def _csv_field(value: Any) -> Any:
     return value
 
 
-def parquet_schema() -> pa.Schema:
-    """The Arrow schema of the Parquet file: :data:`COLUMNS`; ``value``, ``half_width``, ``confidence``, ``lower``
-    and ``upper`` as float64 (a count above 2**53 is rounded to the nearest double; the JSON and CSV keep it exact),
-    ``saturated`` as bool; only ``half_width``, ``lower`` and ``upper`` nullable (the schema of rows files too:
-    :func:`dp_operators.release.rows_file.parquet_schema`)."""
-    return rows_file.parquet_schema()
+def parquet_schema(output: Mapping[str, Any]) -> pa.Schema:
+    """The Arrow schema of the Parquet file of ``output`` (a published release), from its public fields only:
+    :data:`COLUMNS`, ``value`` typed by the release's aggregates (:mod:`dp_operators.release.value_types`): int64
+    when every value is an integer within int64 (counts, sums on grid 1), a decimal when a value may pass int64 or
+    lies on a fractional grid (``decimal128(p, s)``, the grid's decimal places), float64 when every aggregate is a
+    binary float (means, variances, consistent families). A release mixing both gets ``value`` (the exact type, null
+    on the binary-float rows) and ``float_value`` (float64, null elsewhere). ``half_width``, ``confidence``,
+    ``lower`` and ``upper`` are float64, ``saturated`` bool; only ``half_width``, ``lower``, ``upper`` (and a split
+    ``value``) nullable (:func:`dp_operators.release.rows_file.parquet_schema`). Two releases of one spec, whatever
+    their data, get the same schema."""
+    return _layout(output).schema
 
 
-def _inline_table(output: Mapping[str, Any]) -> pa.Table:
+@dataclass(frozen=True)
+class _Layout:
+    """The value columns of a release's Parquet file: each aggregate's own type, the ``value`` column's, and
+    whether ``float_value`` holds the binary-float aggregates' values."""
+
+    types: Mapping[str, ValueType]
+    value: ValueType
+    split: bool
+
+    @property
+    def schema(self) -> pa.Schema:
+        return rows_file.parquet_schema(self.value, self.split)
+
+    def cells(self, name: str, value: Any) -> tuple[Any, float | None]:
+        """``(value, float_value)`` of a published value of aggregate ``name``: exactly, through the aggregate's
+        own type first (a fractional grid's value is its grid value, then widened to the column's scale).
+
+        Raises:
+            ValueError: the value does not fit (names the aggregate).
+        """
+        own = self.types[name]
+        try:
+            if not own.exact:
+                return (None, float(value)) if self.split else (float(value), None)
+            return self.value.column_value(own.column_value(value)), None
+        except ValueError as error:
+            raise ValueError(f"aggregate {name!r}: {error}") from None
+
+
+def _layout(output: Mapping[str, Any]) -> _Layout:
+    types = output_value_types(output)
+    value, split = value_columns(types.values())
+    return _Layout(types, value, split)
+
+
+def _inline_table(output: Mapping[str, Any], layout: _Layout) -> pa.Table:
     import pyarrow as pa
 
-    floats = ("value", "half_width", "confidence", "lower", "upper")
-    rows = [{c: (float(v) if c in floats and v is not None else v) for c, v in row.items()}
-            for row in release_rows(output)]
-    return pa.Table.from_pylist(rows, schema=parquet_schema())
+    floats = ("half_width", "confidence", "lower", "upper")
+    rows = []
+    for row in release_rows(output):
+        converted = {c: (float(v) if c in floats and v is not None else v) for c, v in row.items()}
+        converted["value"], float_value = layout.cells(row["aggregate"], row["value"])
+        if layout.split:
+            converted["float_value"] = float_value
+        rows.append(converted)
+    return pa.Table.from_pylist(rows, schema=layout.schema)
+
+
+def _conformed(table: pa.Table, layout: _Layout, name: str) -> pa.Table:
+    """A batch of aggregate ``name``'s rows file in the release's schema: its values exactly in the ``value`` (or
+    ``float_value``) column. A rows file written before values were typed holds doubles: each is read as the
+    aggregate's type reads a published double (an integer; a fractional grid's value)."""
+    import pyarrow as pa
+
+    own, found, rows = layout.types[name], table.column("value"), table.num_rows
+    if not own.exact:
+        value = pa.nulls(rows, layout.value.arrow()) if layout.split else found.cast(pa.float64())
+        float_value = found.cast(pa.float64()) if layout.split else None
+    elif pa.types.is_floating(found.type):
+        value = pa.array([layout.cells(name, v)[0] for v in found.to_pylist()], type=layout.value.arrow())
+        float_value = pa.nulls(rows, pa.float64())
+    else:  # int64 or a decimal into a type that holds it: a safe cast, exact
+        value, float_value = found.cast(layout.value.arrow()), pa.nulls(rows, pa.float64())
+    columns = {"value": value, "float_value": float_value}
+    schema = layout.schema
+    return pa.Table.from_arrays([columns[f.name] if f.name in columns else table.column(f.name).cast(f.type)
+                                 for f in schema], schema=schema)
 
 
 def _pieces(output: Mapping[str, Any], store: Any = None) -> Iterator[pa.Table]:
-    """The flat table in order (aggregates sorted by name): an inline aggregate as one table, a rows file
-    (:mod:`dp_operators.release.rows_file`) in :data:`~dp_operators.release.rows_file.ROW_GROUP`-row batches, read
-    from a local copy whose SHA-256 was checked against the committed one while it was copied (what is streamed is
-    what the ledger recorded, whatever happens to the file meanwhile). With ``store`` (the release's rows folder)
-    a rows file must also lie in it, named by its digest."""
+    """The flat table in order (aggregates sorted by name), in :func:`parquet_schema`: an inline aggregate as one
+    table, a rows file (:mod:`dp_operators.release.rows_file`) in
+    :data:`~dp_operators.release.rows_file.ROW_GROUP`-row batches, read from a local copy whose SHA-256 was checked
+    against the committed one while it was copied (what is streamed is what the ledger recorded, whatever happens to
+    the file meanwhile). With ``store`` (the release's rows folder) a rows file must also lie in it, named by its
+    digest."""
+    for table, _ in _sourced_pieces(output, store):
+        yield table
+
+
+def _sourced_pieces(output: Mapping[str, Any], store: Any = None) -> Iterator[tuple[pa.Table, list[bool]]]:
+    """:func:`_pieces`, each with, per row, whether the committed value is a double: a JSON ``float`` of an inline
+    row, any value of a rows file whose ``value`` column is floating (written before values were typed)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    layout = _layout(output)
     for name in sorted(output["aggregates"]):
         aggregate = output["aggregates"][name]
         if "rows_file" not in aggregate:
-            yield _inline_table({**output, "aggregates": {name: aggregate}})
+            rows = aggregate["rows"] if "rows" in aggregate else [aggregate]
+            yield (_inline_table({**output, "aggregates": {name: aggregate}}, layout),
+                   [type(row["value"]) is float for row in rows])
             continue
         copy = rows_file.verified_copy(store or _AnyFolder(), aggregate["rows_file"], name)
         try:
-            for batch in pq.ParquetFile(copy).iter_batches(batch_size=rows_file.ROW_GROUP):
-                yield pa.Table.from_batches([batch]).cast(parquet_schema())
+            found = pq.ParquetFile(copy)
+            double = pa.types.is_floating(found.schema_arrow.field("value").type)
+            for batch in found.iter_batches(batch_size=rows_file.ROW_GROUP):
+                yield _conformed(pa.Table.from_batches([batch]), layout, name), [double] * batch.num_rows
         finally:
             copy.unlink(missing_ok=True)
 
 
 def release_table(output: Mapping[str, Any], rows_store: Any = None) -> pa.Table:
-    """:func:`release_rows` as an Arrow table with :func:`parquet_schema` (values converted to float); the rows
-    of an aggregate stored as a rows file are read from it (checked against its committed SHA-256; in
+    """:func:`release_rows` as an Arrow table with :func:`parquet_schema` (values exactly in their column's type);
+    the rows of an aggregate stored as a rows file are read from it (checked against its committed SHA-256; in
     ``rows_store``'s folder when given).
 
     Raises:
         RowsFileError: a rows file is missing, altered, or (with ``rows_store``) elsewhere.
+        ValueError: a value beyond its column's type (a noise tail event below 2^-127,
+            :mod:`dp_operators.release.value_types`).
     """
     import pyarrow as pa
 
     if not rows_file.rows_files(dict(output)):
-        return _inline_table(output)
+        return _inline_table(output, _layout(output))
     return pa.concat_tables(list(_pieces(output, rows_store)))
+
+
+def release_table_with_doubles(output: Mapping[str, Any], rows_store: Any = None) -> tuple[pa.Table, list[bool]]:
+    """:func:`release_table`, and per row whether the committed value is a double (a JSON ``float``; a rows file
+    written before values were typed): ``dpctl release verify`` accepts, for such a row only, the double itself
+    where the table holds the decimal it denotes (a fractional grid's value), as a file of an older version holds it.
+
+    Raises:
+        as :func:`release_table`.
+    """
+    import pyarrow as pa
+
+    tables, doubles = [], []
+    for table, double in _sourced_pieces(output, rows_store):
+        tables.append(table)
+        doubles += double
+    return (pa.concat_tables(tables) if tables else _inline_table(output, _layout(output))), doubles
 
 
 def _write_parquet(output: Mapping[str, Any], sink: Any, rows_store: Any = None) -> None:
@@ -126,7 +229,7 @@ def _write_parquet(output: Mapping[str, Any], sink: Any, rows_store: Any = None)
     if not rows_file.rows_files(dict(output)):
         pq.write_table(release_table(output), sink, compression="snappy")
         return
-    with pq.ParquetWriter(sink, parquet_schema(), compression="snappy") as writer:
+    with pq.ParquetWriter(sink, parquet_schema(output), compression="snappy") as writer:
         for piece in _pieces(output, rows_store):
             writer.write_table(piece)
 
@@ -322,7 +425,13 @@ def publish_file(path: ObjectStoragePath, source: Path) -> None:
 
 class ObjectStorageRowsStore:
     """The :class:`~dp_operators.release.rows_file.RowsStore` of the operator: rows files go to ``folder`` (an
-    ``ObjectStoragePath``: local, s3, gcs...), URIs are its paths as text."""
+    ``ObjectStoragePath``: local, s3, gcs...); a file's URI is :func:`~dp_operators.operators.locations.published_uri`
+    of its path.
+
+    A release committed before rows-file URIs were escaped holds its path as text instead (``str`` of the path: its
+    folders' ``%`` raw). Its committed output is signed and is never rewritten, so both spellings are read (ADR 0021,
+    "URIs"): a URI names a file of this store when it is either spelling of ``<folder>/<name>``, and the file read is
+    always that one, found from the folder, not from the URI."""
 
     def __init__(self, folder: ObjectStoragePath) -> None:
         self.folder = folder
@@ -331,15 +440,38 @@ class ObjectStorageRowsStore:
         target = self.folder / name
         if not target.exists() or target.stat().st_size != source.stat().st_size or not _same_file(target, source):
             publish_file(target, source)
-        return str(target)
+        from dp_operators.operators.locations import published_uri
+
+        return published_uri(target)
 
     def open(self, uri: str) -> Any:
-        return _open_stored(uri)
+        from dp_operators.operators.locations import published_uri
+
+        name = self._name(uri)
+        if name is None:
+            raise FileNotFoundError(f"{uri} is not a file of the rows folder {published_uri(self.folder)}")
+        return _open_stored(self.folder / name)
 
     def owns(self, uri: str) -> bool:
-        from airflow.sdk import ObjectStoragePath
+        return self._name(uri) is not None
 
-        return str(ObjectStoragePath(uri).parent).rstrip("/") == str(self.folder).rstrip("/")
+    def _name(self, uri: str) -> str | None:
+        """The name of the file ``uri`` names directly in :attr:`folder`, or None: ``uri`` is the folder's
+        published URI and one percent-encoded name, or (a release committed before rows-file URIs were escaped)
+        the folder's path text and the name as it is."""
+        from dp_operators.operators.locations import published_uri
+
+        for prefix, decode in ((published_uri(self.folder), True), (str(self.folder), False)):
+            prefix = prefix.rstrip("/") + "/"
+            if not uri.startswith(prefix):
+                continue
+            try:
+                name = unquote(uri[len(prefix):], errors="strict") if decode else uri[len(prefix):]
+            except UnicodeDecodeError:
+                continue
+            if name not in ("", ".", "..") and "/" not in name and "\\" not in name:
+                return name
+        return None
 
 
 class _AnyFolder(ObjectStorageRowsStore):
@@ -352,13 +484,25 @@ class _AnyFolder(ObjectStorageRowsStore):
     def owns(self, uri: str) -> bool:
         return True
 
+    def open(self, uri: str) -> Any:
+        """The file at ``uri`` as published (percent-decoded once); if none is there, the file whose path is
+        ``uri``'s text (a release committed before rows-file URIs were escaped). The caller checks its digest."""
+        from airflow.sdk import ObjectStoragePath
 
-def _open_stored(uri: str) -> Any:
+        from dp_operators.operators.locations import storage_path_of
+
+        literal = ObjectStoragePath(uri)
+        try:
+            decoded = storage_path_of(uri)
+        except ValueError:
+            return _open_stored(literal)
+        return _open_stored(decoded if decoded.exists() or not literal.exists() else literal)
+
+
+def _open_stored(path: ObjectStoragePath) -> Any:
     """Open a stored file for reading: on local storage only a regular file reached without a symbolic link."""
-    from airflow.sdk import ObjectStoragePath
     from fsspec.implementations.local import LocalFileSystem
 
-    path = ObjectStoragePath(uri)
     if isinstance(path.fs, LocalFileSystem):
         return rows_file.open_regular(Path(path.path))
     return path.open("rb")

@@ -18,9 +18,11 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.types import UserDefinedType
 
 from dp_operators.operators.flat_rows import release_rows
 from dp_operators.spec.names import MAX_NAME_LENGTH
@@ -42,15 +44,97 @@ def row_digest(aggregate: str, key: str) -> str:
     return hashlib.sha256(f"{aggregate}\n{key}".encode("utf-8")).hexdigest()
 
 
+class PublishedNumber(sa.types.TypeDecorator):
+    """The ``value`` column: every published number exactly, whatever the release (one table holds the releases of
+    many specs, so its type cannot come from one spec's parameters).
+
+    * PostgreSQL: ``NUMERIC`` without precision or scale (arbitrary precision). An ``int`` is stored as it is, with
+      no decimal places; a ``float`` as the decimal the release's JSON writes for it (``repr``, the shortest that
+      reads back as the same double: ``0.1``, not 0.1000000000000000055...), with at least one decimal place
+      (``1e16`` as ``10000000000000000.0``), which NUMERIC keeps. Read back as the JSON held it: a value without
+      decimal places as ``int``, one with them as the ``float`` it denotes (the same double, bit for bit).
+    * SQLite (no decimal type; ``INTEGER`` is int64, ``REAL`` a double): a column without a declared type (no
+      affinity, so SQLite converts nothing): an ``int`` within int64 as ``INTEGER``, a ``float`` as ``REAL``, and an
+      ``int`` beyond int64 as its decimal ``TEXT`` (read back as ``int``). SQL compares INTEGER and REAL values
+      numerically but sorts TEXT after every number: ``CAST(value AS TEXT)`` or the application reads the rare
+      value beyond int64 exactly.
+    * Any other database: ``DOUBLE PRECISION``, as before (integers above 2^53 round).
+    """
+
+    impl = sa.Double
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(sa.Numeric(asdecimal=True))
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(_NoAffinity())
+        return dialect.type_descriptor(sa.Double())
+
+    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
+        if value is None:
+            return None
+        if dialect.name == "postgresql":
+            if type(value) is not float:
+                return Decimal(value)
+            sign, digits, exponent = Decimal(repr(value)).as_tuple()
+            if exponent >= 0:  # the same number with one decimal place (quantize would need a wide context)
+                digits, exponent = digits + (0,) * (exponent + 1), -1
+            return Decimal((sign, digits, exponent))
+        if dialect.name == "sqlite" and type(value) is int:
+            return value if -(2**63) <= value < 2**63 else str(value)
+        if dialect.name == "sqlite" and isinstance(value, Decimal):
+            return str(value)
+        return value
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> Any:
+        if dialect.name == "sqlite" and isinstance(value, str):
+            return int(value) if value.lstrip("-").isdigit() else Decimal(value)
+        if dialect.name == "postgresql" and isinstance(value, Decimal):
+            return int(value) if value.as_tuple().exponent >= 0 else float(value)
+        return value
+
+
+class _NoAffinity(UserDefinedType):
+    """A SQLite column declared without a type: no affinity, each value keeps its storage class."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kwargs: Any) -> str:
+        return ""
+
+
+def value_column_problem(found: Mapping[str, Any], dialect: str) -> str | None:
+    """Why an existing table's ``value`` column (an inspector's column dict) cannot hold every published number
+    exactly, or None: on PostgreSQL it must be ``NUMERIC`` without precision or scale, on SQLite without a declared
+    type (:class:`PublishedNumber`). A table of an older dp_operators version has ``DOUBLE PRECISION``, which rounds
+    integers above 2^53."""
+    kind = found.get("type")
+    if dialect == "postgresql":
+        if isinstance(kind, sa.Numeric) and not isinstance(kind, sa.Float) and kind.precision is None \
+                and kind.scale is None:
+            return None
+        return (f"column value is {kind}, which does not hold every published number exactly (integers above "
+                "2^53, decimals); convert it with ALTER TABLE ... ALTER COLUMN value TYPE numeric")
+    if dialect == "sqlite":
+        if isinstance(kind, (sa.types.NullType, sa.LargeBinary)):
+            return None
+        return (f"column value is {kind}, whose SQLite affinity converts values (integers above 2^53 round); SQLite "
+                "cannot change a column's type: let the sink create a table of another name and copy the rows "
+                "(INSERT INTO new SELECT * FROM old)")
+    return None
+
+
 def sql_release_table(name: str) -> sa.Table:
     """The SQLAlchemy table of released rows named ``name`` (``table`` or ``schema.table``).
 
     Primary key: the release key (``dag_id, run_id, task_id, map_index, release_name``) plus ``row_digest``
     (:func:`row_digest` of ``aggregate`` and ``key``). ``aggregate`` and ``key`` (the row's ``group_by`` values as a
-    JSON object) are ordinary TEXT columns of any length. Other columns: ``kind``, ``value``, ``half_width``,
-    ``lower``, ``upper``, ``confidence`` (double precision), ``mechanism``, ``saturated`` (boolean),
-    ``released_at`` (timestamp, UTC), ``spec_hash`` (SHA-256 hex of the spec). Portable types only, so the same
-    definition creates the table on SQLite and PostgreSQL.
+    JSON object) are ordinary TEXT columns of any length. ``value`` holds every published number exactly
+    (:class:`PublishedNumber`: ``NUMERIC`` on PostgreSQL, a column without type affinity on SQLite). Other
+    columns: ``kind``, ``half_width``, ``lower``, ``upper``, ``confidence`` (double precision: doubles by
+    construction), ``mechanism``, ``saturated`` (boolean), ``released_at`` (timestamp, UTC), ``spec_hash``
+    (SHA-256 hex of the spec). The same definition creates the table on SQLite and PostgreSQL.
     """
     schema, _, table = name.rpartition(".")
     text = sa.String(_ID_LENGTH)
@@ -66,7 +150,7 @@ def sql_release_table(name: str) -> sa.Table:
         sa.Column("aggregate", sa.Text, nullable=False),
         sa.Column("key", sa.Text, nullable=False),
         sa.Column("kind", sa.String(16), nullable=False),
-        sa.Column("value", sa.Double, nullable=False),
+        sa.Column("value", PublishedNumber(), nullable=False),
         sa.Column("half_width", sa.Double),
         sa.Column("lower", sa.Double),
         sa.Column("upper", sa.Double),
@@ -81,8 +165,9 @@ def sql_release_table(name: str) -> sa.Table:
 
 def shape_differences(inspector: sa.Inspector, table: sa.Table) -> list[str]:
     """How the existing table ``table.name`` (in ``table.schema``) differs from ``table``: columns missing,
-    columns the sink cannot fill (extra, NOT NULL and without a default), and the primary key's columns (as a set).
-    An empty list: the sink can write it. Extra columns that are nullable or have a default are allowed."""
+    columns the sink cannot fill (extra, NOT NULL and without a default), the primary key's columns (as a set), and
+    a ``value`` column that would round (:func:`value_column_problem`). An empty list: the sink can write it. Extra
+    columns that are nullable or have a default are allowed."""
     found = {column["name"]: column for column in inspector.get_columns(table.name, schema=table.schema)}
     expected = [column.name for column in table.columns]
     problems = []
@@ -98,6 +183,9 @@ def shape_differences(inspector: sa.Inspector, table: sa.Table) -> list[str]:
     wanted = [column.name for column in table.primary_key.columns]
     if set(key) != set(wanted):
         problems.append(f"primary key ({', '.join(key) or 'none'}) instead of ({', '.join(wanted)})")
+    value = value_column_problem(found["value"], inspector.dialect.name) if "value" in found else None
+    if value:
+        problems.append(value)
     return problems
 
 
@@ -132,10 +220,11 @@ class SQLTableSink:
 
     def rows(self, output: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The table rows of ``output``: :func:`~dp_operators.operators.flat_rows.release_rows` plus the release
-        key, ``row_digest``, ``released_at`` and ``spec_hash``; ``value`` and the interval as float."""
+        key, ``row_digest``, ``released_at`` and ``spec_hash``; ``value`` as the JSON holds it (``int`` or
+        ``float``, stored exactly by :class:`PublishedNumber`), the interval as float."""
         release_key = {name: output["release_key"][name] for name in _KEY_FIELDS}
         released_at = dt.datetime.fromisoformat(output["released_at"]).astimezone(dt.timezone.utc)
-        floats = ("value", "half_width", "lower", "upper", "confidence")
+        floats = ("half_width", "lower", "upper", "confidence")
         return [
             {**release_key, "row_digest": row_digest(row["aggregate"], row["key"]),
              **{c: float(v) if c in floats and v is not None else v for c, v in row.items()},

@@ -10,7 +10,10 @@ unseen. :func:`verify_published` compares every release file under a folder with
   whose SHA-256 the ledger recorded;
 * ``<stem>.csv``: its bytes are :func:`~.sinks.release_csv` of it;
 * ``<stem>.parquet``: its bytes are :func:`~.sinks.release_parquet` of it, or (a file another pyarrow version wrote,
-  which :func:`~.sinks.write_files` leaves in place) it holds the same table, which the verdict says;
+  which :func:`~.sinks.write_files` leaves in place) it holds the same table, which the verdict says; or (a file
+  written before published values were typed, its ``value`` a double) every value of it equals the committed
+  table's exactly: numbers are compared as exact rationals, never through doubles, so an integer above 2^53
+  rounded on its way to the file differs;
 * the path is the one :mod:`~dp_operators.operators.locations` gives the key under the output root, so a file copied
   into another DAG's, run's or release's folder is caught. The root is given, or inferred: a folder ``B`` is an
   output root when a release JSON lies at ``B/<its own release, encoded>/<dag>/<run>/<file>``; every file is then
@@ -34,16 +37,18 @@ from typing import Any
 from airflow.sdk import ObjectStoragePath
 
 from dp_operators.ledger import AmbiguousReleaseKeyError, ReleaseKey
-from dp_operators.operators.locations import SEPARATOR, encode_component, key_of, release_file
+from dp_operators.operators.locations import SEPARATOR, encode_component, key_of, release_file, storage_path_of
 from dp_operators.operators.sinks import (
     FORMATS,
     ObjectStorageRowsStore,
     release_csv,
     release_json,
     release_parquet,
-    release_table,
+    release_table_with_doubles,
 )
+from dp_operators.operators.flat_rows import COLUMNS
 from dp_operators.release.rows_file import ROWS_SUFFIX, RowsFileError, check_rows_files
+from dp_operators.release.value_types import exact_number
 
 #: Verdicts, from the one that passes to those that do not.
 MATCHES = "matches"
@@ -100,6 +105,22 @@ def storage_path(location: str) -> ObjectStoragePath:
         return ObjectStoragePath(location)
     # not Path.as_uri(): it would percent-encode the "%" of encoded components, which ObjectStoragePath keeps as is
     return ObjectStoragePath(f"file://{Path(location).expanduser().resolve()}")
+
+
+def located_path(location: str) -> ObjectStoragePath:
+    """What ``dpctl release verify`` reads at ``location``: a local path as :func:`storage_path` takes it; a URI as a
+    release publishes it (:func:`~dp_operators.operators.locations.storage_path_of`: its path percent-decoded once).
+    A URI whose decoded path does not exist while its text taken as a path does is read that way: a location
+    published before locations were valid URIs (its folders' ``%3A`` raw), or an ``output_uri`` as the operator was
+    given it (which ``ObjectStoragePath`` takes literally)."""
+    literal = storage_path(location)
+    if "://" not in location:
+        return literal
+    try:
+        decoded = storage_path_of(location)
+    except ValueError:
+        return literal
+    return literal if not decoded.exists() and literal.exists() else decoded
 
 
 def release_files(path: ObjectStoragePath) -> list[ObjectStoragePath]:
@@ -343,6 +364,8 @@ def _parquet_problems(data: bytes, output: Mapping[str, Any], path: ObjectStorag
         return [str(error)], None
     except (pa.ArrowException, OSError) as error:
         return [f"the committed output's rows files cannot be read ({type(error).__name__})"], None
+    except ValueError as error:  # a value beyond its column's type (a noise tail event below 2^-127)
+        return [f"the committed output's table cannot be built: {error}"], None
     if data == expected:
         return [], None
     try:
@@ -350,20 +373,65 @@ def _parquet_problems(data: bytes, output: Mapping[str, Any], path: ObjectStorag
         table = found.read()
     except (pa.ArrowException, OSError) as error:
         return [f"not a readable Parquet file ({type(error).__name__})"], None
-    wanted = release_table(output, store)
-    if not table.schema.equals(wanted.schema, check_metadata=False):
-        return ["its schema differs from the committed output's (release_table)"], None
-    if not table.equals(wanted):
-        rows, wanted_rows = table.to_pylist(), wanted.to_pylist()
-        row = next((n for n, (a, b) in enumerate(zip(rows, wanted_rows)) if a != b), None)
-        if row is None:
-            return [f"has {len(rows)} rows, the committed output's table {len(wanted_rows)}"], None
-        return [f"row {row} differs from the committed output's table (release_table)"], None
+    wanted, doubles = release_table_with_doubles(output, store)
+    if not (table.schema.equals(wanted.schema, check_metadata=False) and table.equals(wanted)):
+        problem = _exact_difference(table, wanted, doubles)
+        if problem:
+            return [problem], None
+        return [], (f"same values as the committed output, exactly, in another schema (value as "
+                    f"{table.schema.field('value').type}): written before published values were typed")
     writer = pq.ParquetFile(pa.BufferReader(expected)).metadata.created_by
     if found.metadata.created_by != writer:
         return [], (f"same table as the committed output; bytes differ: written by {found.metadata.created_by!r}, "
                     f"this pyarrow writes {writer!r}")
     return [], "same table as the committed output; bytes differ (not written by release_parquet's settings)"
+
+
+def _exact_difference(table: Any, wanted: Any, doubles: list[bool]) -> str | None:
+    """Where the flat table ``table`` (a published Parquet file) differs from ``wanted`` (:func:`~.sinks.release_table`
+    of the committed output), comparing every number exactly whatever the column types (an int as an int, a
+    decimal as its exact value, a double as its exact binary value: a count of 2^53 + 1 written through a double
+    is 2^53, which differs), or None. A row's value is its ``value``, or its ``float_value`` where ``value`` is null
+    (a release mixing counts or sums with means, :func:`~.sinks.parquet_schema`); a file of an older version has
+    ``value`` alone, as float64. Where the committed value is itself a double (``doubles``: a JSON float, an older
+    rows file), that double matches too where the table holds the fractional grid value it denotes."""
+    columns = set(table.column_names)
+    if not set(COLUMNS) <= columns <= set(COLUMNS) | {"float_value"}:
+        return "its columns differ from the committed output's table (release_table)"
+    rows, wanted_rows = table.to_pylist(), wanted.to_pylist()
+    for number, (found, expected, double) in enumerate(zip(rows, wanted_rows, doubles)):
+        try:
+            same = _exact_row(found) == _exact_row(expected)
+            if not same and double:  # the committed double itself, where the table holds the decimal it denotes
+                value, wanted_value = _row_value(found), _row_value(expected)
+                same = type(value) is float and wanted_value is not None and value == float(wanted_value) \
+                    and _exact_row({**found, "value": None}) == _exact_row({**expected, "value": None})
+        except TypeError:  # a number column holding something else
+            same = False
+        if not same:
+            return f"row {number} differs from the committed output's table (release_table)"
+    if len(rows) != len(wanted_rows):
+        return f"has {len(rows)} rows, the committed output's table {len(wanted_rows)}"
+    return None
+
+
+_NUMBER_COLUMNS = frozenset({"value", "half_width", "confidence", "lower", "upper"})
+
+
+def _row_value(row: Mapping[str, Any]) -> Any:
+    """A flat-table row's value: its ``value``, or its ``float_value`` where ``value`` is null."""
+    return row["value"] if row["value"] is not None else row.get("float_value")
+
+
+def _exact_row(row: Mapping[str, Any]) -> tuple:
+    """A flat-table row as comparable values: numbers as exact rationals, the value as :func:`_row_value` reads it.
+
+    Raises:
+        TypeError: a number column holding something else.
+    """
+    value = _row_value(row)
+    return tuple(exact_number(value if column == "value" else row[column]) if column in _NUMBER_COLUMNS
+                 else (type(row[column]), row[column]) for column in COLUMNS)
 
 
 def first_difference(found: Any, expected: Any, where: str = "") -> str | None:

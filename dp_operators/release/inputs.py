@@ -256,8 +256,9 @@ def _read_aggregate(
         if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
             hint = (
                 "; convert it with .reset_index().to_dict('records') (keep int sums int: the nullable Int64 dtype or "
-                "astype('int64') after fillna), or better write it to Parquet and return its URI "
-                "(a NaN cannot pass through XCom)" if type(raw).__name__ == "DataFrame" else ""
+                "astype('int64') after fillna) and return it wrapped in aggregates_for_xcom(...) if it may hold "
+                "NaN or inf (dp_operators.operators.xcom_aggregates; XCom refuses them), or better write it to "
+                "Parquet and return its URI" if type(raw).__name__ == "DataFrame" else ""
             )
             refuse(None, None, f"expected a list of rows with columns {needed}, got {type(raw).__name__}{hint}")
             return

@@ -11,7 +11,9 @@ file's SHA-256, so a replay returns the same bytes or refuses.
 
 The file's schema is :func:`parquet_schema`, the flat table the operator's Parquet sink publishes (one row per
 released value: ``aggregate``, ``kind``, ``key`` as compact JSON, ``value``, ``half_width``, ``confidence``,
-``mechanism``, ``saturated``, ``lower``, ``upper``).
+``mechanism``, ``saturated``, ``lower``, ``upper``). ``value`` holds the values exactly: int64 or decimal as the
+aggregate's public parameters imply (:mod:`dp_operators.release.value_types`; float64 for a consistent family's
+member), since the file is the only copy of them. Rows files written before values were typed hold float64.
 """
 
 from __future__ import annotations
@@ -22,12 +24,17 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
+from decimal import Decimal
+from fractions import Fraction
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import numpy as np
 
+from dp_operators.release.columns import largest_magnitude
 from dp_operators.release.errors import ReleaseConfigError
+from dp_operators.release.value_types import DECIMAL128_DIGITS, FLOAT64, INT64_MAX, ValueType, aggregate_value_type
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -51,22 +58,31 @@ class RowsFileError(ReleaseConfigError):
     never redrawn (that would charge again and publish other noise): restore the file from a backup."""
 
 
-def parquet_schema() -> pa.Schema:
-    """The Arrow schema of the flat table: :data:`COLUMNS`; ``value``, ``half_width``, ``confidence``, ``lower``
-    and ``upper`` as float64 (a count above 2**53 is rounded to the nearest double; the JSON keeps it exact),
-    ``saturated`` as bool; only ``half_width``, ``lower`` and ``upper`` nullable."""
+def parquet_schema(value: ValueType = FLOAT64, float_value: bool = False) -> pa.Schema:
+    """The Arrow schema of the flat table: :data:`COLUMNS`; ``value`` of type ``value``
+    (:mod:`~dp_operators.release.value_types`: int64, decimal or float64, from public parameters; float64 in rows
+    files written before values were typed); ``half_width``, ``confidence``, ``lower`` and ``upper`` as float64
+    (doubles by construction), ``saturated`` as bool; only ``half_width``, ``lower`` and ``upper`` nullable. With
+    ``float_value`` (a release mixing binary-float aggregates with counts or sums,
+    :func:`~dp_operators.release.value_types.value_columns`), a nullable float64 ``float_value`` column follows
+    ``value``, which is then nullable too: each row fills one of them."""
     import pyarrow as pa
 
-    nullable = {"half_width", "lower", "upper"}
-    types = {"value": pa.float64(), "half_width": pa.float64(), "confidence": pa.float64(), "lower": pa.float64(),
+    nullable = {"half_width", "lower", "upper"} | ({"value"} if float_value else set())
+    types = {"value": value.arrow(), "half_width": pa.float64(), "confidence": pa.float64(), "lower": pa.float64(),
              "upper": pa.float64(), "saturated": pa.bool_()}
-    return pa.schema([pa.field(c, types.get(c, pa.string()), nullable=c in nullable) for c in COLUMNS])
+    fields = [pa.field(c, types.get(c, pa.string()), nullable=c in nullable) for c in COLUMNS]
+    if float_value:
+        fields.insert(COLUMNS.index("value") + 1, pa.field("float_value", pa.float64(), nullable=True))
+    return pa.schema(fields)
 
 
 class RowsStore(Protocol):
-    """Where rows files go. ``put`` moves a finished local file to ``name`` and returns its URI; ``open`` reads a
-    URI ``put`` returned; ``owns`` says whether a URI names a file directly in this store (a replay reads nothing
-    else: a ledger row pointing elsewhere, say at the true aggregates, is refused)."""
+    """Where rows files go. ``put`` moves a finished local file to ``name`` and returns its URI (RFC 3986: its
+    path, percent-decoded once, is the file's; the ledger commits it and readers open it as it is); ``open`` reads a
+    URI ``put`` returned (or an older version's ``put``, for the same folder); ``owns`` says whether a URI names a
+    file directly in this store (a replay reads nothing else: a ledger row pointing elsewhere, say at the true
+    aggregates, is refused)."""
 
     def put(self, name: str, source: Path) -> str: ...
 
@@ -76,7 +92,10 @@ class RowsStore(Protocol):
 
 
 class LocalRowsStore:
-    """A :class:`RowsStore` on a local folder (created on first use). URIs are absolute paths."""
+    """A :class:`RowsStore` on a local folder (created on first use). URIs are ``file://`` URIs
+    (:meth:`pathlib.PurePath.as_uri`: the path percent-encoded once, so urllib, pandas and pyarrow open them as they
+    are); a release committed before that holds the file's absolute path, which is read as it is (:func:`local_path`).
+    """
 
     def __init__(self, folder: str | os.PathLike) -> None:
         self.folder = Path(folder)
@@ -90,13 +109,33 @@ class LocalRowsStore:
             partial = self.folder / f".{name}.tmp"
             shutil.copyfile(source, partial)
             os.replace(partial, target)
-        return str(target.resolve())
+        return target.resolve().as_uri()
 
     def open(self, uri: str) -> BinaryIO:
-        return open_regular(Path(uri))
+        path = local_path(uri)
+        if path is None:
+            raise FileNotFoundError(f"{uri} is not a local file")
+        return open_regular(path)
 
     def owns(self, uri: str) -> bool:
-        return Path(uri).parent.resolve() == self.folder.resolve()
+        path = local_path(uri)
+        return path is not None and path.parent.resolve() == self.folder.resolve()
+
+
+def local_path(uri: str) -> Path | None:
+    """The local file a rows file's ``uri`` names: a ``file://`` URI's path percent-decoded once
+    (:func:`urllib.request.url2pathname`), an absolute path (how a release committed before rows-file URIs were URIs
+    names it; its committed output is signed and never rewritten) as it is; None for anything else (another host,
+    a query or fragment, a relative path)."""
+    from urllib.parse import urlsplit
+    from urllib.request import url2pathname
+
+    if not uri.startswith("file:"):
+        return Path(uri) if Path(uri).is_absolute() else None
+    parts = urlsplit(uri)
+    if parts.netloc not in ("", "localhost") or parts.query or parts.fragment or not parts.path.startswith("/"):
+        return None
+    return Path(url2pathname(parts.path))
 
 
 def _json_texts(values: Sequence[Any]) -> list[str]:
@@ -128,12 +167,22 @@ def _key_texts(keys: Any, positions: np.ndarray, group_by: Sequence[str]) -> pa.
 
 
 def cells_table(aggregate: Aggregate, cells: PublishedCells, keys: Any, confidence: float,
-                start: int = 0) -> pa.Table:
-    """The flat table (:func:`parquet_schema`) of a count's or sum's published cells over a public key domain
-    (a :class:`~dp_operators.release.inputs.KeyDomain`); ``cells`` are the domain's cells from position
-    ``start`` on (a slice, see :func:`cells_tables`)."""
+                start: int = 0, *, value_type: ValueType | None = None) -> pa.Table:
+    """The flat table (:func:`parquet_schema` of ``value_type``) of a count's or sum's published cells over a
+    public key domain (a :class:`~dp_operators.release.inputs.KeyDomain`); ``cells`` are the domain's cells from
+    position ``start`` on (a slice, see :func:`cells_tables`). ``value_type``: the aggregate's
+    (:func:`~dp_operators.release.value_types.aggregate_value_type`; by default from its kind and the cells' noise
+    step, as for an aggregate outside any consistent family: the engine passes float64 for a family's member); an
+    exact one gets the values exactly (:func:`value_array`).
+
+    Raises:
+        ValueError: a value beyond ``value_type`` (a tail event below 2^-127, see
+            :mod:`~dp_operators.release.value_types`).
+    """
     import pyarrow as pa
 
+    if value_type is None:
+        value_type = aggregate_value_type(aggregate.kind, cells.step.describe(), family=False)
     n = len(cells.units)
     saturated = cells.side != 0
     values = cells.value_floats()
@@ -148,7 +197,7 @@ def cells_table(aggregate: Aggregate, cells: PublishedCells, keys: Any, confiden
         "aggregate": pa.repeat(aggregate.name, n).cast(pa.string()),
         "kind": pa.repeat(aggregate.kind, n).cast(pa.string()),
         "key": _key_texts(keys, np.arange(start, start + n, dtype=np.int64), aggregate.group_by),
-        "value": pa.array(values),
+        "value": value_array(cells, value_type) if value_type.exact else pa.array(values),
         "half_width": pa.array(half_width, mask=saturated),
         "confidence": pa.repeat(float(confidence), n).cast(pa.float64()),
         "mechanism": pa.repeat(cells.step.mechanism, n).cast(pa.string()),
@@ -156,15 +205,53 @@ def cells_table(aggregate: Aggregate, cells: PublishedCells, keys: Any, confiden
         "lower": pa.array(lower, mask=np.isnan(lower)),
         "upper": pa.array(upper, mask=np.isnan(upper)),
     }
-    return pa.table(columns, schema=parquet_schema())
+    return pa.table(columns, schema=parquet_schema(value_type))
 
 
-def cells_tables(aggregate: Aggregate, cells: PublishedCells, keys: Any, confidence: float) -> Iterator[pa.Table]:
+def value_array(cells: PublishedCells, value_type: ValueType) -> pa.Array:
+    """The published values of ``cells`` (a count's or sum's) exactly, as an array of the exact ``value_type``:
+    ``units * grid`` (0 where ``clamp_nonnegative`` zeroed a cell), with no rounding through doubles. The grid is
+    ``G * 10^-scale`` for an integer ``G`` (the type was chosen from the grid's decimal form); the decimal array is
+    built from the integers ``units * G`` (its unscaled values) when they fit int64, else from Python ``Decimal``s.
+
+    Raises:
+        ValueError: a value beyond ``value_type``, or a grid that is not a multiple of 10^-scale.
+    """
+    import pyarrow as pa
+
+    grid = Fraction(cells.step.grid) * 10**value_type.scale
+    if grid.denominator != 1:
+        raise ValueError(f"grid {cells.step.grid} is not a multiple of 10^-{value_type.scale}: its values do not fit "
+                         f"the {value_type} value column")
+    factor = grid.numerator
+    units = np.asarray(cells.units)
+    zeroed = np.asarray(cells.zeroed, dtype=bool)
+    try:
+        if units.dtype != object and max(largest_magnitude(units), 1) * factor <= INT64_MAX \
+                and value_type.precision <= DECIMAL128_DIGITS:
+            unscaled = np.where(zeroed, 0, units.astype(np.int64) * factor)
+            if value_type.name == "int64":
+                return pa.array(unscaled, type=pa.int64())
+            # the int64 integers, as decimals of scale 0, hold the unscaled values: the same buffers read at the
+            # type's scale are the values (no per-value Python object)
+            whole = pa.array(unscaled, type=pa.int64()).cast(pa.decimal128(value_type.precision, 0))
+            return pa.Array.from_buffers(value_type.arrow(), len(whole), whole.buffers(), null_count=0)
+        products = [0 if z else int(u) * factor for u, z in zip(units.tolist(), zeroed.tolist())]
+        if value_type.name == "int64":
+            return pa.array(products, type=pa.int64())
+        return pa.array([Decimal(p).scaleb(-value_type.scale) for p in products], type=value_type.arrow())
+    except (pa.ArrowInvalid, OverflowError):
+        raise ValueError(f"a value is beyond the {value_type} value column (a noise tail event below 2^-127)") from None
+
+
+def cells_tables(aggregate: Aggregate, cells: PublishedCells, keys: Any, confidence: float, *,
+                 value_type: ValueType | None = None) -> Iterator[pa.Table]:
     """:func:`cells_table` in pieces of :data:`ROW_GROUP` rows, in order: the flat table is never whole in
     memory (at 10^7 cells it would be about a gigabyte of text keys)."""
     total = len(cells.units)
     for start in range(0, max(total, 1), ROW_GROUP):
-        yield cells_table(aggregate, cells.slice(start, start + ROW_GROUP), keys, confidence, start)
+        yield cells_table(aggregate, cells.slice(start, start + ROW_GROUP), keys, confidence, start,
+                          value_type=value_type)
 
 
 def write_rows_file(store: RowsStore, aggregate: Aggregate, pieces: pa.Table | Iterable[pa.Table]) -> dict[str, Any]:
@@ -176,13 +263,16 @@ def write_rows_file(store: RowsStore, aggregate: Aggregate, pieces: pa.Table | I
 
     if isinstance(pieces, pa.Table):
         pieces = [pieces.slice(start, ROW_GROUP) for start in range(0, max(pieces.num_rows, 1), ROW_GROUP)]
+    pieces = iter(pieces)
+    first = next(pieces, None)
+    schema = parquet_schema() if first is None else first.schema  # the pieces' own: their value type
     handle = tempfile.NamedTemporaryFile(prefix="dp-rows-", suffix=".parquet", delete=False)
     handle.close()
     source = Path(handle.name)
     rows = 0
     try:
-        with pq.ParquetWriter(source, parquet_schema(), compression="snappy") as writer:
-            for piece in pieces:
+        with pq.ParquetWriter(source, schema, compression="snappy") as writer:
+            for piece in chain([] if first is None else [first], pieces):
                 writer.write_table(piece, row_group_size=ROW_GROUP)
                 rows += piece.num_rows
         os.chmod(source, 0o644)  # a published file: readable like the sinks' files (tempfile makes it 0600)

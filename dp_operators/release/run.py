@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -50,7 +50,9 @@ from dp_operators.release.inputs import PreparedInputs, prepare_inputs
 from dp_operators.release.plan import ReleasePlan, plan_release
 from dp_operators.release.publish import check_plain_json, in_key_order, publish_aggregate
 from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, RowsStore, cells_tables, check_rows_files, write_rows_file
+from dp_operators.release.value_types import aggregate_value_type, grid_problem
 from dp_operators.spec import ReleaseSpec
+from dp_operators.spec.families import consistent_families
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +231,9 @@ def run_release(
             "stored as a Parquet file whose digest the ledger keeps; give a rows_store (the operator: an "
             "output_uri), or raise inline_rows_limit"
         )
+    problem = filed_value_problem(spec, filed) if filed else None
+    if problem:
+        raise ReleaseConfigError(f"the rows file cannot hold its values exactly: {problem}")
 
     account = ledger.account(spec.budget_account)
     check_privacy_unit(spec, account)
@@ -286,7 +291,8 @@ def run_release(
     try:
         with ledger.lease(reservation):
             output, text = _noised_output(plan, prepared, drawn, key, account, charge, delta_spent, mechanisms,
-                                          spec_hash, _rows_writer(rows_store, set(filed), spec.confidence), families)
+                                          spec_hash, _rows_writer(rows_store, set(filed), spec.confidence,
+                                                                     _family_members(spec)), families)
     except Exception as error:
         returned = _give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=returned) from error
@@ -312,15 +318,42 @@ def _replay(stored: dict[str, Any], spec_hash: str, key: ReleaseKey, rows_store:
     return ReleaseResult(output=stored, replayed=True)
 
 
-def _rows_writer(store: RowsStore | None, filed: set[str], confidence: float) -> dict[str, Callable]:
-    """The ``rows_file`` callback of :func:`publish_aggregate` per aggregate in ``filed``."""
+def _rows_writer(store: RowsStore | None, filed: set[str], confidence: float,
+                 family_members: set[str]) -> dict[str, Callable]:
+    """The ``rows_file`` callback of :func:`publish_aggregate` per aggregate in ``filed``. The value column's type
+    comes from the published description of the cells' noise step, as a reader of the committed output finds it
+    (:func:`~dp_operators.release.value_types.output_value_types`), and from the family membership
+    (``family_members``, published as ``consistency``): public parameters only."""
     if store is None:
         return {}
 
     def write(aggregate: Any, cells: Any, keys: Any) -> dict[str, Any]:
-        return write_rows_file(store, aggregate, cells_tables(aggregate, cells, keys, confidence))
+        value_type = aggregate_value_type(aggregate.kind, cells.step.describe(), aggregate.name in family_members)
+        return write_rows_file(store, aggregate, cells_tables(aggregate, cells, keys, confidence,
+                                                              value_type=value_type))
 
     return dict.fromkeys(filed, write)
+
+
+def _family_members(spec: ReleaseSpec) -> set[str]:
+    """The names of every member of a consistent family of ``spec`` (their values are published as doubles)."""
+    return {name for layout in consistent_families(spec) for name in layout.members}
+
+
+def filed_value_problem(spec: ReleaseSpec, names: Iterable[str]) -> str | None:
+    """Why the values of the aggregates ``names`` (counts and sums whose rows go to Parquet files: rows files,
+    or the release's Parquet output) cannot be written exactly, or None: a sum's grid with no exact decimal form
+    (:func:`~dp_operators.release.value_types.grid_problem`; a consistent family's members are doubles, and
+    excepted). Public parameters only: checked before any budget is reserved."""
+    names = set(names)
+    members = _family_members(spec)
+    for aggregate in spec.aggregates:
+        if aggregate.name in names and aggregate.kind == "sum" and aggregate.name not in members:
+            problem = grid_problem(aggregate.grid)
+            if problem:
+                return (f"aggregate {aggregate.name!r}: {problem} (a Parquet file's value column): use a decimal "
+                        "grid such as 0.5, 0.001 or 1/1024, or publish it as JSON")
+    return None
 
 
 def _give_up(ledger: Ledger, reservation: Any, drawn: list[str]) -> bool:

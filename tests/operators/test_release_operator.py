@@ -51,7 +51,7 @@ def test_execute_publishes_xcom_files_and_asset_event(tmp_path, ledger_conn, adu
     assert output["release_key"]["run_id"] == ti.run_id
     folder = tmp_path / "out" / RUN_FOLDER
     assert json.loads((folder / "release.json").read_text()) == output
-    assert ti.pushed == {"release_location": f"file://{folder / 'release.json'}"}
+    assert ti.pushed == {"release_location": (folder / "release.json").as_uri()}  # the folder's "%" as "%25"
     csv_lines = (folder / "release.csv").read_text().splitlines()
     assert csv_lines[0] == "aggregate,kind,key,value,half_width,confidence,mechanism,saturated,lower,upper"
     assert len(csv_lines) == 1 + 32 + 7 + 1

@@ -15,6 +15,7 @@ import pytest
 
 from airflow.sdk import ObjectStoragePath
 from airflow.sdk.exceptions import AirflowFailException
+from dp_operators.operators.locations import storage_path_of
 from dp_operators.operators.release import DPReleaseOperator
 from dp_operators.operators.sinks import release_table
 from dp_operators.operators.verification import release_files, verify_published
@@ -78,7 +79,7 @@ def test_rows_files_are_published_replayed_byte_for_byte_and_verified(env, tmp_p
     assert "rows" not in first["aggregates"]["total"] and "value" in first["aggregates"]["total"]  # 1 cell: inline
     # the ledger holds the reference, not the rows
     assert ledger.stored_output(_key(ti)) == first
-    parquet_file = Path(ObjectStoragePath(op.published.locations["parquet"]).path)
+    parquet_file = Path(storage_path_of(op.published.locations["parquet"]).path)
     published = pq.read_table(parquet_file)
     assert published.num_rows == 2 * XS * YS + 1
     assert published.equals(release_table(first))
@@ -108,7 +109,7 @@ def test_an_altered_rows_file_is_refused_on_replay_and_by_verify(env, tmp_path):
     ti = FakeTaskInstance(upstream=None, dag_id=DAG)
     first = op.execute(context_for(ti))
     spent = ledger.account(ACCOUNT).spent
-    target = Path(first["aggregates"]["cells"]["rows_file"]["uri"].removeprefix("file://"))
+    target = Path(storage_path_of(first["aggregates"]["cells"]["rows_file"]["uri"]).path)
     table = pq.read_table(target)
     values = table.column("value").to_pylist()
     values[0] += 1000  # a forged cell
@@ -231,7 +232,7 @@ def test_dpctl_release_show_names_the_rows_file(env, tmp_path):
     _, spec, uris = env
     op = operator(spec, uris, tmp_path / "out")
     output = op.execute(context_for(FakeTaskInstance(upstream=None, dag_id=DAG)))
-    published = Path(ObjectStoragePath(op.published.locations["json"]).path)
+    published = Path(storage_path_of(op.published.locations["json"]).path)
     result = CliRunner().invoke(app, ["release", "show", str(published)])
     assert result.exit_code == 0, result.output
     assert f"{XS * YS} rows in the rows file" in " ".join(result.output.split())

@@ -161,11 +161,15 @@ def test_write_files_writes_every_format(tmp_path, output):
     assert json.loads(written["json"].read_text()) == output
     assert written["csv"].read_text() == release_csv(output)
     table = pq.read_table(written["parquet"].path)
-    assert table.schema.equals(parquet_schema())
-    assert table.column_names == list(COLUMNS)  # no pandas index column
+    assert table.schema.equals(parquet_schema(output))
+    # counts beside a mean: the counts' int64 value, the mean's float_value; no pandas index column
+    assert table.column_names == [*COLUMNS[:4], "float_value", *COLUMNS[4:]]
     assert b"pandas" not in (table.schema.metadata or {})
-    assert table.to_pylist() == release_rows(output)
-    assert table.schema.field("value").type == pa.float64()
+    found, rows = table.to_pylist(), release_rows(output)
+    assert [{c: r[c] for c in COLUMNS if c != "value"} for r in found] == [
+        {c: r[c] for c in COLUMNS if c != "value"} for r in rows]
+    assert [r["float_value"] if r["value"] is None else r["value"] for r in found] == [r["value"] for r in rows]
+    assert (table.schema.field("value").type, table.schema.field("float_value").type) == (pa.int64(), pa.float64())
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv", "parquet"])
