@@ -74,3 +74,22 @@ def test_a_parquet_file_is_pointed_to_its_json(tmp_path: Path):
     result = runner.invoke(app, ["release", "show", str(path)])
     assert result.exit_code == 1
     assert "give its JSON file" in result.stderr and str(tmp_path / "release.json") in result.stderr
+
+
+def test_show_opens_a_published_location_and_a_folder_uri(tmp_path: Path):
+    """What a release publishes (XCom, asset events) is a URI whose path is percent-encoded once: show takes it as
+    verify does, and a file:// folder URI, such as an operator's output_uri."""
+    from dp_operators.operators.locations import published_uri
+    from airflow.sdk import ObjectStoragePath
+
+    folder = tmp_path / "out" / "manual__2026-01-01T00%3A00%3A00%2B00%3A00"
+    folder.mkdir(parents=True)
+    (folder / "release.json").write_text(json.dumps(RELEASE))
+    location = published_uri(ObjectStoragePath(f"file://{folder / 'release.json'}"))
+    assert "%253A" in location  # the folder's literal % is escaped in the URI
+    for argument in (location, f"file://{tmp_path / 'out'}"):
+        result = runner.invoke(app, ["release", "show", argument])
+        assert result.exit_code == 0, result.output
+        assert "published to" in result.output and "40.250" in result.output
+    missing = runner.invoke(app, ["release", "show", f"file://{tmp_path / 'none.json'}"])
+    assert missing.exit_code == 1 and f"no such file: {tmp_path / 'none.json'}" in missing.output

@@ -7,8 +7,7 @@ Names, values and paths in a release (written by DAG authors and workers) are pr
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.table import Table
@@ -34,47 +33,63 @@ if TYPE_CHECKING:
 
 @release_app.command("show")
 def release_show(
-    path: Annotated[Path, typer.Argument(help="A release JSON file, or a folder: its newest release is shown.")],
+    path: Annotated[str, typer.Argument(help="A release JSON file, or a folder: its newest release is shown. A local "
+                                        "path or a URI (s3://...), such as a published location.")],
 ) -> None:
     """Print a published release: values with their confidence half-widths, and the charge."""
-    if path.is_dir():
-        found = sorted(path.rglob("*.json"), key=lambda p: p.stat().st_mtime)
-        if not found:
-            _fail(f"no release JSON under {path}")
-        path = found[-1]
-    release = _load_release(path)
+    from dp_operators.operators.verification import located_path
+
+    located = located_path(path)
     try:
-        _print_release(release, path)
+        if located.is_dir():
+            found = [(p.stat().st_mtime, str(p), p) for p in located.rglob("*.json")
+                     if not p.name.endswith("~diagnostics.json")]
+            if not found:
+                _fail(f"no release JSON under {visible(path)}")
+            located = max(found, key=lambda item: item[:2])[2]
+    except OSError as error:
+        _fail(f"cannot read {visible(path)}: {getattr(error, 'strerror', None) or error}")
+    release = _load_release(located)
+    try:
+        _print_release(release, located)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
-        _fail(f"{path}: not a release published by dp-operators ({type(error).__name__}: {error})")
+        _fail(f"{visible(path)}: not a release published by dp-operators ({type(error).__name__}: {error})")
 
 
-def _load_release(path: Path) -> dict:
-    """The release JSON at ``path``; a one-line error (exit 1) if it is missing, not JSON or not a release."""
+def _load_release(path: Any) -> dict:
+    """The release JSON at ``path`` (an ``ObjectStoragePath``); a one-line error (exit 1) if it is missing, not JSON
+    or not a release."""
+    shown = _shown(path)
     if path.suffix.lower() in (".parquet", ".csv"):
-        _fail(f"{path} is the release's {path.suffix[1:].upper()} file: give its JSON file ({path.with_suffix('.json')}) "
-              "or a folder of releases")
+        _fail(f"{shown} is the release's {path.suffix[1:].upper()} file: give its JSON file "
+              f"({_shown(path.with_suffix('.json'))}) or a folder of releases")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        _fail(f"no such file: {path}")
+        _fail(f"no such file: {shown}")
     except (OSError, UnicodeDecodeError) as error:
-        _fail(f"cannot read {path}: {getattr(error, 'strerror', None) or error}")
+        _fail(f"cannot read {shown}: {getattr(error, 'strerror', None) or error}")
     try:
         release = json.loads(text)
     except json.JSONDecodeError as error:
-        _fail(f"{path}: not valid JSON ({error})")
+        _fail(f"{shown}: not valid JSON ({error})")
     required = ("release", "release_key", "charge", "confidence", "aggregates")
     missing = [name for name in required if name not in release] if isinstance(release, dict) else list(required)
     if missing or not isinstance(release["aggregates"], dict) or not isinstance(release["charge"], dict):
         what = f"no {', '.join(repr(m) for m in missing)}" if missing else "unexpected field types"
-        _fail(f"{path}: not a release published by dp-operators ({what})")
+        _fail(f"{shown}: not a release published by dp-operators ({what})")
     return release
 
 
-def _print_release(release: dict, path: Path) -> None:
+def _shown(path: Any) -> str:
+    """How a message names a file: its path if local, else its URI (terminal-safe)."""
+    local = getattr(path, "protocol", "file") in ("file", "local", "")
+    return visible(path.path if local else str(path))
+
+
+def _print_release(release: dict, path: Any) -> None:
     console.print(
-        Text.assemble("release ", (visible(release["release"]), "bold"), f" published to {visible(path)}"),
+        Text.assemble("release ", (visible(release["release"]), "bold"), f" published to {_shown(path)}"),
         soft_wrap=True,
     )
     charge = release["charge"]

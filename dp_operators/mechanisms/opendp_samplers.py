@@ -18,7 +18,7 @@ would not have the stated law, so scales above :data:`OPENDP_SCALE_LIMIT` (2^56 
 draw reaches 2^63 is below exp(-128) for the Laplace, far less for the Gaussian) are refused, and a saturated value,
 should one appear anyway, raises instead of being returned.
 
-opendp is an optional dependency (``pip install 'dp-operators[opendp]'``), imported only when this route is used.
+opendp is an optional dependency (``pip install 'opendp>=0.12'``), imported only when this route is used.
 It needs OpenDP's ``contrib`` feature, which :func:`load_opendp` enables for the process.
 """
 
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 #: What to run when opendp is missing.
-OPENDP_INSTALL_HINT = "pip install 'dp-operators[opendp]'"
+OPENDP_INSTALL_HINT = "pip install 'opendp>=0.12'"
 #: The largest noise scale (Laplace b, Gaussian sigma) in grid units drawn through OpenDP's i64 output.
 OPENDP_SCALE_LIMIT = Fraction(1 << 56)
 _CHUNK = 1 << 20  # draws per OpenDP call: bounds the Python lists OpenDP takes and returns

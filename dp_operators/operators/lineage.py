@@ -3,7 +3,7 @@
 :class:`ReleaseLineageMixin` gives a release operator the two methods the OpenLineage provider's default extractor
 calls (``get_openlineage_facets_on_start`` and ``get_openlineage_facets_on_complete``, see
 ``airflow/providers/openlineage/extractors/base.py``) and the extra link :class:`DPReleaseLink`. Without the
-OpenLineage provider (``pip install "dp-operators[openlineage]"``) both methods return None and nothing else
+OpenLineage provider (``pip install apache-airflow-providers-openlineage``) both methods return None and nothing else
 changes: the provider and its client are imported inside them, never at module import.
 
 What the operator provides (read with ``getattr``; every one is optional):

@@ -466,7 +466,8 @@ def rows_files_problem(spec: Any, limit: int | None, output_uri: str | None, for
 
 def check_location(name: str, uri: str) -> None:
     """Refuse a location that is neither a URI with a scheme (``file://``, ``s3://``...) nor an absolute path: a
-    relative path would be written relative to whichever directory the worker runs in.
+    relative path would be written relative to whichever directory the worker runs in. ``file://releases`` (two
+    slashes) is one too: ``releases`` is the URI's host, and fsspec writes the files under the worker's directory.
 
     Raises:
         ValueError: naming the argument and how to fix it.
@@ -475,6 +476,13 @@ def check_location(name: str, uri: str) -> None:
         raise ValueError(
             f"{name} {uri!r} is a relative path; give a URI (file:///srv/releases, s3://bucket/releases) or an "
             "absolute path"
+        )
+    scheme, _, rest = uri.partition("://")
+    host = rest.partition("/")[0]
+    if scheme.lower() in ("file", "local") and host not in ("", "localhost"):
+        raise ValueError(
+            f"{name} {uri!r} names {host!r} as a host, and the files would land under whichever directory the "
+            f"worker runs in: a local folder takes three slashes, {scheme}:///{rest} for an absolute path"
         )
 
 

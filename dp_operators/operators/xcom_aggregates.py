@@ -77,7 +77,7 @@ def aggregates_for_xcom(aggregates: Any) -> dict[str, Any]:
 
     Example::
 
-        @task(show_return_value_in_logs=False)
+        @task(show_return_value_in_logs=False, multiple_outputs=False)
         def compute_aggregates() -> dict:
             rows = [{"city": "a", "count": float("nan")}, {"city": "b", "count": 3}]
             return aggregates_for_xcom({"people": rows, "income": Decimal("NaN")})
@@ -113,8 +113,9 @@ def aggregates_from_xcom(value: Any) -> Any:
         return value
     version = value[ENVELOPE]
     if type(version) is not int or set(value) != {ENVELOPE, "aggregates"}:
-        raise XComAggregatesError("the value is not an envelope written by aggregates_for_xcom: give its return "
-                                  "value unchanged")
+        raise XComAggregatesError(
+            f"the value holds the key {ENVELOPE!r} but is not an envelope written by aggregates_for_xcom: return "
+            "aggregates_for_xcom(...)'s value unchanged, or rename that key (it is reserved)")
     if version > _VERSION:
         raise XComAggregatesError(
             f"the aggregates were encoded by a newer dp_operators (encoding {version}, this one reads up to "

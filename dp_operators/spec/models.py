@@ -160,7 +160,7 @@ def _sampler(value: object) -> object:
         raise ValueError(
             f"unknown sampler {value!r}: use 'vectorised' (the default: exact inverse-CDF samplers on numpy arrays), "
             "'scalar' (the exact CKS 2020 rejection samplers, slower) or 'opendp' (OpenDP's exact samplers, the "
-            "reference; pip install 'dp-operators[opendp]')"
+            "reference; pip install 'opendp>=0.12')"
         )
     return value
 

@@ -44,6 +44,9 @@ def check_name(value: str, what: str) -> str:
 
 
 def _group_by_column(value: str) -> str:
+    if value.startswith(RESERVED_PREFIX):
+        raise ValueError(f"a group_by column cannot start with {RESERVED_PREFIX!r} (dp_operators' own keys, such as "
+                         f"the XCom tags of aggregates_for_xcom, use it), got {value!r}: rename the column upstream")
     if value in RESERVED_COLUMNS:
         raise ValueError(
             f"a group_by column cannot be named {value!r}: published and upstream rows use that name for their "

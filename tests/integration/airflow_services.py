@@ -1,9 +1,10 @@
-"""Airflow services as subprocesses, PostgreSQL databases and roles per test session, for
-``tests/integration/test_scheduler.py`` (import as ``from airflow_services import ...``).
+"""Airflow services as subprocesses, PostgreSQL databases and roles and a Redis key prefix per test session, for
+the real-scheduler tests ``tests/integration/test_scheduler.py`` and ``test_celery.py`` (import as
+``from airflow_services import ...``).
 
 The PostgreSQL server is the one ``tests/ledger_backends.py`` uses (``DP_LEDGER_TEST_PG_URL``, default
-``postgresql+psycopg://postgres@127.0.0.1:5432/test``); it must accept a superuser, since the test creates databases
-and login roles.
+``postgresql+psycopg://postgres@127.0.0.1:5432/test``); it must accept a superuser, since the tests create databases
+and login roles. The Redis server (the Celery broker) is ``DP_IT_REDIS_URL``, default ``redis://127.0.0.1:6379/0``.
 """
 
 from __future__ import annotations
@@ -21,16 +22,26 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import psycopg
 import pytest
+import redis
 import sqlalchemy as sa
 
 from ledger_backends import PG_URL
 
 BIN = Path(sys.executable).parent
+REDIS_URL = os.environ.get("DP_IT_REDIS_URL", "redis://127.0.0.1:6379/0")
 T = TypeVar("T")
+
+
+def unreachable(reason: str) -> NoReturn:
+    """Skip the test for a server it needs that is not running; fail instead when ``CI`` is set, since CI starts
+    every server the integration tests need (``.ci/run``)."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set: the integration test must run)")
+    pytest.skip(reason)
 
 
 def free_port() -> int:
@@ -94,10 +105,7 @@ class PostgresScratch:
         try:
             admin = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True, connect_timeout=3)
         except psycopg.OperationalError as error:
-            reason = f"PostgreSQL not reachable at {url.render_as_string()}: {str(error).strip()[:200]}"
-            if os.environ.get("CI"):
-                pytest.fail(f"{reason} (CI is set: the scheduler integration test must run)")
-            pytest.skip(reason)
+            unreachable(f"PostgreSQL not reachable at {url.render_as_string()}: {str(error).strip()[:200]}")
         scratch = cls(admin)
         try:
             yield scratch
@@ -136,12 +144,52 @@ class PostgresScratch:
 
 
 @dataclass
+class RedisScratch:
+    """A key prefix of its own on the Redis server of :data:`REDIS_URL` for one test session, all keys under it
+    deleted by :meth:`drop`. Given to Celery as kombu's ``global_keyprefix``, it keeps the broker's queues, unacked
+    messages and the workers' broadcasts apart from any other session's on the same server and database."""
+
+    client: redis.Redis
+    prefix: str = field(default_factory=lambda: f"dp_it_{uuid.uuid4().hex[:10]}:")
+
+    @classmethod
+    @contextmanager
+    def session(cls) -> Iterator[RedisScratch]:
+        """Connect; skip (or fail under ``CI``) when the server cannot be reached."""
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3, socket_timeout=10)
+        try:
+            client.ping()
+        except redis.RedisError as error:
+            client.close()
+            unreachable(f"Redis not reachable at {REDIS_URL}: {str(error).strip()[:200]}")
+        scratch = cls(client)
+        try:
+            yield scratch
+        finally:
+            scratch.drop()
+            client.close()
+
+    @property
+    def url(self) -> str:
+        return REDIS_URL
+
+    def keys(self) -> list[str]:
+        return sorted(key.decode() for key in self.client.scan_iter(match=f"{self.prefix}*"))
+
+    def drop(self) -> None:
+        for key in self.keys():
+            self.client.delete(key)
+
+
+@dataclass
 class AirflowServices:
     """Airflow CLI services started in their own process groups, their output in ``<log_dir>/<name>.log``."""
 
     env: dict[str, str]
     log_dir: Path
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    #: name -> the command and the environment it was started with (what :meth:`restart` runs again)
+    commands: dict[str, tuple[tuple[str, ...], dict[str, str]]] = field(default_factory=dict)
 
     def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
         """Run a CLI command of the venv (``airflow ...``, ``dpctl ...``) to completion; with ``check``, raise with
@@ -153,15 +201,37 @@ class AirflowServices:
                                f"{done.stderr[-3000:]}")
         return done
 
-    def start(self, name: str, *args: str) -> subprocess.Popen:
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start a CLI command of the venv in the background, in a new process group (so that :meth:`stop_all`
-        also ends the workers and task processes it forks)."""
-        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        process = subprocess.Popen([str(BIN / args[0]), *args[1:]], env=self.env, stdout=log,
+        also ends the workers and task processes it forks); ``env`` adds to or overrides :attr:`env` for it."""
+        env = env or {}
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process; a restart appends
+        process = subprocess.Popen([str(BIN / args[0]), *args[1:]], env={**self.env, **env}, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         log.close()  # the child holds its own descriptor
         self.processes[name] = process
+        self.commands[name] = (args, env)
         return process
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a service's whole process group (the service, and every process it forked that did not leave
+        the group), as a lost machine or the OOM killer of a container would, and wait for the service to end."""
+        process = self.processes[name]
+        _signal_group(process, signal.SIGKILL)
+        process.wait()
+
+    def restart(self, name: str) -> subprocess.Popen:
+        """Start a service again with the command and environment it was first started with."""
+        args, env = self.commands[name]
+        return self.start(name, *args, env=env)
+
+    def group_of(self, pid: int) -> str | None:
+        """The name of the service whose process group ``pid`` is in (None if none)."""
+        try:
+            group = os.getpgid(pid)
+        except ProcessLookupError:
+            return None
+        return next((name for name, process in self.processes.items() if process.pid == group), None)
 
     def check_alive(self) -> None:
         """Raise if a service has exited (its log tail in the message)."""

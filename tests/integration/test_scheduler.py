@@ -13,11 +13,11 @@ API, then:
 (b) ``it_killed_release``: the release's first try reserves and draws its noise, then stalls before the commit and
     is SIGKILLed: its task process only (Airflow's supervisor reports the death), or its task process and the
     supervisor (the scheduler finds the task by its heartbeat timeout). The test renews the dead try's lease, as
-    its keeper thread would have, until a later try was refused for it: tries while the lease is live are refused
-    with the retryable lease error and charged nothing, however slowly a loaded machine starts them; once the lease
-    runs out a later try takes the release over. The ledger
-    keeps the dead attempt's charge (``abandoned``, still spent) and one committed charge; one JSON is published and
-    it is the ledger's committed output; the take-over announced it once.
+    its keeper thread would have, until try 2 met it: try 2 waits for the lease instead of failing (rescheduled to
+    the lease's end, ``up_for_reschedule``, the same try number, charged nothing, however slowly a loaded machine
+    starts it), then takes the release over once the lease ran out and succeeds as try 2. The ledger keeps the dead
+    attempt's charge (``abandoned``, still spent) and one committed charge; one JSON is published and it is the
+    ledger's committed output; the take-over announced it once.
 (c) ``it_publish_retry``: the release's first try commits in the ledger, then its file sink fails, so the try fails
     having announced nothing. The retry replays the release (nothing charged), publishes the ledger's output and,
     as no earlier try announced it, adds its one asset event.
@@ -30,184 +30,47 @@ API, then:
 from __future__ import annotations
 
 import json
-import re
-import time
-from fractions import Fraction
 
-import httpx
 import pytest
 
-from dp_operators.ledger import BudgetExhaustedError, ReleaseKey
+from dp_operators.ledger import ReleaseKey
 from dp_operators.operators.release import default_asset
 
-from airflow_services import AirflowServices, PostgresScratch, free_port, wait_for, wait_while_progressing
 from scheduler_deployment import (
-    FITTING, IDLE_LIMIT, KILLED_DAG, KILLED_RUNS, LEASE_HELD, PUBLISH_DAG, PUBLISH_RUN, RACE_DAG, RACE_RUNS, RELEASES,
-    REPLAYED, Deployment, airflow_env, ledger_config, plan_charge,
+    CLEARS, KILLED, PUBLISH, PUBLISH_DAG, PUBLISH_RUN, RACE, RACE_DAG, RELEASES, REPLAYED, LocalExecutorSetup,
+    check_budget_race, check_killed_release, check_lease_wait, check_ledger_verifies, deployed, plan_charge,
 )
-from support import GOVERNOR_KEY, SPEND_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+KILLED_RUNS = LocalExecutorSetup.killed_runs
 TIMINGS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, adult_csv):
-    """Set up, start Airflow, trigger every run, kill the stalled first tries, clear two succeeded releases, wait
-    until every run finished (again)."""
-    started = time.monotonic()
-    home = tmp_path_factory.mktemp("airflow_scheduler")
-    (home / "pids").mkdir()
-    with PostgresScratch.session() as pg:
-        metadata_db, ledger_db = pg.create_database("airflow"), pg.create_database("ledger")
-        spender, governor = pg.create_role("spender", login=False), pg.create_role("governor", login=False)
-        worker = pg.create_role("worker", login=True, member_of=spender)
-        officer = pg.create_role("officer", login=True, member_of=governor)
-        api_port = free_port()
-        env = airflow_env(home, pg.url(metadata_db, driver="psycopg2"), pg.url(ledger_db, worker), api_port, adult_csv)
-        env.update(DP_LEDGER_GOVERNOR_KEY=GOVERNOR_KEY.text, DP_LEDGER_AUDIT_KEY=SPEND_KEY.text)
-        services = AirflowServices(env, home)
-        deployment = Deployment(home, services, pg.dsn(metadata_db), pg.url(ledger_db), pg.url(ledger_db, officer),
-                                f"http://127.0.0.1:{api_port}")
-        try:
-            config = home / "ledgers.yaml"
-            config.write_text(ledger_config())
-            migrate = services.start("db-migrate", "airflow", "db", "migrate")
-            services.run("dpctl", "ledger", "init", "--url", pg.url(ledger_db))
-            services.run("dpctl", "ledger", "roles", "--url", pg.url(ledger_db), "--spender-role", spender,
-                         "--governor-role", governor, "--execute")
-            services.run("dpctl", "ledger", "apply", str(config), "--url", pg.url(ledger_db, officer))
-            assert migrate.wait(timeout=900) == 0, services.tail("db-migrate")  # only bounds a hang
-            del services.processes["db-migrate"]
-            TIMINGS["setup (databases, roles, migrate, ledger)"] = time.monotonic() - started
-            # starting the services and parsing the DAGs imports Airflow as the setup did: a loaded machine slows both
-            parse_limit = max(120.0, 2 * TIMINGS["setup (databases, roles, migrate, ledger)"])
-
-            services.start("api-server", "airflow", "api-server", "--host", "127.0.0.1", "--port", str(api_port))
-            services.start("scheduler", "airflow", "scheduler")
-            services.start("dag-processor", "airflow", "dag-processor")
-            for dag_id in (RACE_DAG, KILLED_DAG, PUBLISH_DAG):
-                wait_for(lambda: services.check_alive() or httpx.get(f"{deployment.api}/api/v2/dags/{dag_id}",
-                                                                     timeout=5).status_code == 200,
-                         timeout=parse_limit, what=f"DAG {dag_id} to be parsed and served",
-                         retry_on=(httpx.HTTPError,))
-            TIMINGS["services up, DAGs parsed"] = time.monotonic() - started
-            for run_id in KILLED_RUNS:
-                deployment.trigger(KILLED_DAG, run_id)
-            deployment.trigger(PUBLISH_DAG, PUBLISH_RUN)
-            for run_id in RACE_RUNS:
-                deployment.trigger(RACE_DAG, run_id)
-            runs_started = time.monotonic()
-            try:
-                wait_while_progressing(deployment.finished, lambda: deployment.progress, idle=IDLE_LIMIT,
-                                       what="every DAG run to finish")
-            finally:
-                deployment.read_tries()
-            TIMINGS["runs (trigger to all finished, clears rerun)"] = time.monotonic() - runs_started
-            TIMINGS["clears (first clear to all finished)"] = time.monotonic() - min(
-                (before.at for before in deployment.cleared.values()), default=time.monotonic())
-            yield deployment
-        except Exception:
-            print(services.tails(120))
-            for (dag_id, run_id), state in deployment.run_states.items():
-                if state not in ("success", "failed"):
-                    print(f"run {dag_id} {run_id} is {state}\n{deployment.explain(dag_id, run_id)}")
-            raise
-        finally:
-            services.stop_all()
-            TIMINGS["total"] = time.monotonic() - started
-            print(f"\ntimings (s): { {name: round(value, 1) for name, value in TIMINGS.items()} }")
+    """Set up, start Airflow on the LocalExecutor, trigger every run, kill the stalled first tries, clear two
+    succeeded releases, wait until every run finished (again)."""
+    with deployed(LocalExecutorSetup(), frozenset({RACE, KILLED, PUBLISH, CLEARS}),
+                  tmp_path_factory.mktemp("airflow_scheduler"), adult_csv, TIMINGS) as running:
+        yield running
 
 
 def test_budget_race_commits_exactly_the_releases_the_cap_fits(deployment):
-    charge = plan_charge("budget_race.yaml")
-    states = {run_id: deployment.run_states[(RACE_DAG, run_id)] for run_id in RACE_RUNS}
-    succeeded = sorted(run for run, state in states.items() if state == "success")
-    failed = sorted(run for run, state in states.items() if state == "failed")
-    charges = list(deployment.ledger.charges(account="it_race"))
-    committed = sorted(c["run_id"] for c in charges if c["state"] == "committed")
-    # a release the ledger committed was published: Airflow must not report its task failed
-    assert committed == succeeded, (
-        f"the ledger committed the releases of {committed}; Airflow marks {succeeded} successful. The API "
-        "server's errors:\n" + "\n".join(deployment.services.lines("api-server", "Error updating|Violation"))
-    )
-    assert len(succeeded) == FITTING and len(failed) == len(RACE_RUNS) - FITTING, (
-        f"{states}\n{deployment.services.tails()}"
-    )
-    # what the ledger says once the cap is full: remaining 0, whichever runs won the race
-    refusal = str(BudgetExhaustedError("it_race", "rho", charge, Fraction(0)))
-    for run_id in failed:
-        logs = deployment.task_logs(RACE_DAG, run_id)
-        # a refusal is not retried: one try was refused, and it was the last. A try before it may have failed for a
-        # transient reason a loaded machine gives (a task heartbeat missed, the API server slow to hand over the
-        # upstream's XCom): that try charged nothing, as the ledger's charges below show.
-        refused_tries = [number for number, text in logs.items() if refusal in text]
-        assert refused_tries == [max(logs)], deployment.explain(RACE_DAG, run_id)
-        assert deployment.published(RACE_DAG, run_id) == []
-
-    spans = deployment.query(
-        "SELECT start_date, end_date FROM task_instance WHERE dag_id = %s AND task_id = 'release'", RACE_DAG
-    )
-    concurrent = max(sum(start <= moment < end for start, end in spans) for moment, _ in spans)
-    assert concurrent >= 2, f"the releases never ran at the same time: {spans}"
-    refused = [e["run_id"] for e in deployment.ledger.events("it_race") if e["event"] == "refused"]
-    assert sorted(refused) == failed
-
-    assert sorted(c["run_id"] for c in charges) == succeeded
-    assert {c["state"] for c in charges} == {"committed"}
-    assert sum(Fraction(c["amount"]) for c in charges) == FITTING * charge
-    account = deployment.ledger.account("it_race")
-    assert account.spent == account.cap == FITTING * charge and account.reserved == 0
-    for run_id in succeeded:
-        [path] = deployment.published(RACE_DAG, run_id)
-        stored = deployment.ledger.stored_output(ReleaseKey(RACE_DAG, run_id, "release", -1, RELEASES[RACE_DAG]))
-        assert json.loads(path.read_text()) == stored
-    # one asset event per committed release, none for a refused one (after the clear of scenario d too)
-    release = RELEASES[RACE_DAG]
-    events = sorted(event[:4] for event in deployment.asset_events(RACE_DAG))
-    assert events == [(release, default_asset(release).uri, run_id, -1) for run_id in succeeded]
+    """(a): five of eight concurrent runs commit, three are refused at once; the ledger spent exactly the cap."""
+    check_budget_race(deployment)
 
 
 @pytest.mark.parametrize("run_id", [pytest.param(run, id=run) for run in KILLED_RUNS])
 def test_killed_release_is_retried_and_charged_once_more(deployment, run_id):
-    charge = plan_charge("killed_release.yaml")
-    key = ReleaseKey(KILLED_DAG, run_id, "release", -1, RELEASES[KILLED_DAG])
-    explanation = deployment.explain(KILLED_DAG, run_id)
-    assert run_id in deployment.killed, f"the first try never stalled before its commit\n{explanation}"
-    assert deployment.run_states[(KILLED_DAG, run_id)] == "success", explanation
-    tries = deployment.tries[(KILLED_DAG, run_id, "release")]
-    assert min(tries) == 1 and max(tries) >= 2 and tries[max(tries)] == "success", explanation
+    """(b): the dead try's charge is abandoned and still spent; try 2 commits once, publishes once."""
+    check_killed_release(deployment, run_id)
 
-    charges = sorted(deployment.ledger.charges(dag_id=KILLED_DAG), key=lambda c: c["attempt"])
-    charges = [c for c in charges if c["run_id"] == run_id]
-    # the killed attempt stays spent (abandoned by the take-over), the retry is charged once and committed
-    assert [(c["attempt"], c["state"], c["try_number"]) for c in charges] == [
-        (1, "abandoned", 1), (2, "committed", charges[-1]["try_number"])
-    ], explanation
-    assert all(Fraction(c["amount"]) == charge for c in charges)
-    abandoned = [json.loads(e["details"]) for e in deployment.ledger.events("it_retry")
-                 if e["event"] == "abandoned" and e["run_id"] == run_id]
-    assert len(abandoned) == 1 and "lease expired" in abandoned[0]["reason"], abandoned  # not reconcile: the retry
-    [path] = deployment.published(KILLED_DAG, run_id)
-    assert json.loads(path.read_text()) == deployment.ledger.stored_output(key)
-    assert sorted(p.suffix for p in path.parent.iterdir()) == [".csv", ".json"]  # one file per format, no leftovers
-    # the take-over committed a new release (not a replay): announced once
-    assert [event[:4] for event in deployment.asset_events(KILLED_DAG, run_id)] == [
-        (RELEASES[KILLED_DAG], default_asset(RELEASES[KILLED_DAG]).uri, run_id, -1)
-    ], explanation
 
-    logs = deployment.task_logs(KILLED_DAG, run_id)
-    held = [number for number, text in logs.items() if re.search(LEASE_HELD, text)]
-    # the next try after the kill meets the dead try's lease, kept alive until then: refused, charged nothing
-    assert held and min(held) == 2, explanation
-    if KILLED_RUNS[run_id] == ("task",):  # the supervisor reports the death at once
-        assert "Process terminated by signal" in logs[1], explanation
-    else:  # no supervisor left to report: the scheduler fails the try when its heartbeats stop
-        assert deployment.services.lines(
-            "scheduler", rf"Detected a task instance without a heartbeat.*'Run Id': '{run_id}'"
-        ), explanation
-    assert max(held, default=1) < charges[-1]["try_number"], explanation
+@pytest.mark.parametrize("run_id", [pytest.param(run, id=run) for run in KILLED_RUNS])
+def test_try_meeting_a_live_lease_waits_without_spending_a_try(deployment, run_id):
+    """(b): try 2 is rescheduled to the dead try's lease end, then takes the release over as try 2."""
+    check_lease_wait(deployment, run_id)
 
 
 def test_killed_releases_spend_two_charges_each(deployment):
@@ -240,7 +103,7 @@ def test_release_committed_then_unpublished_is_replayed_and_announced_once(deplo
     assert (name, uri, event_run, map_index) == (release, default_asset(release).uri, run_id, -1)
     extra = json.loads(extra)
     assert extra["release_key"] == output["release_key"] and extra["charge"] == output["charge"]
-    assert extra["location"] == f"file://{path}" and json.loads(path.read_text()) == output
+    assert extra["location"] == path.as_uri() and json.loads(path.read_text()) == output  # the folders' "%" as "%25"
 
 
 @pytest.mark.parametrize("dag_id", [RACE_DAG, PUBLISH_DAG])
@@ -263,6 +126,4 @@ def test_cleared_release_replays_without_a_second_event(deployment, dag_id):
 
 
 def test_ledger_verifies_after_the_race_and_the_kills(deployment):
-    result = deployment.services.run("dpctl", "ledger", "verify", "--url", deployment.officer_url, check=False)
-    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-    assert all(account in result.stdout for account in ("it_race", "it_retry", "it_publish"))
+    check_ledger_verifies(deployment, ["it_race", "it_retry", "it_publish"])

@@ -414,6 +414,14 @@ def test_a_relative_output_location_is_refused_at_construction(tmp_path, locatio
         DPReleaseOperator(task_id="release", spec_path=EXAMPLE_SPEC, aggregates_task_id="x", output_uri=location)
 
 
+@pytest.mark.parametrize("location", ["file://relout", "file://releases/adult", "local://out"])
+def test_a_file_uri_with_two_slashes_is_refused_at_construction(tmp_path, location):
+    with pytest.raises(ValueError, match="as a host, and the files would land under whichever directory"):
+        DPReleaseOperator(task_id="release", spec_path=EXAMPLE_SPEC, aggregates_task_id="x", output_uri=location)
+    DPReleaseOperator(task_id="release", spec_path=EXAMPLE_SPEC, aggregates_task_id="x",
+                      output_uri=f"file://localhost{tmp_path}")  # a local host is this machine
+
+
 def _held(expires_at: dt.datetime | None):
     from dp_operators.ledger import LeaseHeldError
 

@@ -101,6 +101,7 @@ def test_an_aggregate_named_like_the_xcom_envelope_is_refused():
     assert "aggregate names cannot start with '__dp_'" in message and "rename it" in message
     assert "release names cannot start with '__dp_'" in refusal(spec_text(release="__dp_release"))
     assert parse_spec(spec_text(name="_dp_counts")).aggregates  # one underscore is an ordinary name
+    assert "a group_by column cannot start with '__dp_'" in refusal(spec_text(group_by=("__dp_number__",)))
 
 
 def test_the_shipped_specs_still_validate():

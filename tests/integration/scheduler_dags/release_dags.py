@@ -1,4 +1,5 @@
-"""DAGs of the scheduler integration test (tests/integration/test_scheduler.py); not examples to copy.
+"""DAGs of the real-scheduler integration tests (tests/integration/test_scheduler.py on the LocalExecutor,
+test_celery.py on the CeleryExecutor); not examples to copy.
 
 ``it_budget_race``: count people by sex in UCI Adult, release the counts with ``DPReleaseOperator``. The test
 triggers eight runs at once against an account whose cap fits five of them.
@@ -152,14 +153,14 @@ def release_dag(dag_id: str, spec: str, operator: type[DPReleaseOperator], **rel
 
 # retries: a budget refusal must fail at once whatever the retries (AirflowFailException)
 release_dag("it_budget_race", "budget_race.yaml", DPReleaseOperator, retries=2)
-# retries cover the lease: tries while the dead try's lease is live are refused (LeaseHeldError), then one takes over
+# one retry, sooner than the dead try's lease ends: it meets the live lease and waits for it (rescheduled, no try
+# spent, however often), then takes the release over
 release_dag(
     "it_killed_release",
     "killed_release.yaml",
     ReleaseKilledOnFirstTry,
-    retries=8,
+    retries=1,
     retry_delay=pendulum.duration(seconds=4),
-    retry_exponential_backoff=0,
 )
 # one retry, soon: the retry replays the committed release (charging nothing) and announces it once
 release_dag(
