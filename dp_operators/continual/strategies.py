@@ -133,8 +133,9 @@ class BinaryTree(Strategy):
     subtrees (Honaker 2015, here online: only completed intervals are used).
 
     Sensitivity squared: the sum over levels of the largest sum of squared counts a unit's steps can put in that
-    level's intervals. Exact for ``min_separation = 1`` (the steps ``0 .. k-1`` reach every level's largest at
-    once); an upper bound otherwise.
+    level's ``horizon >> level`` intervals, each holding at most ``ceil(2^level / b)`` of them (fill intervals to
+    that cap, then one more with the rest). Exact for ``min_separation = 1`` (the steps ``0 .. k-1`` reach every
+    level's largest at once); an upper bound otherwise.
     """
 
     def __init__(self, horizon: int, *, honaker: bool = False) -> None:
@@ -153,7 +154,9 @@ class BinaryTree(Strategy):
         for level in range(self.levels):
             # the most of a unit's steps one interval of this level can hold, given their separation
             cap = min(k, -(-(1 << level) // participation.min_separation))
-            full, rest = divmod(k, cap)
+            intervals = self.horizon >> level  # complete intervals of this level: steps past them count nowhere
+            full = min(k // cap, intervals)
+            rest = min(k - full * cap, cap) if full < intervals else 0
             total += full * cap * cap + rest * rest
         return Fraction(total)
 
@@ -239,7 +242,8 @@ def strategies(horizon: int) -> list[Strategy]:
 def prefix_sum_lower_bound(horizon: int) -> float:
     """The RMSE of the running totals that no factorization reaches, for measurement noise calibrated to sensitivity
     1 at variance 1 (one contribution per unit): ``||A||_* / T``, the trace norm of the prefix-sum matrix over the
-    number of steps, from ``||B||_F ||C||_(1->2) >= ||A||_*`` (Li et al. 2015; Henzinger et al. 2023). The singular
+    number of steps: ``||A||_* = ||B C||_* <= ||B||_F ||C||_F <= ||B||_F sqrt(T) ||C||_(1->2)``, and the RMSE is
+    ``||B||_F ||C||_(1->2) / sqrt(T)`` (Li et al. 2015; Henzinger et al. 2023). The singular
     values of ``A`` are ``1 / (2 sin((2j - 1) pi / (4T + 2)))``, j = 1..T."""
     _check_horizon(horizon)
     j = np.arange(1, horizon + 1)

@@ -47,6 +47,7 @@ from dp_operators.operators.locations import (
 from dp_operators.operators.sinks import ObjectStorageRowsStore, SQLTableSink, check_formats, release_csv, write_files
 from dp_operators.operators.flat_rows import NotInlineError
 from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, ROWS_SUFFIX, RowsFileError
+from dp_operators.release.value_types import ColumnRangeError
 from dp_operators.release.run import check_inline_rows_limit, filed_aggregates, filed_value_problem, too_large_inline
 from dp_operators.operators.sources import is_reference, read_reference
 from dp_operators.operators.upstream import describe_missing, pull_return_value
@@ -61,6 +62,15 @@ if TYPE_CHECKING:
 #: holds its lease, so the task is rescheduled to the lease's end (:func:`lease_wait_until`, ADR 31) without spending
 #: a try, and then replays that try's output or takes the release over.
 _PERMANENT = (LedgerError, ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError)
+
+#: A lease wait reschedules the task at least this far ahead: the ledger's clock (PostgreSQL's, or the holder's host)
+#: and the scheduler's may disagree by seconds, and a reschedule date in the scheduler's past would rerun the task at
+#: once, over and over, while the lease is still live.
+LEASE_WAIT_MIN = dt.timedelta(seconds=5)
+#: How far past the lease's end the task is rescheduled, so that the lease has expired when it runs again.
+LEASE_WAIT_MARGIN = dt.timedelta(seconds=1)
+#: How long a task waits for leases in all by default (``lease_wait_timeout``) before it fails without a retry.
+LEASE_WAIT_TIMEOUT = dt.timedelta(hours=6)
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,10 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             whether or not the release is then refused (:class:`~dp_operators.release.DiagnosticsReport`). It holds
             exact, data-derived numbers: point it next to the true aggregates, readable only by the people who may
             see them. Default None: no report (the task log never holds such numbers). (templated)
+        lease_wait_timeout: how long the task waits, in all, for another try's live lease on this release
+            (:data:`LEASE_WAIT_TIMEOUT`, 6 hours, by default), counted from its first wait; then it fails without a
+            retry. A holder that keeps renewing that long is hung (its keeper thread alive, its work not) or is not
+            one of this task's tries.
 
     Returns (XCom ``return_value``): the published release, plain JSON; identical, byte for byte, on every replay.
     Also pushes XCom ``release_location``: the JSON file's URI (the "DP release" extra link), as every published
@@ -135,11 +149,12 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             missing or rotated spend key, missing or malformed upstream aggregates: refusals that retrying cannot
             fix; and any failure after the budget was reserved (:class:`~dp_operators.release.ReleaseAbortedError`),
             which a retry would repeat while charging again.
-        AirflowException: retryable. Another try of this release is still running and holds the ledger's lease
-            on its reservation (Airflow can start try 2 while try 1 still runs): nothing was charged, and a retry
-            replays that try's committed output, or takes the release over once the lease has expired (that try
-            died; its charge stays spent). Also the ledger's database failing, a sink failing after the commit (a
-            retry replays and rewrites the same content), and unexpected errors before any reservation (their text
+        AirflowRescheduleException: another try of this release is still running and holds the ledger's lease on
+            its reservation (Airflow can start try 2 while try 1 still runs): nothing was charged, and the task waits
+            for the lease's end without spending a try, then replays that try's committed output, or takes the
+            release over once the lease has expired (that try died; its charge stays spent). ADR 31.
+        AirflowException: retryable. The ledger's database failing, a sink failing after the commit (a retry
+            replays and rewrites the same content), and unexpected errors before any reservation (their text
             withheld).
     """
 
@@ -159,8 +174,12 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         asset: Asset | None = None,
         diagnostics_uri: str | None = None,
         inline_rows_limit: int | None = INLINE_ROWS_LIMIT,
+        lease_wait_timeout: dt.timedelta = LEASE_WAIT_TIMEOUT,
         **kwargs: Any,
     ) -> None:
+        if not isinstance(lease_wait_timeout, dt.timedelta) or lease_wait_timeout <= dt.timedelta(0):
+            raise ValueError(f"task {kwargs.get('task_id')!r}: lease_wait_timeout must be a positive timedelta, got "
+                             f"{lease_wait_timeout!r}")
         self.spec_path = str(spec_path)
         # read, validated and planned from public parameters: a bad spec fails the DAG import, not the run
         self.release_spec, self.spec_sha256 = load_planned_spec(self.spec_path)
@@ -194,6 +213,7 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         self.ledger_conn_id = ledger_conn_id
         self.diagnostics_uri = diagnostics_uri
         self.inline_rows_limit = inline_rows_limit
+        self.lease_wait_timeout = lease_wait_timeout
         self.published: PublishedRelease | None = None
         #: the reference the upstream task returned, once read (lineage reports it as the input)
         self.aggregates_reference: str | Mapping[str, str] | None = None
@@ -259,6 +279,7 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             # the original exception's text is not audited for data: it stays out of the task log
             raise AirflowFailException(str(error)) from None
         except LeaseHeldError as error:  # before _PERMANENT: a live try of the same release, not a refusal
+            self._check_lease_wait(context, key, error)
             until = lease_wait_until(error, ledger.lease_seconds)
             self.log.warning("%s", lease_held_message(key, error, until))
             raise AirflowRescheduleException(until) from None
@@ -281,6 +302,22 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         self.published = self._publish(output, key, result.replayed, ti)
         announce(self, context, output, emit=not result.replayed or not announced_before(self, context, key, output))
         return output
+
+    def _check_lease_wait(self, context: Context, key: ReleaseKey, error: LeaseHeldError) -> None:
+        """Fail (no retry) once this task has waited ``lease_wait_timeout`` for leases, counted from its first
+        reschedule (Airflow's ``get_first_reschedule_date``, as a sensor's timeout is)."""
+        first = getattr(context["ti"], "get_first_reschedule_date", lambda _: None)(context)
+        if first is None:
+            return
+        waited = dt.datetime.now(dt.timezone.utc) - first
+        if waited > self.lease_wait_timeout:
+            raise AirflowFailException(
+                f"release {key.release_name!r} (run {key.run_id!r}) has waited since "
+                f"{first.isoformat(timespec='seconds')} for ledger attempt {error.attempt}'s lease, which is still "
+                f"renewed: longer than lease_wait_timeout ({self.lease_wait_timeout}). That attempt is hung (kill its "
+                "task process: its lease then runs out) or does not belong to this task; nothing was charged for "
+                "this try. Clear the task once the holder is gone"
+            )
 
     def _check_sinks(self, key: ReleaseKey) -> None:
         """Refuse, before the ledger is called, what would make publishing fail after the commit: a file name too
@@ -399,7 +436,9 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                 self.sql_sink.write(output)
         except AirflowFailException:  # a sink's own refusal (e.g. the connection is not SQL): no retry fixes it
             raise
-        except (NotInlineError, RowsFileError) as error:  # e.g. csv asked of a committed release with rows files
+        except (NotInlineError, RowsFileError, ColumnRangeError) as error:
+            # e.g. csv asked of a committed release with rows files, or a noised value past its column's range (a
+            # tail of probability below 2^-127 per value): every replay would meet it again
             raise AirflowFailException(
                 f"release {key.release_name!r} is committed in the ledger but cannot be published as asked: {error}"
             ) from None
@@ -493,22 +532,15 @@ def _inside(inner: str, outer: str) -> bool:
     return inner_text == outer_text or inner_text.startswith(outer_text + "/")
 
 
-#: A lease wait reschedules the task at least this far ahead: the ledger's clock (PostgreSQL's, or the holder's host)
-#: and the scheduler's may disagree by seconds, and a reschedule date in the scheduler's past would rerun the task at
-#: once, over and over, while the lease is still live.
-LEASE_WAIT_MIN = dt.timedelta(seconds=5)
-#: How far past the lease's end the task is rescheduled, so that the lease has expired when it runs again.
-LEASE_WAIT_MARGIN = dt.timedelta(seconds=1)
-
-
 def lease_wait_until(error: LeaseHeldError, lease_seconds: float, now: dt.datetime | None = None) -> dt.datetime:
     """When a task that met another try's live lease runs again (UTC, timezone-aware): the lease's end plus
-    :data:`LEASE_WAIT_MARGIN`, at least :data:`LEASE_WAIT_MIN` from ``now`` and at most one lease (plus the margin)
-    from it, since no lease reaches further ahead than that on the ledger's clock. Public parameters only.
+    :data:`LEASE_WAIT_MARGIN`, at most one lease of this connection (plus the margin) from ``now`` (a ledger clock
+    ahead of this one cannot park the task longer; a holder on a connection with a longer lease only makes the task
+    wake and wait again), and at least :data:`LEASE_WAIT_MIN` from ``now``. Public parameters only.
 
     Args:
         error: the ledger's refusal; ``expires_at`` is the holder's lease end (UTC), None if unknown.
-        lease_seconds: the ledger's lease length, in seconds (the connection's ``lease_seconds`` extra).
+        lease_seconds: this connection's lease length, in seconds (its ``lease_seconds`` extra).
         now: the current time (UTC); default the system clock.
 
     Source: Airflow's reschedule (``AirflowRescheduleException``, the mechanism of sensors in ``reschedule`` mode):
@@ -518,10 +550,12 @@ def lease_wait_until(error: LeaseHeldError, lease_seconds: float, now: dt.dateti
     longest = now + dt.timedelta(seconds=lease_seconds) + LEASE_WAIT_MARGIN
     end = error.expires_at
     if end is None:
-        return longest
-    if end.tzinfo is None:  # the ledger's timestamps are UTC
-        end = end.replace(tzinfo=dt.timezone.utc)
-    return min(max(end + LEASE_WAIT_MARGIN, now + LEASE_WAIT_MIN), longest)
+        wake = longest
+    else:
+        if end.tzinfo is None:  # the ledger's timestamps are UTC
+            end = end.replace(tzinfo=dt.timezone.utc)
+        wake = min(end + LEASE_WAIT_MARGIN, longest)
+    return max(wake, now + LEASE_WAIT_MIN)
 
 
 def lease_held_message(key: ReleaseKey, error: LeaseHeldError, until: dt.datetime) -> str:
@@ -548,6 +582,7 @@ def _audit_context(context: Context) -> dict[str, Any]:
 
 
 __all__ = [
-    "LEASE_WAIT_MARGIN", "LEASE_WAIT_MIN", "RELEASE_ALIAS", "DPReleaseOperator", "PublishedRelease", "default_asset",
+    "LEASE_WAIT_MARGIN", "LEASE_WAIT_MIN", "LEASE_WAIT_TIMEOUT", "RELEASE_ALIAS", "DPReleaseOperator",
+    "PublishedRelease", "default_asset",
     "lease_held_message", "lease_wait_until", "release_csv",
 ]

@@ -31,7 +31,7 @@ from urllib.parse import unquote
 
 from dp_operators.operators.flat_rows import COLUMNS, release_rows
 from dp_operators.release import rows_file
-from dp_operators.release.value_types import ValueType, output_value_types, value_columns
+from dp_operators.release.value_types import ColumnRangeError, ValueType, output_value_types, value_columns
 from dp_operators.operators.sql_sink import SQLTableSink, row_digest, sql_release_table
 
 __all__ = [
@@ -102,15 +102,15 @@ class _Layout:
         own type first (a fractional grid's value is its grid value, then widened to the column's scale).
 
         Raises:
-            ValueError: the value does not fit (names the aggregate).
+            ColumnRangeError: the value does not fit (names the aggregate, not the value).
         """
         own = self.types[name]
         try:
             if not own.exact:
                 return (None, float(value)) if self.split else (float(value), None)
             return self.value.column_value(own.column_value(value)), None
-        except ValueError as error:
-            raise ValueError(f"aggregate {name!r}: {error}") from None
+        except ColumnRangeError as error:
+            raise ColumnRangeError(f"aggregate {name!r}: {error}") from None
 
 
 def _layout(output: Mapping[str, Any]) -> _Layout:

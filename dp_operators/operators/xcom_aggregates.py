@@ -15,7 +15,8 @@ value                                          carried as
 finite ``float`` (numpy ``float64``)           the JSON number (Python's shortest repr: the same float back)
 ``decimal.Decimal`` (any, NaN and sNaN,        ``{"__dp_number__": "decimal", "text": str(value)}``: exact
 ``Infinity`` too)
-``fractions.Fraction``                         ``{"__dp_number__": "fraction", "text": "p/q"}``
+``fractions.Fraction``                         ``{"__dp_number__": "fraction", "text": "p/q"}`` (hexadecimal)
+``int`` outside [-2^63, 2^63)                  ``{"__dp_number__": "int", "text": hexadecimal}``
 numpy ``float16``/``float32``/``longdouble``   ``{"__dp_number__": "float32", "text": str(value)}`` (the type kept:
                                                the release refuses float16/float32 by type as it would anyway)
 numpy integers, numpy bool                     ``int``, ``bool``
@@ -61,7 +62,11 @@ _VERSION = 1
 _SPECIAL_FLOATS = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
 #: numpy float types carried with their type (float64 is a Python float and travels as one).
 _NUMPY_FLOATS = ("float16", "float32", "longdouble")
-_FRACTION = re.compile(r"-?[0-9]+/[0-9]+")
+_FRACTION = re.compile(r"-?[0-9a-f]+/[0-9a-f]+")
+_HEX_INT = re.compile(r"-?[0-9a-f]+")
+#: Ints outside [-2^63, 2^63) are carried in hexadecimal: JSON readers (and CPython's int <-> str, beyond 4,300 digits)
+#: do not hold them all.
+_INT64 = 2**63
 
 
 class XComAggregatesError(ValueError):
@@ -134,8 +139,10 @@ def _encode(value: Any) -> Any:
         return number
     if isinstance(value, Decimal):
         return {NUMBER: "decimal", "text": str(value)}
-    if isinstance(value, Fraction):
-        return {NUMBER: "fraction", "text": f"{value.numerator}/{value.denominator}"}
+    if isinstance(value, Fraction):  # hexadecimal: CPython limits decimal int <-> str to 4,300 digits, not hex
+        return {NUMBER: "fraction", "text": f"{value.numerator:x}/{value.denominator:x}"}
+    if type(value) is int and not -_INT64 <= value < _INT64:  # JSON's own ints stay readable where JSON holds them
+        return {NUMBER: "int", "text": f"{value:x}"}
     if isinstance(value, Mapping):
         reserved = sorted({ENVELOPE, NUMBER} & set(value))
         if reserved:
@@ -181,14 +188,23 @@ def _decode_number(tagged: Mapping) -> Any:
         if kind == "decimal":
             return Decimal(text)
         if kind == "fraction" and _FRACTION.fullmatch(text):
-            return Fraction(text)
+            numerator, denominator = text.split("/")
+            return Fraction(int(numerator, 16), int(denominator, 16))
+        if kind == "int" and _HEX_INT.fullmatch(text):
+            return int(text, 16)
         if kind in _NUMPY_FLOATS:
+            import warnings
+
             import numpy
 
-            return getattr(numpy, kind)(text)
+            # an overflow to inf converting the text warns into the task log: the type is what the release reads
+            with warnings.catch_warnings(), numpy.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                return getattr(numpy, kind)(text)
     except (InvalidOperation, ValueError, ZeroDivisionError):
         pass
     # the text is withheld (it may be a data value), and so is a kind this module never writes
-    named = f"of kind {kind!r}" if kind in ("float", "decimal", "fraction", *_NUMPY_FLOATS) else "of an unknown kind"
+    named = (f"of kind {kind!r}" if kind in ("float", "decimal", "fraction", "int", *_NUMPY_FLOATS)
+             else "of an unknown kind")
     raise XComAggregatesError(f"an encoded number {named} cannot be read: give the return value of "
                               "aggregates_for_xcom unchanged")

@@ -14,9 +14,11 @@ can publish exactly (:func:`aggregate_value_type`):
 
 **Bounds.** Every grid integer the engine holds is within +-2^62 (``SATURATION``) before noise. Noise is not bounded,
 so the bound is a tail bound: a discrete Laplace of scale t exceeds 90 t in magnitude with probability at most
-2 e^-90 < 2^-127 (its tail is e^(-m/t) / (1 + e^(-1/t))), a discrete Gaussian of variance sigma^2 exceeds 13.5 sigma
+2 e^-90 < 2^-127 (its tail is e^(-m/t) / (1 + e^(-1/t))), a discrete Gaussian of parameter sigma^2 (its variance
+is slightly smaller) exceeds 13.5 sigma
 with probability at most 2 e^-91.125 (it is sub-Gaussian with variance proxy sigma^2: Canonne, Kamath, Steinke 2020,
-section 2). A value beyond the bound (about one release in 10^38) is refused when written, not rounded
+section 2). A value beyond the bound (about one value in 10^38; a release of N cells, N times that) is refused
+when written, not rounded
 (:meth:`ValueType.column_value`). The scale comes from the step's published description (its exact
 ``scale_grid_units_exact`` / ``sigma2_grid_units_exact``); a description without them (an older release) is
 bounded with the largest scale a plan allows (2^62 grid units).
@@ -66,6 +68,11 @@ GAUSSIAN_TAIL_SQUARED = Fraction(729, 4)  # 13.5^2
 _LARGEST_SCALE = Fraction(SATURATION)
 
 
+class ColumnRangeError(ValueError):
+    """A published value beyond its column's range (a noise tail of probability below 2^-127 per value) or not of
+    its aggregate's type; the message names the column, never the value (it is a noised but unpublished number)."""
+
+
 @dataclass(frozen=True)
 class ValueType:
     """The type of a published value column: ``int64``, ``decimal`` (``precision`` digits, ``scale`` after the
@@ -97,11 +104,12 @@ class ValueType:
         ``None``) as this column holds it: an ``int`` for int64 (a whole ``float`` too: a rows file written before
         values were typed holds doubles); a ``Decimal`` for a decimal column (an ``int`` or ``Decimal`` exactly; a
         ``float``, which the JSON holds for a value of a fractional grid, as the multiple of 10^-scale nearest it:
-        the grid value it was rounded from, and a decimal that reads back as the same double); a ``float`` for
-        float64.
+        the grid value it was rounded from while it is within 2^53 grid units, else the grid value nearest the
+        double the ledger committed, which reads back as that double; only a rows file holds every digit there); a
+        ``float`` for float64.
 
         Raises:
-            ValueError: a value beyond the column's range (module docstring: about one release in 10^38), or a
+            ColumnRangeError: a value beyond the column's range (module docstring: about one value in 10^38), or a
                 fractional float for an int64 column (not a value of this aggregate).
         """
         if value is None:
@@ -112,7 +120,7 @@ class ValueType:
             if type(value) is float and value.is_integer():  # a rows file written before values were typed
                 value = int(value)
             if type(value) is not int or not -INT64_MAX - 1 <= value <= INT64_MAX:
-                raise ValueError(f"the value {value!r} does not fit the int64 value column")
+                raise ColumnRangeError("a value does not fit the int64 value column")
             return value
         try:
             with localcontext() as context:
@@ -123,8 +131,7 @@ class ValueType:
         except InvalidOperation:
             number = Decimal("Infinity")
         if not number.is_finite() or number.adjusted() >= self.precision - self.scale:
-            raise ValueError(f"the value {value!r} does not fit the decimal({self.precision}, {self.scale}) value "
-                             "column")
+            raise ColumnRangeError(f"a value does not fit the decimal({self.precision}, {self.scale}) value column")
         return number
 
     def __str__(self) -> str:
@@ -152,8 +159,15 @@ def grid_problem(grid: Fraction) -> str | None:
 
 def noise_bound(described: Mapping[str, Any]) -> int:
     """The most the noise of a step moves a value, in grid units, but with probability below 2^-127 (module
-    docstring), from the step's published description."""
-    if described.get("mechanism") == "discrete_gaussian":
+    docstring), from the step's published description.
+
+    Raises:
+        ValueError: a mechanism this bound does not cover (the spec allows the two discrete mechanisms only).
+    """
+    mechanism = described.get("mechanism")
+    if mechanism not in ("discrete_gaussian", "discrete_laplace"):
+        raise ValueError(f"no noise tail bound for mechanism {mechanism!r}: add its tail to value_types.noise_bound")
+    if mechanism == "discrete_gaussian":
         exact = described.get("sigma2_grid_units_exact")
         sigma2 = Fraction(exact) if isinstance(exact, str) else _LARGEST_SCALE**2
         return math.isqrt(math.ceil(GAUSSIAN_TAIL_SQUARED * sigma2)) + 1

@@ -100,19 +100,22 @@ def _patterns(horizon: int, participation: Participation):
                 yield steps
 
 
-def _largest_change(strategy, participation: Participation) -> Fraction:
+def _largest_change(strategy, participation: Participation, *, signs: bool = True) -> Fraction:
     """max ||C v||^2 over every pattern and every v with |v_i| <= 1 on it (a convex function of v: its maximum is at
-    a vertex, v_i = +-1)."""
+    a vertex, v_i = +-1). ``signs=False`` takes v = 1 only: the maximum too, since no entry of C^T C is negative
+    (checked with every sign for the smaller patterns)."""
     matrix = _measurements(strategy)
     best = Fraction(0)
     for steps in _patterns(strategy.horizon, participation):
-        for signs in itertools.product((1, -1), repeat=len(steps)):
-            change = sum((sum(s * row[j] for s, j in zip(signs, steps)) ** 2 for row in matrix), Fraction(0))
+        for vertex in itertools.product((1, -1), repeat=len(steps)) if signs else [(1,) * len(steps)]:
+            change = sum((sum(s * row[j] for s, j in zip(vertex, steps)) ** 2 for row in matrix), Fraction(0))
             best = max(best, change)
     return best
 
 
 PATTERNS = [Participation(k, b) for k in (1, 2, 3) for b in (1, 2, 3)]
+#: patterns up to every step of the horizons below: a unit in many steps fills the tree's few long intervals
+MANY_STEPS = [Participation(k, b) for k in (4, 5, 7, 9) for b in (1, 2)]
 
 
 @pytest.mark.parametrize("participation", PATTERNS, ids=lambda p: f"k={p.max_steps},b={p.min_separation}")
@@ -130,6 +133,18 @@ def test_the_tree_sensitivity_is_never_below_the_maximum_and_exact_for_consecuti
     assert strategy.sensitivity_squared(participation) >= largest
     if participation.min_separation == 1:
         assert strategy.sensitivity_squared(participation) == largest
+
+
+@pytest.mark.parametrize("participation", MANY_STEPS, ids=lambda p: f"k={p.max_steps},b={p.min_separation}")
+@pytest.mark.parametrize("horizon", [5, 7, 9])
+def test_sensitivities_stay_exact_when_a_unit_is_in_many_steps(horizon, participation):
+    for strategy in (SummedIncrements(horizon), SquareRootToeplitz(horizon)):
+        assert strategy.sensitivity_squared(participation) == _largest_change(strategy, participation, signs=False)
+    tree = BinaryTree(horizon)
+    largest = _largest_change(tree, participation, signs=False)
+    assert tree.sensitivity_squared(participation) >= largest
+    if participation.min_separation == 1:
+        assert tree.sensitivity_squared(participation) == largest
 
 
 def test_exhaustive_search_flags_a_sensitivity_taken_at_the_wrong_steps():

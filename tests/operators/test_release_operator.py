@@ -309,10 +309,11 @@ def test_a_second_try_while_the_first_holds_the_lease_waits_without_spending_a_t
         assert "This task waits (rescheduled to " in message and "no try spent" in message
         until = dt.datetime.fromisoformat(re.search(r"holds the budget lease until (\S+);", message).group(1))
         assert until >= before.replace(microsecond=0)  # renewed: the unrenewed lease has ended
-        # rescheduled past the renewed lease's end, within one lease (3 s, shorter than LEASE_WAIT_MIN) of now
-        wake, lease = waiting.value.reschedule_date, dt.timedelta(seconds=3.0)
+        # rescheduled past the renewed lease's end, within one lease (3 s) of now, but never sooner than
+        # LEASE_WAIT_MIN (5 s)
+        wake = waiting.value.reschedule_date
         assert wake.tzinfo is not None and wake > until
-        assert before + min(LEASE_WAIT_MIN, lease + LEASE_WAIT_MARGIN) <= wake <= after + lease + LEASE_WAIT_MARGIN
+        assert before + LEASE_WAIT_MIN <= wake <= after + LEASE_WAIT_MIN
         assert waiting.value.__cause__ is None and waiting.value.__suppress_context__
         # nothing charged, refused or published for try 2; try 1 still holds its reservation
         assert _states(ledger_conn) == [(1, "reserved")]
@@ -446,8 +447,72 @@ def test_a_held_lease_reschedules_to_its_end_within_one_lease(expires_in, waits)
     assert lease_wait_until(_held(end), 120.0, now=NOW) == NOW + dt.timedelta(seconds=waits)
 
 
+def test_a_lease_shorter_than_the_least_wait_still_waits_the_least():
+    from dp_operators.operators.release import lease_wait_until
+
+    assert lease_wait_until(_held(NOW + dt.timedelta(seconds=1)), 1.0, now=NOW) == NOW + LEASE_WAIT_MIN
+
+
+class _WaitingTaskInstance(FakeTaskInstance):
+    """A task instance rescheduled before, first at ``first_wait`` (what Airflow's supervisor reports)."""
+
+    first_wait: dt.datetime | None = None
+
+    def get_first_reschedule_date(self, context):
+        return self.first_wait
+
+
+@pytest.mark.parametrize(("waited", "fails"), [(dt.timedelta(hours=2), True), (dt.timedelta(minutes=30), False)])
+def test_a_task_waiting_for_a_lease_past_its_timeout_fails_without_retry(tmp_path, ledger_conn, adult_aggregates,
+                                                                          waited, fails):
+    """A holder renewing its lease for ever (a hung try whose keeper thread lives, or a reservation of this key
+    made by someone else) must not park the task in up_for_reschedule for ever."""
+    from dp_operators.ledger import ReleaseKey
+
+    holder = spender(str(ledger_conn.engine.url), lease_seconds=600)
+    ti = _WaitingTaskInstance(adult_aggregates, try_number=2)
+    ti.first_wait = dt.datetime.now(dt.timezone.utc) - waited
+    key = ReleaseKey(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, "adult_census_statistics")
+    holder.reserve(key, account="census_adult", amount=example_charge(), mechanisms=[], spec_hash="0" * 64)
+    op = DPReleaseOperator(task_id="release", spec_path=EXAMPLE_SPEC, aggregates_task_id="compute_aggregates",
+                           output_uri=f"file://{tmp_path / 'out'}", ledger_conn_id="dp_ledger_test",
+                           lease_wait_timeout=dt.timedelta(hours=1))
+    expected = AirflowFailException if fails else AirflowRescheduleException
+    with pytest.raises(expected) as raised:
+        op.execute(context_for(ti))
+    if fails:
+        assert "longer than lease_wait_timeout (1:00:00)" in str(raised.value)
+        assert "ledger attempt 1's lease" in str(raised.value) and "nothing was charged" in str(raised.value)
+    assert _states(ledger_conn) == [(1, "reserved")]
+
+
+def test_a_lease_wait_timeout_that_is_not_a_positive_timedelta_is_refused_at_construction():
+    with pytest.raises(ValueError, match="lease_wait_timeout must be a positive timedelta, got 3600"):
+        DPReleaseOperator(task_id="release", spec_path=EXAMPLE_SPEC, aggregates_task_id="x",
+                          lease_wait_timeout=3600)
+
+
 def test_a_naive_lease_end_is_read_as_utc():
     from dp_operators.operators.release import lease_wait_until
 
     naive = (NOW + dt.timedelta(seconds=60)).replace(tzinfo=None)
     assert lease_wait_until(_held(naive), 120.0, now=NOW) == NOW + dt.timedelta(seconds=61)
+
+
+def test_a_value_past_its_column_fails_the_publication_without_retry(tmp_path, ledger_conn, adult_aggregates,
+                                                                       monkeypatch):
+    """A noised value beyond its Parquet column's range (a tail of probability below 2^-127 per value) fails every
+    replay alike: the committed release's publication fails for good, naming the column and not the value."""
+    from dp_operators.release.value_types import ColumnRangeError, ValueType
+
+    def out_of_range(self, value):
+        raise ColumnRangeError("a value does not fit the int64 value column")
+
+    monkeypatch.setattr(ValueType, "column_value", out_of_range)
+    op = DPReleaseOperator(task_id="release", spec_path=EXAMPLE_SPEC, aggregates_task_id="compute_aggregates",
+                           output_uri=f"file://{tmp_path / 'out'}", output_formats=["json", "parquet"],
+                           ledger_conn_id="dp_ledger_test")
+    with pytest.raises(AirflowFailException, match="is committed in the ledger but cannot be published as asked: "
+                                                   "aggregate '\\w+': a value does not fit the int64 value column"):
+        op.execute(context_for(FakeTaskInstance(adult_aggregates)))
+    assert [charge["state"] for charge in ledger_conn.charges()] == ["committed"]
