@@ -230,7 +230,7 @@ def test_without_opendp_installed_an_opendp_spec_is_refused_before_any_budget(mo
     monkeypatch.setitem(sys.modules, "opendp", None)  # import opendp now raises ImportError
     monkeypatch.setitem(sys.modules, "opendp.prelude", None)
     spec = spec_with("opendp")
-    with pytest.raises(ReleaseConfigError, match=r"pip install 'dp-operators\[opendp\]'"):
+    with pytest.raises(ReleaseConfigError, match=r"pip install 'opendp>=0.12'"):
         plan_release(spec)
     ledger = make_ledger(tmp_path / "l.db", accountant="pure_dp", cap="10")
     called = []
