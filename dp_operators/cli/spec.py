@@ -94,6 +94,9 @@ def spec_plan(
         loaded = load_spec(spec)
     except SpecError as error:
         _fail(str(error))
+    if loaded.series is not None:
+        _print_series_plan(loaded, as_json)
+        return
     account = None
     chosen = accountant.value if accountant is not None else None
     delta = None
@@ -258,6 +261,52 @@ def spec_plan(
         if summary["runs_limited_by"] == "delta":
             line += " (limited by delta)"
     console.print(line, highlight=False)
+
+
+def _print_series_plan(loaded, as_json: bool) -> None:
+    """A series spec's plan: per aggregate, every candidate's half-width on the widest step and at the RMSE, and
+    the choice (docs/adr/0032). Public parameters only."""
+    from dp_operators.continual.plan import plan_spec_series
+
+    plans = plan_spec_series(loaded)
+    series = loaded.series
+    total = sum((plan.plan.rho for plan in plans), Fraction(0))
+    summary = {
+        "release": loaded.release, "budget_account": loaded.budget_account, "series": {
+            "horizon": series.horizon, "max_steps": series.participation.max_steps,
+            "min_separation": series.participation.min_separation, "mechanism": series.mechanism,
+            "after_horizon": series.after_horizon,
+        },
+        "confidence": loaded.confidence, "charge_per_series": {"unit": "rho", "amount": str(total)},
+        "aggregates": [{
+            "aggregate": plan.aggregate, "chosen": plan.plan.chosen.mechanism,
+            "candidates": [{
+                "mechanism": c.mechanism, "noise_variance": str(c.noise_variance),
+                "worst_step_std": c.worst_std, "rmse": c.rmse,
+                "worst_step_half_width": plan.worst_half_width[c.mechanism],
+                "rmse_half_width": plan.mean_half_width[c.mechanism],
+            } for c in plan.plan.candidates],
+        } for plan in plans],
+    }
+    if as_json:
+        console.print_json(json.dumps(summary))
+        return
+    level = f"{loaded.confidence:.0%}"
+    pattern = f"a unit in at most {series.participation.max_steps} step(s)"
+    if series.participation.min_separation > 1:
+        pattern += f", at least {series.participation.min_separation} steps apart"
+    table = Table(title=f"Plan of series {loaded.release!r}: {series.horizon} steps, {pattern} (no data read, "
+                  "nothing spent)", title_justify="left")
+    for column in ("aggregate", "mechanism", f"± widest step ({level})", f"± at the RMSE ({level})", "chosen"):
+        table.add_column(column, overflow="fold")
+    for plan in plans:
+        for c in plan.plan.candidates:
+            table.add_row(plan.aggregate, c.mechanism, f"{plan.worst_half_width[c.mechanism]:.4g}",
+                          f"{plan.mean_half_width[c.mechanism]:.4g}",
+                          "yes" if c.mechanism == plan.plan.chosen.mechanism else "")
+    console.print(table)
+    console.print(f"charge per series (zcdp): rho {_decimal(str(total))}, once for all {series.horizon} steps. "
+                  "This version plans series but does not release them yet.", highlight=False)
 
 
 def _mean_half_widths(plan, alpha: float, rows: int | None) -> list[dict]:

@@ -6,7 +6,8 @@ Under zCDP, one Gaussian measurement of ``C x`` with noise variance ``sigma^2`` 
 ``rho = Delta_C^2 / (2 sigma^2)``-zCDP, where ``Delta_C`` is the L2 sensitivity of ``C x`` (Bun & Steinke, TCC 2016,
 Prop. 1.6; the discrete Gaussian on a lattice holding ``C x`` satisfies the same bound, Canonne, Kamath, Steinke,
 NeurIPS 2020, coordinate by coordinate). The series spends its whole ``rho`` on that one measurement, so
-``sigma^2 = Delta_C^2 / (2 rho)``, and the running total after step ``t`` has noise variance
+``sigma^2 = Delta_C^2 Delta^2 / (2 rho)`` (``Delta`` the per-step sensitivity), and the running total after step
+``t`` has noise variance
 ``sigma^2 * v_t`` with ``v_t`` the strategy's step variance (:meth:`Strategy.step_variances`).
 """
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 from dp_operators.continual.strategies import (
     BinaryTree,
@@ -24,6 +27,9 @@ from dp_operators.continual.strategies import (
     SummedIncrements,
     strategies,
 )
+
+if TYPE_CHECKING:
+    from dp_operators.spec.models import Aggregate, ReleaseSpec
 
 #: ``mechanism`` values a series spec may name; ``auto`` picks the lowest planned worst-step error.
 MECHANISMS = ("auto", "summed_increments", "binary_tree", "tree_honaker", "sqrt_factorization")
@@ -56,8 +62,8 @@ class SeriesPlan:
         horizon: T, the number of steps.
         participation: the declared contribution pattern.
         rho: the series' whole budget (zCDP).
-        step_sensitivity: the L2 sensitivity of one step's increments (value units): a unit's contribution to the
-            increments of one step, over every key it may touch.
+        step_sensitivity_squared: the squared L2 sensitivity of one step's increments (value units squared): a
+            unit's contribution to the increments of one step, over every key it may touch.
         candidates: every candidate considered, in :func:`strategies` order (one if a mechanism was named).
         chosen: the candidate released.
     """
@@ -65,7 +71,7 @@ class SeriesPlan:
     horizon: int
     participation: Participation
     rho: Fraction
-    step_sensitivity: Fraction
+    step_sensitivity_squared: Fraction
     candidates: tuple[Candidate, ...]
     chosen: Candidate
 
@@ -83,10 +89,10 @@ def _strategy(mechanism: str, horizon: int) -> Strategy:
 
 
 def candidate(strategy: Strategy, participation: Participation, rho: Fraction,
-              step_sensitivity: Fraction) -> Candidate:
+              step_sensitivity_squared: Fraction) -> Candidate:
     """``strategy``'s noise and error for a series of budget ``rho`` (see the module docstring)."""
     sensitivity_squared = strategy.sensitivity_squared(participation)
-    noise_variance = sensitivity_squared * step_sensitivity * step_sensitivity / (2 * rho)
+    noise_variance = sensitivity_squared * step_sensitivity_squared / (2 * rho)
     variances = strategy.step_variances()
     return Candidate(
         mechanism=strategy.name,
@@ -98,14 +104,14 @@ def candidate(strategy: Strategy, participation: Participation, rho: Fraction,
 
 
 def plan_series(horizon: int, participation: Participation, rho: Fraction | int | str, *,
-                step_sensitivity: Fraction | int | str = 1, mechanism: str = "auto") -> SeriesPlan:
+                step_sensitivity_squared: Fraction | int | str = 1, mechanism: str = "auto") -> SeriesPlan:
     """Plan a series of ``horizon`` steps under ``participation`` with zCDP budget ``rho``.
 
     Args:
         horizon: T, the number of steps (1 to ``MAX_STEPS``).
         participation: the most steps a unit contributes to, and their least separation.
         rho: the series' whole budget (a positive exact number).
-        step_sensitivity: the L2 sensitivity of one step's increments, value units.
+        step_sensitivity_squared: the squared L2 sensitivity of one step's increments, value units squared.
         mechanism: a name of :data:`MECHANISMS`; ``auto`` takes the candidate with the lowest ``worst_std``
             (ties: the earlier in :func:`strategies`' order).
 
@@ -115,10 +121,64 @@ def plan_series(horizon: int, participation: Participation, rho: Fraction | int 
     Raises:
         ValueError: a horizon out of range, a non-positive budget or sensitivity, an unknown mechanism.
     """
-    rho, step_sensitivity = Fraction(rho), Fraction(step_sensitivity)
-    if rho <= 0 or step_sensitivity <= 0:
-        raise ValueError(f"rho and step_sensitivity must be > 0, got {rho}, {step_sensitivity}")
+    rho, squared = Fraction(rho), Fraction(step_sensitivity_squared)
+    if rho <= 0 or squared <= 0:
+        raise ValueError(f"rho and step_sensitivity_squared must be > 0, got {rho}, {squared}")
     chosen_strategies = strategies(horizon) if mechanism == "auto" else [_strategy(mechanism, horizon)]
-    candidates = tuple(candidate(s, participation, rho, step_sensitivity) for s in chosen_strategies)
+    candidates = tuple(candidate(s, participation, rho, squared) for s in chosen_strategies)
     chosen = min(candidates, key=lambda c: c.worst_std)  # min keeps the first of equals
-    return SeriesPlan(horizon, participation, rho, step_sensitivity, candidates, chosen)
+    return SeriesPlan(horizon, participation, rho, squared, candidates, chosen)
+
+
+@dataclass(frozen=True)
+class AggregateSeriesPlan:
+    """One aggregate of a series spec: its plan, and the half-width of a running total's interval at the spec's
+    confidence for each candidate (``z * std``, the Gaussian quantile; the discrete Gaussian's tails are no wider).
+
+    Attributes:
+        aggregate: the aggregate's name.
+        plan: the series plan of its budget (``budget.rho``) and per-step sensitivity.
+        worst_half_width: candidate name -> the widest step's half-width, value units.
+        mean_half_width: candidate name -> the half-width at the root mean square std over the steps.
+    """
+
+    aggregate: str
+    plan: SeriesPlan
+    worst_half_width: dict[str, float]
+    mean_half_width: dict[str, float]
+
+
+def step_sensitivity_squared(spec: ReleaseSpec, aggregate: Aggregate) -> Fraction:
+    """The squared L2 sensitivity of one step's increments of ``aggregate``, value units squared: L0 keys, each
+    moved by at most ``Linf`` grid units (the fixed-point rounding included, as for every release; ADR 10):
+    ``L0 * (Linf * grid)^2``, with L0 capped by the number of public keys."""
+    contribution = spec.contribution_for(aggregate)
+    component = "count" if aggregate.kind == "count" else "sum"
+    linf = aggregate.linf_grid_units(contribution.max_contributions_per_partition)[component]
+    partitions = min(contribution.max_partitions_contributed, aggregate.partition_count or 1)
+    grid = Fraction(1) if aggregate.kind == "count" else Fraction(aggregate.grid)
+    return partitions * (linf * grid) ** 2
+
+
+def plan_spec_series(spec: ReleaseSpec) -> list[AggregateSeriesPlan]:
+    """The series plan of each aggregate of a spec with a ``series`` block (public parameters only).
+
+    Raises:
+        ValueError: the spec declares no series.
+    """
+    if spec.series is None:
+        raise ValueError(f"release {spec.release!r} declares no series")
+    series = spec.series
+    participation = Participation(series.participation.max_steps, series.participation.min_separation)
+    quantile = NormalDist().inv_cdf((1 + spec.confidence) / 2)
+    plans = []
+    for aggregate in spec.aggregates:
+        plan = plan_series(series.horizon, participation, aggregate.budget.rho,
+                           step_sensitivity_squared=step_sensitivity_squared(spec, aggregate),
+                           mechanism=series.mechanism)
+        plans.append(AggregateSeriesPlan(
+            aggregate=aggregate.name, plan=plan,
+            worst_half_width={c.mechanism: quantile * c.worst_std for c in plan.candidates},
+            mean_half_width={c.mechanism: quantile * c.rmse for c in plan.candidates},
+        ))
+    return plans

@@ -765,7 +765,8 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
             mechanisms at the written budget, which may cost more than needed on a zCDP account.
 
     Raises:
-        ReleaseConfigError: a component the engine cannot release as planned: binary64 sums under partition
+        ReleaseConfigError: a series spec (planned by :func:`dp_operators.continual.plan.plan_spec_series`, not
+            released yet); a component the engine cannot release as planned: binary64 sums under partition
             selection (:func:`~dp_operators.release.float_sums.check_partition_selection`), binary64 sums whose
             float cannot carry the grid or whose error allowance exceeds the sensitivity, or values that can reach the
             saturation limit (:func:`~dp_operators.release.float_sums.check_component`), or noise whose scale
@@ -773,6 +774,12 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
             plan's noise (:func:`check_sampler`). Nothing is reserved.
         ValueError: an unknown accountant name.
     """
+    if spec.series is not None:
+        raise ReleaseConfigError(
+            f"release {spec.release!r} is a series (series: horizon {spec.series.horizon}): 'dpctl spec plan' shows "
+            "its planned errors, but this version cannot release a series yet (its ledger, which charges the "
+            "series once and keeps its noise state, is not built): release the aggregates without 'series'"
+        )
     if accountant is not None:
         unit_of(accountant)
     steps: list[NoiseStep] = []

@@ -105,6 +105,10 @@ PartitionsContributed = Annotated[int, _bounded_integer(1, MAX_PARTITIONS_CONTRI
 ContributionsPerPartition = Annotated[int, _bounded_integer(1, MAX_CONTRIBUTIONS_PER_PARTITION)]
 #: A row bound, an integer in [1, MAX_ROWS].
 RowBound = Annotated[int, _bounded_integer(1, MAX_ROWS)]
+#: The longest series, in steps (``dp_operators.continual.strategies.MAX_STEPS``, kept equal by a test).
+MAX_SERIES_STEPS = 10_000
+#: A number of series steps, an integer in [1, MAX_SERIES_STEPS].
+SeriesSteps = Annotated[int, _bounded_integer(1, MAX_SERIES_STEPS)]
 
 
 def _key_value(value: object) -> str | int:
@@ -474,6 +478,37 @@ def _linf_message(aggregate: Aggregate, component: str, linf: int, per_partition
     )
 
 
+class SeriesParticipation(_Strict):
+    """How often one privacy unit contributes over a series (the ``(k, b)``-participation of Choquette-Choo et al.,
+    ICML 2023): in at most ``max_steps`` steps, any two of them at least ``min_separation`` steps apart (1: any
+    steps). Within a step, the spec's ``contribution`` bounds apply as for any release."""
+
+    max_steps: SeriesSteps = 1
+    min_separation: SeriesSteps = 1
+
+
+class Series(_Strict):
+    """A release declared as a series: running totals published at each of ``horizon`` steps (one DAG run each)
+    from one budget, the aggregates' ``budget.rho`` being the whole series' (docs/adr/0032).
+
+    ``mechanism`` ``auto`` takes the lowest planned worst-step error among summed increments, the binary tree, the
+    tree with Honaker's estimates and the square-root factorization, from public parameters only. ``after_horizon``
+    says what a run past the last step does: ``refuse``, or ``new_series`` (a new series, charged again).
+    """
+
+    horizon: SeriesSteps
+    participation: SeriesParticipation = SeriesParticipation()
+    mechanism: Literal["auto", "summed_increments", "binary_tree", "tree_honaker", "sqrt_factorization"] = "auto"
+    after_horizon: Literal["refuse", "new_series"] = "refuse"
+
+    @model_validator(mode="after")
+    def _fits(self) -> Series:
+        if self.participation.max_steps > self.horizon:
+            raise ValueError(f"participation.max_steps ({self.participation.max_steps}) exceeds the horizon "
+                             f"({self.horizon}): a unit contributes to at most every step")
+        return self
+
+
 #: Texts pydantic reads as booleans, as every boolean field of a spec does (``clamp_nonnegative: no`` is False).
 _BOOLEAN_TEXTS = {"yes", "no", "on", "off", "true", "false", "y", "n", "t", "f", "1", "0"}
 
@@ -583,6 +618,7 @@ class ReleaseSpec(_Strict):
     aggregates: list[Aggregate] = Field(min_length=1)
     postprocess: Postprocess = Postprocess()
     sampler: Sampler = "vectorised"
+    series: Series | None = None
 
     @field_validator("release")
     @classmethod
@@ -642,6 +678,41 @@ class ReleaseSpec(_Strict):
                 loc=("postprocess", "consistent"),
                 input=self.postprocess.consistent,
             )]) from None
+        return self
+
+    @model_validator(mode="after")
+    def _series_aggregates(self) -> ReleaseSpec:
+        """A series releases counts and sums over public keys, noised by one Gaussian measurement of the whole
+        series (ADR 32): each aggregate a ``count`` or ``sum``, public ``keys`` (the same at every step), budget
+        ``{rho}``, mechanism ``discrete_gaussian`` or ``auto``; no consistent families."""
+        if self.series is None:
+            return self
+        problems = []
+
+        def problem(loc: tuple, message: str, value: object) -> None:
+            problems.append(InitErrorDetails(type=PydanticCustomError("value_error", "{message}", {"message": message}),
+                                             loc=loc, input=value))
+
+        for index, aggregate in enumerate(self.aggregates):
+            if aggregate.kind not in ("count", "sum"):
+                problem(("aggregates", index, "kind"), f"a series releases running counts and sums, not a "
+                        f"{aggregate.kind}: release it without 'series', or its sum and count as two aggregates",
+                        aggregate.kind)
+            if not aggregate.public_keys:
+                problem(("aggregates", index, "partition_selection"), "a series needs public keys, the same at "
+                        "every step: give 'keys' instead of partition_selection", "partition_selection")
+            if aggregate.budget.form != "rho":
+                problem(("aggregates", index, "budget"), "a series' budget is zCDP: give {rho} (the whole series' "
+                        f"budget), got {aggregate.budget.form}", aggregate.budget.form)
+            if aggregate.mechanism == "discrete_laplace":
+                problem(("aggregates", index, "mechanism"), "a series is noised by one Gaussian measurement: use "
+                        "mechanism discrete_gaussian or auto (series.mechanism chooses the strategy)",
+                        aggregate.mechanism)
+        if self.postprocess.consistent:
+            problem(("postprocess", "consistent"), "a series' running totals are not made consistent across "
+                    "aggregates: drop postprocess.consistent", self.postprocess.consistent)
+        if problems:
+            raise ValidationError.from_exception_data(type(self).__name__, problems)
         return self
 
     def contribution_for(self, aggregate: Aggregate) -> ContributionBounds:

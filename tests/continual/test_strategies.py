@@ -70,7 +70,8 @@ def test_a_named_mechanism_is_planned_alone():
 
 
 def test_the_noise_variance_is_exact_in_the_budget_and_the_step_sensitivity():
-    plan = plan_series(100, Participation(3), Fraction(1, 8), step_sensitivity=2, mechanism="summed_increments")
+    plan = plan_series(100, Participation(3), Fraction(1, 8), step_sensitivity_squared=4,
+                       mechanism="summed_increments")
     # Delta_C^2 = 3 steps; sigma^2 = 3 * 2^2 / (2 / 8)
     assert plan.chosen.sensitivity_squared == 3 and plan.chosen.noise_variance == 48
 
@@ -197,5 +198,5 @@ def test_a_horizon_out_of_range_and_a_bad_pattern_are_refused():
         SummedIncrements(0)
     with pytest.raises(ValueError, match="max_steps and min_separation must be >= 1"):
         Participation(0)
-    with pytest.raises(ValueError, match="rho and step_sensitivity must be > 0"):
+    with pytest.raises(ValueError, match="rho and step_sensitivity_squared must be > 0"):
         plan_series(10, Participation(1), 0)
