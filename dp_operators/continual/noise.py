@@ -13,9 +13,11 @@ Units: noise is drawn in *lattice units* (integers); :attr:`SeriesNoise.lattice`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
+from statistics import NormalDist
 
 from dp_operators.continual.plan import Candidate
 from dp_operators.continual.strategies import (
@@ -25,7 +27,7 @@ from dp_operators.continual.strategies import (
     Strategy,
     SummedIncrements,
 )
-from dp_operators.mechanisms.samplers import sample_discrete_gaussian_vector
+from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,24 @@ class SeriesNoise:
         return [(0, step)]
 
     def draw(self, step: int) -> list[int]:
-        """Fresh exact noise (lattice units) for :meth:`measurements_at` ``(step)``, from the OS CSPRNG."""
-        return sample_discrete_gaussian_vector(self.sigma2, len(self.measurements_at(step)))
+        """Fresh exact noise (lattice units) for :meth:`measurements_at` ``(step)``, from the OS CSPRNG (the exact
+        vectorised discrete Gaussian sampler, ADR 22)."""
+        return [int(value) for value in sample_discrete_gaussian_array(self.sigma2, len(self.measurements_at(step)))]
+
+    def half_width(self, step: int, confidence: float) -> float:
+        """The half-width of the running total's interval at step ``step`` (0-based), value units: the Gaussian
+        quantile at ``confidence`` times the planned standard deviation ``sqrt(noise_variance * v_step)`` (the
+        discrete Gaussian's variance is at most its parameter and its tails no wider than the Gaussian's: CKS 2020,
+        section 2), from public parameters only.
+
+        Raises:
+            ValueError: a step outside the series, or a confidence outside (0, 1).
+        """
+        if not 0 <= step < self.strategy.horizon or not 0 < confidence < 1:
+            raise ValueError(f"step must be in [0, {self.strategy.horizon}) and confidence in (0, 1), got {step}, "
+                             f"{confidence}")
+        variance = float(self.candidate.noise_variance) * float(self.strategy.step_variances()[step])
+        return NormalDist().inv_cdf((1 + confidence) / 2) * math.sqrt(variance)
 
     def total_noise(self, history: list[list[int]]) -> Fraction:
         """``(B z)_t`` in value units, exactly, where ``t = len(history) - 1`` and ``history[s]`` is step ``s``'s
