@@ -19,6 +19,8 @@ from fractions import Fraction
 from functools import cached_property
 from statistics import NormalDist
 
+import numpy as np
+
 from dp_operators.continual.plan import Candidate
 from dp_operators.continual.strategies import (
     GRID_BITS,
@@ -135,6 +137,45 @@ class SeriesNoise:
                 total += self._estimate(node, noise) if tree.honaker else noise[node]
                 start += 1 << level
         return total
+
+    def measurement_order(self) -> list[tuple[int, int]]:
+        """Every measurement of the series in the order the steps draw them (the columns of :meth:`decoder_rows`)."""
+        return [node for step in range(self.strategy.horizon) for node in self.measurements_at(step)]
+
+    def decoder_rows(self) -> np.ndarray:
+        """Shape (horizon, measurements), float64: row ``t`` holds the weights of :meth:`total_noise` at step ``t``
+        on every measurement (lattice units in, value units out: times :attr:`lattice`). For simulation and
+        planning, where a float is exact enough; a published total is :meth:`total_noise`, in rationals."""
+        order = self.measurement_order()
+        column = {node: index for index, node in enumerate(order)}
+        horizon = self.strategy.horizon
+        rows = np.zeros((horizon, len(order)))
+        lattice = float(self.lattice)
+        if isinstance(self.strategy, SummedIncrements):
+            rows[:, :] = np.tril(np.ones((horizon, horizon)))
+        elif isinstance(self.strategy, SquareRootToeplitz):
+            b = np.array([float(value) for value in self.decoder])
+            for t in range(horizon):
+                rows[t, :t + 1] = b[t::-1]
+        else:
+            tree: BinaryTree = self.strategy  # type: ignore[assignment]
+            for t in range(horizon):
+                length, start = t + 1, 0
+                for level in reversed(range(tree.levels)):
+                    if length >> level & 1:
+                        self._add_weights(rows[t], (level, start >> level), 1.0, column, tree.honaker)
+                        start += 1 << level
+        return rows * lattice
+
+    def _add_weights(self, row: np.ndarray, node: tuple[int, int], weight: float, column: dict, honaker: bool) -> None:
+        level, index = node
+        if not honaker or level == 0:
+            row[column[node]] += weight
+            return
+        own = float(self.honaker_weights[level])
+        row[column[node]] += weight * own
+        for half in (2 * index, 2 * index + 1):
+            self._add_weights(row, (level - 1, half), weight * (1 - own), column, honaker)
 
     @cached_property
     def honaker_weights(self) -> list[Fraction]:

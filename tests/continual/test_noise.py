@@ -157,3 +157,18 @@ def test_published_intervals_cover_the_true_total_95_percent_of_the_time(strateg
 def test_a_half_width_outside_the_series_is_refused():
     with pytest.raises(ValueError, match=r"step must be in \[0, 8\)"):
         series(SummedIncrements(8)).half_width(8, 0.95)
+
+
+@pytest.mark.parametrize("strategy", [SummedIncrements(11), BinaryTree(11), BinaryTree(11, honaker=True),
+                                      SquareRootToeplitz(11)], ids=lambda s: s.name)
+def test_the_float_decoder_rows_are_the_exact_decoders_weights(strategy):
+    noise = series(strategy)
+    rows = noise.decoder_rows()
+    rng = random.Random(3)
+    history = [[rng.randrange(-1000, 1000) for _ in noise.measurements_at(step)] for step in range(11)]
+    flat = np.array([float(v) for draws in history for v in draws])
+    for t in range(11):
+        assert rows[t] @ flat == pytest.approx(float(noise.total_noise(history[:t + 1])), rel=1e-12, abs=1e-9)
+    # each row's squared weights are the planned step variance (in lattice units squared)
+    np.testing.assert_allclose((rows / float(noise.lattice)) ** 2 @ np.ones(rows.shape[1]),
+                               strategy.step_variances(), rtol=1e-9)
