@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import typing
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -65,9 +68,38 @@ def parse_spec(text: str, *, source: str = "<string>") -> ReleaseSpec:
         for problem in error.errors():
             message = problem["msg"].removeprefix("Value error, ")
             if problem["type"] == "extra_forbidden":
-                message = "unknown field (check the spelling; see docs/spec-reference.md)"
+                near = _nearest_field(problem["loc"])
+                hint = f"did you mean {near!r}? " if near else "check the spelling; "
+                message = f"unknown field ({hint}see docs/spec-reference.md)"
             lines.append(f"  {_field_path(problem['loc'], document)}: {message}")
         raise SpecError("\n".join(lines)) from None
+
+
+def _nearest_field(location: tuple) -> str | None:
+    """The field of the model at ``location`` (a pydantic error location) closest to its last element's spelling,
+    if one is close (difflib's ratio of at least 0.6), else None."""
+    model: Any = ReleaseSpec
+    for part in location[:-1]:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        model = _model_in(field.annotation) if field is not None else None
+        if model is None:
+            return None
+    fields = list(getattr(model, "model_fields", {}))
+    found = difflib.get_close_matches(str(location[-1]), fields, n=1, cutoff=0.6) if location else []
+    return found[0] if found else None
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model an annotation holds (``Aggregate`` in ``list[Aggregate]``, ``Series | None``), or None."""
+    if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+        return annotation
+    for argument in typing.get_args(annotation):
+        found = _model_in(argument)
+        if found is not None:
+            return found
+    return None
 
 
 def load_spec(path: str | Path) -> ReleaseSpec:
