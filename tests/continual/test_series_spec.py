@@ -105,3 +105,14 @@ def test_spec_plan_prints_every_candidate_and_the_choice(tmp_path: Path):
     stds = {c["mechanism"]: round(c["worst_step_std"], 2) for c in flights["candidates"]}
     assert stds["sqrt_factorization"] == 14.15 and stds["summed_increments"] == 59.16  # the issue's k = 7, T = 1000
     assert Fraction(summary["charge_per_series"]["amount"]) == 1
+
+
+def test_the_guides_example_series_plans_as_the_guide_says():
+    """docs/continual.md's spec, as written: its plan chooses the square root at ± 4.08 (1.96 x 2.08)."""
+    from support import REPO
+
+    text = (REPO / "docs" / "continual.md").read_text()
+    example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    [flights] = plan_spec_series(parse_spec(example, source="docs/continual.md"))
+    assert flights.plan.chosen.mechanism == "sqrt_factorization"
+    assert round(flights.worst_half_width["sqrt_factorization"], 2) == 4.08
