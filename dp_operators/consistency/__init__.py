@@ -9,8 +9,7 @@ ledger: these functions see noised values and public parameters only. User guide
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dp_operators._lazy import lazy_attributes
 
 #: public name -> defining submodule, imported on first use (PEP 562)
 _LAZY = {
@@ -22,11 +21,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -7,8 +7,7 @@ of ``mechanism: auto``). Public parameters only; nothing here reads data. Decisi
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dp_operators._lazy import lazy_attributes
 
 #: public name -> defining submodule, imported on first use (PEP 562)
 _LAZY = {
@@ -20,11 +19,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -10,9 +10,9 @@ configuration models, so ``dpctl --help`` and commands that never open a ledger 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from dp_operators._lazy import lazy_attributes
 from dp_operators.ledger.errors import (
     AccountNotFoundError,
     AmbiguousReleaseKeyError,
@@ -77,17 +77,4 @@ __all__ = [
     "load_ledger_config",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # Anything else (a submodule such as ``schema``) raises AttributeError, so ``from dp_operators.ledger import
-    # schema`` still falls back to importing the submodule.
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

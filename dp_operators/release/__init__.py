@@ -10,9 +10,9 @@ the order of steps and the neighbouring relation.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from dp_operators._lazy import lazy_attributes
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,15 +65,4 @@ __all__ = [
     "run_release",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
