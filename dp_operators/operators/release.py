@@ -43,7 +43,7 @@ from dp_operators.operators.lease_wait import (
     lease_held_message,
     lease_wait_until,
 )
-from dp_operators.operators.lineage import ReleaseLineageMixin
+from dp_operators.operators.lineage import RELEASE_LOCATION_XCOM_KEY, ReleaseLineageMixin
 from dp_operators.operators.locations import (
     check_publishable,
     diagnostics_file,
@@ -256,6 +256,9 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             map_index=-1 if ti.map_index is None else ti.map_index,
             release_name=self.release_spec.release,
         )
+        # the "DP release" link reads this key when the try ends, failed or not; pushed empty now (no link), so that
+        # a refused try does not log Airflow's "XCom not found" error beside its refusal
+        ti.xcom_push(key=RELEASE_LOCATION_XCOM_KEY, value="")
         self._check_sinks(key)  # before anything is spent: a release that cannot be published is never charged
         try:
             ledger = DPLedgerHook(ledger_conn_id=self.ledger_conn_id).get_ledger()
@@ -452,7 +455,7 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         if self.sql_sink is not None:
             self.log.info("published release %r to SQL table %s", output["release"], self.sql_sink.table)
         if "json" in locations:
-            ti.xcom_push(key="release_location", value=locations["json"])
+            ti.xcom_push(key=RELEASE_LOCATION_XCOM_KEY, value=locations["json"])
         return PublishedRelease(
             output=output, replayed=replayed, locations=locations,
             sql_table=None if self.sql_sink is None else self.sql_sink.table,

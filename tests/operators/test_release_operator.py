@@ -84,10 +84,13 @@ def test_retry_returns_the_stored_release_byte_for_byte(tmp_path, ledger_conn, a
 def test_exhaustion_fails_the_task_without_retry_and_publishes_nothing(tmp_path, ledger_conn, adult_aggregates):
     for run in ("a", "b"):
         operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, run_id=run)))
+    refused = FakeTaskInstance(adult_aggregates, run_id="c")
     with pytest.raises(AirflowFailException, match="remaining 0, short by"):
-        operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates, run_id="c")))
+        operator(tmp_path).execute(context_for(refused))
     assert not (tmp_path / "out" / "adult_census_statistics" / "adult_census_release" / "c").exists()
     assert len(list(ledger_conn.charges())) == 2
+    # the "DP release" link's key exists, empty: no link, and no "XCom not found" error when Airflow reads it
+    assert refused.pushed == {"release_location": ""}
 
 
 def test_missing_upstream_value_fails_clearly(tmp_path, ledger_conn):
