@@ -1171,12 +1171,23 @@ _ABANDON = _owner_function("dp_abandon", _AUDITED, "", "", f"""
   RETURN jsonb_build_object('status', 'abandoned');
 """)
 
+_MAX_HOLD = schema.MAX_RESERVATION_HOLD_SECONDS
+#: dp_renew's refusal once a reservation is older than MAX_RESERVATION_HOLD_SECONDS (Ledger.renew says the same).
+_HELD_TOO_LONG = (
+    "format('charge %s has held its release key since %s, longer than the ledger allows (" + str(_MAX_HOLD)
+    + " s): its lease is not renewed, and another attempt may take the release over once it runs out', c.id, "
+    "dp_ts_text(c.created_at))"
+)
+
 _RENEW = _owner_function("dp_renew", ", p_lease_seconds double precision", """
   v_end timestamp with time zone;""", f"""
   IF NOT coalesce(p_lease_seconds > 0 AND p_lease_seconds <= {_MAX_LEASE}, false) THEN
     {_fail(BAD_VALUE, "format('lease_seconds must be in (0, " + str(_MAX_LEASE) + "], got %s', p_lease_seconds)",
            "jsonb_build_object('kind', 'lease')")}
-  END IF;""", """
+  END IF;""", f"""
+  IF c.created_at < clock_timestamp() - interval '{_MAX_HOLD} seconds' THEN
+    {_fail(CHARGE_STATE, _HELD_TOO_LONG, "jsonb_build_object('kind', 'held')")}
+  END IF;
   v_end := clock_timestamp() + make_interval(secs => p_lease_seconds);
   UPDATE dp_charges AS x SET lease_expires_at = v_end WHERE x.id = c.id;
   RETURN jsonb_build_object('status', 'renewed', 'lease_expires_at', dp_ts_text(v_end));

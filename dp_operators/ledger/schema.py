@@ -168,6 +168,10 @@ ACCOUNT_GOVERNED_COLUMNS = ("accountant", "cap", "delta", "privacy_unit", "allow
 #: The longest lease a reservation may hold (seconds): the guard trigger refuses a later lease end, and the
 #: ledger treats one as expired, so a tampered lease cannot block a release key for ever.
 MAX_LEASE_SECONDS = 3600
+#: How long a reservation may hold its release key against other attempts: renewals are refused once it is this old
+#: (seconds since the charge was created), so its lease then runs out and another attempt may take the release over
+#: (a hung try whose keeper thread lives, or a reservation of another task's key, cannot hold it for ever).
+MAX_RESERVATION_HOLD_SECONDS = 6 * 3600
 
 
 def _sqlite_triggers() -> dict[str, str]:

@@ -658,7 +658,9 @@ class Ledger(LedgerBase):
         event (the lease is the only column that changes).
 
         Raises:
-            ChargeStateError: the reservation is not this charge's owner, or it is no longer ``reserved``.
+            ChargeStateError: the reservation is not this charge's owner, or it is no longer ``reserved``, or it was
+                created more than ``MAX_RESERVATION_HOLD_SECONDS`` (6 h) ago: no reservation holds its release key
+                against other attempts longer than that.
         """
         self.check_schema()
         if self._in_database:
@@ -669,7 +671,15 @@ class Ledger(LedgerBase):
 
         def work(conn: Connection) -> dt.datetime:
             _, charge = self._owned_charge(conn, reservation, "renewed")
-            end = self._db_now(conn) + dt.timedelta(seconds=self.lease_seconds)
+            now = self._db_now(conn)
+            created = charge.created_at if charge.created_at.tzinfo else charge.created_at.replace(tzinfo=dt.timezone.utc)
+            if now - created > dt.timedelta(seconds=schema.MAX_RESERVATION_HOLD_SECONDS):
+                raise ChargeStateError(
+                    f"charge {charge.id} has held its release key since {created.isoformat()}, longer than the ledger "
+                    f"allows ({schema.MAX_RESERVATION_HOLD_SECONDS} s): its lease is not renewed, and another attempt "
+                    "may take the release over once it runs out"
+                )
+            end = now + dt.timedelta(seconds=self.lease_seconds)
             conn.execute(_UPDATE_CHARGE, {"lease_expires_at": end, "charge_id": charge.id})
             return end
 
@@ -690,8 +700,8 @@ class Ledger(LedgerBase):
                 try:
                     self.renew(reservation)
                     wait = period
-                except ChargeStateError:  # taken over or finished: nothing left to renew; the commit will say
-                    log.warning("the reservation's lease ended: another attempt took the release over")
+                except ChargeStateError as error:  # taken over, finished or held too long: the commit will say
+                    log.warning("the reservation's lease is no longer renewed: %s", error)
                     return
                 except Exception as error:  # noqa: BLE001 - transient (lock race, connection): try again soon
                     log.warning("the reservation's lease could not be renewed (%s); retrying", type(error).__name__)
@@ -877,6 +887,8 @@ def _refusal(
             return ChargeStateError(f"{where} does not exist; nothing {action}")
         if kind == "not_owner":
             return _not_owned(where, action)
+        if kind == "held":  # dp_renew: older than MAX_RESERVATION_HOLD_SECONDS; the function's text says so
+            return ChargeStateError(message)
         return _not_reserved(where, detail["state"], action)
     if code == pg_functions.LEASE_HELD and key is not None:
         return _lease_held(key, detail["attempt"], dt.datetime.fromisoformat(detail["expires_at"]))

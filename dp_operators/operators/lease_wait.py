@@ -13,8 +13,10 @@ from dp_operators.ledger import LeaseHeldError, ReleaseKey
 LEASE_WAIT_MIN = dt.timedelta(seconds=5)
 #: How far past the lease's end the task is rescheduled, so that the lease has expired when it runs again.
 LEASE_WAIT_MARGIN = dt.timedelta(seconds=1)
-#: How long a task waits for leases in all by default (``lease_wait_timeout``) before it fails without a retry.
-LEASE_WAIT_TIMEOUT = dt.timedelta(hours=6)
+#: How long a task waits for leases in all by default (``lease_wait_timeout``) before it fails without a retry: past
+#: the ledger's cap on a reservation's hold (``MAX_RESERVATION_HOLD_SECONDS``, 6 h) plus the longest lease (1 h), so
+#: that a hold by a hung try or another task's reservation has run out, and been taken over, before the wait ends.
+LEASE_WAIT_TIMEOUT = dt.timedelta(hours=7)
 
 
 def lease_wait_until(error: LeaseHeldError, lease_seconds: float, now: dt.datetime | None = None) -> dt.datetime:

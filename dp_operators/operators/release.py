@@ -132,7 +132,7 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             exact, data-derived numbers: point it next to the true aggregates, readable only by the people who may
             see them. Default None: no report (the task log never holds such numbers). (templated)
         lease_wait_timeout: how long the task waits, in all, for another try's live lease on this release
-            (:data:`LEASE_WAIT_TIMEOUT`, 6 hours, by default), counted from its first wait; then it fails without a
+            (:data:`LEASE_WAIT_TIMEOUT`, 7 hours, by default), counted from its first wait; then it fails without a
             retry. A holder that keeps renewing that long is hung (its keeper thread alive, its work not) or is not
             one of this task's tries.
 

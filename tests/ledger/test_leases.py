@@ -179,8 +179,9 @@ def test_the_lease_keeper_stops_when_the_charge_is_no_longer_its_own(ledger_url,
     with caplog.at_level(logging.WARNING, logger="dp_operators.ledger.spend"):
         with ledger.lease(reservation):
             ledger.release(reservation)  # the next renewal finds the charge released
-            wait_for_log(caplog, "the reservation's lease ended")
-    assert caplog.text.count("the reservation's lease ended: another attempt took the release over") == 1
+            wait_for_log(caplog, "the reservation's lease is no longer renewed")
+    assert caplog.text.count("the reservation's lease is no longer renewed: charge 1 ") == 1
+    assert "is released, no longer reserved" in caplog.text
     assert reservation.token not in caplog.text
 
 
@@ -542,3 +543,36 @@ def test_a_lease_beyond_the_maximum_counts_as_expired(ledger_url, monkeypatch):
     reconciled = ledger.reconcile()
     assert [row["id"] for row in reconciled] == [reservation.charge_id]
     assert ledger.account("a").spent == AMOUNT  # abandoned, still spent
+
+
+def _age(ledger_url: str, charge_id: int, monkeypatch, hours: float) -> None:
+    """Make charge ``charge_id`` ``hours`` old on the ledger's clock: on PostgreSQL its created_at moved back (the
+    guard triggers skipped, as the server's superuser may), on SQLite the clock the ledger reads moved ahead."""
+    if ledger_url.startswith("sqlite"):
+        real = Ledger._db_now
+        monkeypatch.setattr(Ledger, "_db_now", lambda self, conn: real(self, conn) + dt.timedelta(hours=hours))
+        return
+    engine = sa.create_engine(ledger_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+        conn.execute(sa.text("UPDATE dp_charges SET created_at = created_at - make_interval(secs => :s) "
+                             "WHERE id = :id"), {"s": hours * 3600, "id": charge_id})
+    engine.dispose()
+
+
+def test_a_reservation_holds_its_key_for_six_hours_at_most(ledger_url, monkeypatch):
+    """A try hung with its keeper thread alive, or a reservation of another task's release key, keeps renewing its
+    lease: past MAX_RESERVATION_HOLD_SECONDS the ledger refuses the renewal, so the lease runs out and another
+    attempt may take the release over. A younger reservation renews as before."""
+    from dp_operators.ledger.schema import MAX_RESERVATION_HOLD_SECONDS
+
+    assert MAX_RESERVATION_HOLD_SECONDS == 6 * 3600
+    ledger_with(ledger_url, a=account_config("pure_dp", cap=1))
+    holder = spender(ledger_url, lease_seconds=1)
+    young, old = reserve(holder, "young"), reserve(holder, "old")
+    holder.renew(young)  # a young reservation renews
+    _age(ledger_url, old.charge_id, monkeypatch, 6.1)
+    with pytest.raises(ChargeStateError, match=rf"charge {old.charge_id} has held its release key since .*longer than "
+                       r"the ledger allows \(21600 s\): its lease is not renewed"):
+        holder.renew(old)
+    assert stored(holder, old.charge_id)["state"] == "reserved"  # nothing changed: the lease simply runs out
