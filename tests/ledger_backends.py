@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -54,6 +54,17 @@ def pg_database() -> Iterator[sa.URL]:
         admin.dispose()
 
 
+def drop_scratch(conn: sa.Connection, schema: str | None, roles: Iterable[str]) -> None:
+    """Drop a test's PostgreSQL schema (if given) and its login roles that still exist, with what they own or were
+    granted (``conn``: an autocommit connection of the server's superuser)."""
+    if schema is not None:
+        conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    for role in roles:
+        if conn.exec_driver_sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'").first():
+            conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
+            conn.exec_driver_sql(f'DROP ROLE "{role}"')
+
+
 @pytest.fixture(scope="module")
 def pg_roles(pg_database) -> Iterator[tuple[str, str]]:
     """A spender and a governor login role for one test module (cluster-wide; dropped at the end)."""
@@ -67,9 +78,7 @@ def pg_roles(pg_database) -> Iterator[tuple[str, str]]:
         yield roles
     finally:
         with admin.connect() as conn:
-            for role in roles:
-                conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
-                conn.exec_driver_sql(f'DROP ROLE "{role}"')
+            drop_scratch(conn, None, roles)
         admin.dispose()
 
 

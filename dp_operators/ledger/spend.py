@@ -672,7 +672,9 @@ class Ledger(LedgerBase):
         def work(conn: Connection) -> dt.datetime:
             _, charge = self._owned_charge(conn, reservation, "renewed")
             now = self._db_now(conn)
-            created = charge.created_at if charge.created_at.tzinfo else charge.created_at.replace(tzinfo=dt.timezone.utc)
+            created = charge.created_at
+            if created.tzinfo is None:  # SQLite's DateTime holds UTC without its zone
+                created = created.replace(tzinfo=dt.timezone.utc)
             if now - created > dt.timedelta(seconds=schema.MAX_RESERVATION_HOLD_SECONDS):
                 raise ChargeStateError(
                     f"charge {charge.id} has held its release key since {created.isoformat()}, longer than the ledger "

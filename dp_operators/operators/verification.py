@@ -48,7 +48,7 @@ from dp_operators.operators.sinks import (
 )
 from dp_operators.operators.flat_rows import COLUMNS
 from dp_operators.release.rows_file import ROWS_SUFFIX, RowsFileError, check_rows_files
-from dp_operators.release.value_types import exact_number
+from dp_operators.release.value_types import published_fraction
 
 #: Verdicts, from the one that passes to those that do not.
 MATCHES = "matches"
@@ -430,7 +430,7 @@ def _exact_row(row: Mapping[str, Any]) -> tuple:
         TypeError: a number column holding something else.
     """
     value = _row_value(row)
-    return tuple(exact_number(value if column == "value" else row[column]) if column in _NUMBER_COLUMNS
+    return tuple(published_fraction(value if column == "value" else row[column]) if column in _NUMBER_COLUMNS
                  else (type(row[column]), row[column]) for column in COLUMNS)
 
 

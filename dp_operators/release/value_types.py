@@ -125,7 +125,8 @@ class ValueType:
         try:
             with localcontext() as context:
                 context.prec = DECIMAL256_DIGITS + 2  # beyond any column: the check below refuses what does not fit
-                number = Decimal(value) if type(value) is int else Decimal(value).quantize(Decimal(1).scaleb(-self.scale))
+                step = Decimal(1).scaleb(-self.scale)
+                number = Decimal(value) if type(value) is int else Decimal(value).quantize(step)
                 if isinstance(value, Decimal) and number != value:
                     raise InvalidOperation  # a Decimal of a finer scale than the column's: never rounded
         except InvalidOperation:
@@ -246,9 +247,10 @@ def output_value_types(output: Mapping[str, Any]) -> dict[str, ValueType]:
     return types
 
 
-def exact_number(value: Any) -> Fraction | None:
-    """``value`` (an ``int``, ``float``, ``Decimal`` or ``None``) as the exact rational it denotes, for comparing
-    values exactly whatever their column types (``None`` stays ``None``; a bool is not a number here).
+def published_fraction(value: Any) -> Fraction | None:
+    """``value`` (an ``int``, ``float``, ``Decimal`` or ``None``) as the exact rational it holds, for comparing values
+    exactly whatever their column types (``None`` stays ``None``; a bool is not a number here). A float is its binary
+    value, unlike :func:`dp_operators.accounting.exact_number`, which reads a spec's float as the decimal written.
 
     Raises:
         TypeError: anything else (text, a non-finite number).

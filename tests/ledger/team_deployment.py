@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from dp_operators.ledger import AccountConfig, Ledger, LedgerConfig, LedgerGovernor
 from dp_operators.ledger.team_roles import apply_team_roles
+from ledger_backends import drop_scratch
 from support import GOVERNOR_KEY, SPEND_KEY
 
 
@@ -98,9 +99,5 @@ def team_deployment(
     finally:
         t.dispose()
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{t.schema}" CASCADE')
-            for role in t.roles:
-                if conn.exec_driver_sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'").first():
-                    conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
-                    conn.exec_driver_sql(f'DROP ROLE "{role}"')
+            drop_scratch(conn, t.schema, t.roles)
         admin.dispose()

@@ -59,7 +59,7 @@ from dp_operators.ledger.keys import GOVERNOR_KEY_ENV, SPEND_KEY_ENV
 from dp_operators.ledger.pg_functions import FUNCTIONS, MAX_MECHANISMS_CHARS, SPEND_FUNCTIONS
 from dp_operators.ledger.roles import LEDGER_SEQUENCES
 from dp_operators.ledger.team_roles import apply_team_roles
-from ledger_backends import account_config
+from ledger_backends import account_config, drop_scratch
 from old_ledgers import version_3_ledger
 from support import GOVERNOR_KEY, SPEND_KEY, governor, spender
 
@@ -161,11 +161,7 @@ def deployment(pg_database: sa.URL) -> Iterator[Deployment]:
         d.dispose()
         admin = _admin(pg_database)
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{d.schema}" CASCADE')
-            for role in d.roles:
-                if conn.exec_driver_sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'").first():
-                    conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
-                    conn.exec_driver_sql(f'DROP ROLE "{role}"')
+            drop_scratch(conn, d.schema, d.roles)
         admin.dispose()
 
 

@@ -23,7 +23,14 @@ from dp_operators.release.publish import (
     grid_values,
     published_interval,
 )
-from dp_operators.release.rows_file import LocalRowsStore, cells_table, check_rows_files, local_path, write_rows_file, RowsFileError
+from dp_operators.release.rows_file import (
+    LocalRowsStore,
+    RowsFileError,
+    cells_table,
+    check_rows_files,
+    local_path,
+    write_rows_file,
+)
 from dp_operators.spec import parse_spec
 
 GRIDS = [Fraction(1), Fraction(7), Fraction(1, 4), Fraction(1, 3), Fraction(10**9 + 7, 10**20), Fraction(3, 2**60)]
