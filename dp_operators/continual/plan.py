@@ -76,7 +76,12 @@ class SeriesPlan:
     chosen: Candidate
 
 
-def _strategy(mechanism: str, horizon: int) -> Strategy:
+def strategy_of(mechanism: str, horizon: int) -> Strategy:
+    """The strategy a series mechanism names (not ``auto``), for ``horizon`` steps.
+
+    Raises:
+        ValueError: an unknown name.
+    """
     if mechanism == "summed_increments":
         return SummedIncrements(horizon)
     if mechanism == "binary_tree":
@@ -124,7 +129,7 @@ def plan_series(horizon: int, participation: Participation, rho: Fraction | int 
     rho, squared = Fraction(rho), Fraction(step_sensitivity_squared)
     if rho <= 0 or squared <= 0:
         raise ValueError(f"rho and step_sensitivity_squared must be > 0, got {rho}, {squared}")
-    chosen_strategies = strategies(horizon) if mechanism == "auto" else [_strategy(mechanism, horizon)]
+    chosen_strategies = strategies(horizon) if mechanism == "auto" else [strategy_of(mechanism, horizon)]
     candidates = tuple(candidate(s, participation, rho, squared) for s in chosen_strategies)
     chosen = min(candidates, key=lambda c: c.worst_std)  # min keeps the first of equals
     return SeriesPlan(horizon, participation, rho, squared, candidates, chosen)

@@ -98,6 +98,13 @@ class Strategy(abc.ABC):
         true value)."""
 
     @abc.abstractmethod
+    def redraw_sensitivity_squared(self, participation: Participation) -> Fraction:
+        """The squared L2 sensitivity of the measurements one step completes, at the worst step, under
+        ``participation``: what measuring a step a second time (fresh noise, after an attempt that may have
+        published its first measurement died) costs, in the units of :meth:`sensitivity_squared` (an upper bound,
+        and never above it: those measurements are some of ``C``'s rows). ADR 33."""
+
+    @abc.abstractmethod
     def step_variances(self) -> np.ndarray:
         """Shape (horizon,): the variance of the noise on each published running total, for measurement noise of
         variance 1 (float64, from public parameters)."""
@@ -117,6 +124,9 @@ class SummedIncrements(Strategy):
 
     def sensitivity_squared(self, participation: Participation) -> Fraction:
         return Fraction(participation.steps_in(self.horizon))
+
+    def redraw_sensitivity_squared(self, participation: Participation) -> Fraction:
+        return Fraction(1)  # a step measures its own increment, to which a unit contributes once at most
 
     def step_variances(self) -> np.ndarray:
         return np.arange(1, self.horizon + 1, dtype=np.float64)
@@ -159,6 +169,13 @@ class BinaryTree(Strategy):
             rest = min(k - full * cap, cap) if full < intervals else 0
             total += full * cap * cap + rest * rest
         return Fraction(total)
+
+    def redraw_sensitivity_squared(self, participation: Participation) -> Fraction:
+        # the step 2^(levels-1) - 1 completes one interval of every level; a unit's steps t, t - b, ... put
+        # min(k, ceil(2^l / b)) of them in the level-l interval ending at t, in every level at once
+        k = participation.steps_in(self.horizon)
+        return Fraction(sum(min(k, -(-(1 << level) // participation.min_separation)) ** 2
+                            for level in range(self.levels)))
 
     def level_variances(self) -> np.ndarray:
         """Shape (levels,): the variance of an interval's estimate at each level (1 for a bare measurement; with
@@ -228,6 +245,13 @@ class SquareRootToeplitz(Strategy):
             for t in range(start, self.horizon):
                 column_sum[t] += numerators[t - start]
         return Fraction(sum(value * value for value in column_sum), 1 << (2 * GRID_BITS))
+
+    def redraw_sensitivity_squared(self, participation: Participation) -> Fraction:
+        # step t measures (C x)_t = sum_s c_(t-s) x_s: with c non-increasing a unit's steps t, t - b, t - 2b, ...
+        # give the most, sum_i c_(i b), which the earliest pattern's column sum reaches at its last step
+        numerators = self.numerators
+        largest = sum(numerators[start] for start in participation.earliest(self.horizon))
+        return Fraction(largest * largest, 1 << (2 * GRID_BITS))
 
     def step_variances(self) -> np.ndarray:
         return np.cumsum(self.decoder_coefficients ** 2)

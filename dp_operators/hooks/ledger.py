@@ -32,6 +32,7 @@ from airflow.sdk import BaseHook
 from dp_operators.ledger import AuditKey, LedgerKeyError
 
 if TYPE_CHECKING:
+    from dp_operators.continual.state import SeriesKey
     from dp_operators.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ GOVERNOR_KEY_EXTRA = "governor_key"
 LEASE_SECONDS_EXTRA = "lease_seconds"
 #: Extra holding the spend keys a rotation retired (replays of releases they signed are authenticated with them).
 RETIRED_KEYS_EXTRA = "retired_audit_keys"
+#: The connection extra holding the series key (workers' connection): it seals series' noise state (ADR 32).
+SERIES_KEY_EXTRA = "series_key"
 
 
 def lease_seconds_from_extra(conn_id: str, value: Any) -> float:
@@ -104,7 +107,7 @@ def _key_from_extra(conn: Any, name: str) -> AuditKey | None:
     return key
 
 
-def _mask(key: AuditKey) -> None:
+def _mask(key: AuditKey | SeriesKey) -> None:
     """Redact the key from task logs (Airflow masks extras by name, and ``audit_key`` is not one of its names)."""
     try:
         from airflow.sdk.log import mask_secret
@@ -192,6 +195,27 @@ class DPLedgerHook(BaseHook):
     def get_audit_key(self) -> AuditKey | None:
         """The spend key in the connection's extra ``audit_key`` (``None`` if unset; ``LedgerKeyError`` if too short)."""
         return audit_key_from_connection(self.get_connection(self.ledger_conn_id))
+
+    def get_series_key(self) -> SeriesKey | None:
+        """The series key in the connection's extra ``series_key`` (64 hex digits; ``None`` if unset), masked in
+        task logs: it seals a series' noise state (:mod:`dp_operators.continual.state`).
+
+        Raises:
+            ValueError: the extra is not 64 hex digits (the message never shows it).
+        """
+        from dp_operators.continual.state import SeriesKey
+
+        value = (self.get_connection(self.ledger_conn_id).extra_dejson or {}).get(SERIES_KEY_EXTRA)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ValueError(f"connection {self.ledger_conn_id!r}: extra {SERIES_KEY_EXTRA!r} must be a string")
+        try:
+            key = SeriesKey.from_text(value)
+        except ValueError as error:
+            raise ValueError(f"connection {self.ledger_conn_id!r}, extra {SERIES_KEY_EXTRA!r}: {error}") from None
+        _mask(key)
+        return key
 
     def get_ledger(self, **kwargs: Any) -> Ledger:
         """The spender's :class:`Ledger` on the connection's database, signing with the connection's ``audit_key``

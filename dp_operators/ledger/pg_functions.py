@@ -921,13 +921,15 @@ END
 
 _RESERVE = Function(
     "dp_reserve",
-    f"p_key bytea, p_account text, {_RELEASE_KEY_ARGS}, p_amount text, p_delta text, p_mechanisms text, "
-    "p_spec_hash text, p_try_number integer, p_context text, p_token_hash text, p_lease_seconds double precision",
+    f"p_key bytea, p_account text, {_RELEASE_KEY_ARGS}, p_amount text, p_takeover text, p_delta text, "
+    "p_mechanisms text, p_spec_hash text, p_try_number integer, p_context text, p_token_hash text, p_lease_seconds double precision",
     "jsonb",
     f"""
 DECLARE
   v_key_id text;
   v_amount numeric[];
+  v_takeover numeric[];
+  v_amount_text text;
   v_delta numeric[];
   v_limit numeric[];
   v_remaining numeric[];
@@ -949,7 +951,8 @@ DECLARE
   e dp_audit_events;{_CHECK_JSON_VARS}{_LEASE_VARS}{_LOCK_VARS}
 BEGIN
 {_SPEND_KEY_ID}{_RELEASE_KEY_CHECK}
-  {_amount("v_amount", "p_amount", "amount", True)}
+  {_amount("v_amount", "p_amount", "amount", False)}
+  {_amount("v_takeover", "p_takeover", "takeover amount", True)}
   {_amount("v_delta", "p_delta", "delta", False)}{_check_json("p_mechanisms", "'mechanisms'", str(MAX_MECHANISMS_CHARS),
                                                           str(MAX_JSON_DEPTH), "'array'")}
   IF p_spec_hash IS NULL OR length(p_spec_hash) > 64 THEN
@@ -1002,6 +1005,14 @@ BEGIN
   IF v_replay THEN
     RETURN jsonb_build_object('status', 'replay', 'output', v_output);
   END IF;
+  -- the first attempt of a key is charged the amount; a later one (an earlier attempt may have drawn noise) the
+  -- takeover amount, which is > 0 (ADR 33: a series step's first attempt costs nothing more, a redraw does)
+  v_amount_text := p_amount;
+  IF v_attempt > 1 THEN
+    v_amount := v_takeover;
+    v_amount_text := p_takeover;
+  END IF;
+  v_refused.amount := v_amount_text;
   v_now := clock_timestamp();
   IF v_reserved THEN
     FOR c IN SELECT * FROM (SELECT * FROM dp_charges AS x WHERE {_KEY_MATCHES} OFFSET 0) AS x
@@ -1044,7 +1055,7 @@ BEGIN
   INSERT INTO dp_charges (account, dag_id, run_id, task_id, map_index, release_name, attempt, state, amount,
                           delta_amount, mechanisms, spec_hash, try_number, context, token_hash, lease_expires_at,
                           created_at, updated_at)
-    VALUES (a.name, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, v_attempt, 'reserved', p_amount,
+    VALUES (a.name, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, v_attempt, 'reserved', v_amount_text,
             p_delta, p_mechanisms, p_spec_hash, p_try_number, v_context, p_token_hash, v_lease, v_created, v_created)
     RETURNING id INTO v_charge_id;
   {_q_sum("v_total", "v_spent", "v_amount", "+", "true")}

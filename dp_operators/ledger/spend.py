@@ -317,6 +317,47 @@ class Ledger(LedgerBase):
                 return None
             events = [dict(row) for row in
                       conn.execute(_RESERVED_AND_COMMITTED, {"charge_id": charges[0]["id"]}).mappings()]
+        return self._authenticated(key, charges, events)
+
+    def authenticated_outputs(self, key: ReleaseKey, account: str) -> dict[str, dict]:
+        """The committed outputs of every release key that is ``key`` but for a run id starting with
+        ``key.run_id``, on ``account``: run id -> output, each authenticated as :meth:`authenticated_output` does
+        (one read of the charges and one of their events, however many keys). A series reads its steps so
+        (``__dp_series__/...`` run ids: :mod:`dp_operators.continual.run`).
+
+        Raises:
+            AuditChainError, LedgerKeyError: as :meth:`authenticated_output`, for any of the keys.
+        """
+        self.check_schema()
+        fields = key.as_dict()
+        with self._read() as conn:
+            charges = [dict(row) for row in conn.execute(
+                sa.select(schema.charges).where(
+                    _c.dag_id == fields["dag_id"], _c.task_id == fields["task_id"],
+                    _c.map_index == fields["map_index"], _c.release_name == fields["release_name"],
+                    _c.run_id.startswith(key.run_id, autoescape=True), _c.account == account,
+                    _c.state == "committed",
+                ).order_by(_c.run_id, _c.attempt)).mappings()]
+            events = [dict(row) for row in conn.execute(
+                sa.select(schema.audit_events).where(
+                    _a.charge_id.in_([charge["id"] for charge in charges]),
+                    _a.event.in_(("reserved", "committed")),
+                ).order_by(_a.account_seq)).mappings()] if charges else []
+        by_run: dict[str, list[dict]] = {}
+        for charge in charges:
+            by_run.setdefault(charge["run_id"], []).append(charge)
+        outputs = {}
+        for run_id, committed in by_run.items():
+            ids = {charge["id"] for charge in committed}
+            outputs[run_id] = self._authenticated(
+                ReleaseKey(key.dag_id, run_id, key.task_id, key.map_index, key.release_name), committed,
+                [event for event in events if event["charge_id"] in ids],
+            )
+        return outputs
+
+    def _authenticated(self, key: ReleaseKey, charges: list[dict], events: list[dict]) -> dict:
+        """The output of the committed ``charges`` of ``key`` (one, else refused) once its ``reserved`` and
+        ``committed`` ``events`` authenticate it (:meth:`authenticated_output`)."""
         where = (f"the committed output of release {key.release_name!r} (DAG {key.dag_id!r}, run {key.run_id!r}, "
                  f"task {key.task_id!r}, map index {key.map_index})")
 
@@ -385,16 +426,20 @@ class Ledger(LedgerBase):
         try_number: int | None = None,
         delta: Fraction | int = 0,
         audit: Mapping[str, Any] | None = None,
+        takeover_amount: Fraction | int | None = None,
     ) -> Reservation | dict:
         """Atomically check the budget and reserve ``amount`` (and ``delta`` on an ``approx_dp`` account) for the
-        release ``key``, under a lease of ``lease_seconds``.
+        release ``key``, under a lease of ``lease_seconds``; a later attempt of ``key`` (an earlier one was
+        reserved, so it may have drawn noise) is charged ``takeover_amount`` instead.
 
         Returns the stored output (a ``dict``) if ``key`` was already committed (idempotent replay: nothing is
         charged), else a :class:`Reservation` with its token. A ``reserved`` charge of the same key whose lease has
         expired (its attempt died) is marked ``abandoned`` and stays counted as spent.
 
         Args:
-            amount: the charge in the account's unit (rounded up to the ledger's resolution).
+            amount: the charge in the account's unit (rounded up to the ledger's resolution); 0 only with a
+                positive ``takeover_amount`` (a series step, whose budget its series paid: ADR 33).
+            takeover_amount: what an attempt after the key's first is charged (default ``amount``); > 0.
             mechanisms: JSON-safe descriptions of every noised step (kind, scale, sensitivity, loss), recorded with
                 the charge and in the audit log so the spend can be recomputed later.
             delta: the delta part of the charge; must be 0 unless the account is ``approx_dp``.
@@ -410,9 +455,11 @@ class Ledger(LedgerBase):
         """
         self.check_schema()
         amount = round_up(exact_number(amount, name="amount"))
+        takeover = amount if takeover_amount is None else round_up(exact_number(takeover_amount, name="takeover_amount"))
         delta = round_up(exact_number(delta, name="delta"))
-        if amount <= 0:
-            raise ValueError(f"a charge must be > 0, got {amount}")
+        if amount < 0 or takeover <= 0:
+            raise ValueError(f"a charge must be > 0 (0 only for a first attempt, with a takeover amount > 0), got "
+                             f"{amount} and takeover amount {takeover}")
         if delta < 0:
             raise ValueError(f"a delta charge must be >= 0, got {delta}")
         signing_key = self._spend_key()
@@ -422,7 +469,8 @@ class Ledger(LedgerBase):
         token = secrets.token_urlsafe(32)
         if self._in_database:
             return self._reserve_in_database(
-                key, account, amount, delta, mechanisms_text, spec_hash, try_number, context, signing_key, token
+                key, account, amount, takeover, delta, mechanisms_text, spec_hash, try_number, context, signing_key,
+                token,
             )
 
         def work(conn: Connection) -> Reservation | dict | Refusal:
@@ -442,6 +490,8 @@ class Ledger(LedgerBase):
                 chain.flush(conn)
                 return Refusal(DagNotAllowedError.of(key.dag_id, account, allowed))
             previous = conn.execute(_CHARGES_OF_KEY, key.as_dict()).all()
+            attempt = max((charge.attempt for charge in previous), default=0) + 1
+            charged = amount if attempt == 1 else takeover
             # Only this account's charges of the key are replayed, waited for or taken over: another account's (a
             # spec that changed account, or another team whose DAG id is allowed on an account of its own) stay as
             # they are, spent until their own account's reconcile.
@@ -456,8 +506,8 @@ class Ledger(LedgerBase):
                     abandon(conn, chain, charge, context, "lease expired; a later attempt of the same release key took over")
             remaining = round_down(stored_fraction(row.cap, f"budget account {account!r}: cap") - chain.spent)
             refusal: BudgetExhaustedError | None = None
-            if amount > remaining:
-                refusal = BudgetExhaustedError(account, unit_of(row.accountant), amount, max(remaining, Fraction(0)))
+            if charged > remaining:
+                refusal = BudgetExhaustedError(account, unit_of(row.accountant), charged, max(remaining, Fraction(0)))
             elif row.accountant == "approx_dp":
                 remaining_delta = round_down(
                     stored_fraction(row.delta, f"budget account {account!r}: delta") - chain.delta_spent
@@ -466,13 +516,12 @@ class Ledger(LedgerBase):
                     refusal = BudgetExhaustedError(account, "delta", delta, max(remaining_delta, Fraction(0)))
             if refusal is not None:
                 chain.append(
-                    conn, "refused", context, amount=amount, delta_amount=delta, mechanisms=mechanisms_text,
+                    conn, "refused", context, amount=charged, delta_amount=delta, mechanisms=mechanisms_text,
                     details={"reason": "budget_exhausted", "remaining": str(refusal.remaining), "unit": refusal.unit},
                     **key_fields,
                 )
                 chain.flush(conn)
                 return Refusal(refusal)
-            attempt = max((charge.attempt for charge in previous), default=0) + 1
             created = _utcnow()
             lease_end = now + dt.timedelta(seconds=self.lease_seconds)
             hashed = token_hash(token)
@@ -482,7 +531,7 @@ class Ledger(LedgerBase):
                     "account": account,
                     "attempt": attempt,
                     "state": "reserved",
-                    "amount": str(amount),
+                    "amount": str(charged),
                     "delta_amount": str(delta),
                     "mechanisms": mechanisms_text,
                     "spec_hash": spec_hash,
@@ -495,15 +544,15 @@ class Ledger(LedgerBase):
                     **key.as_dict(),
                 },
             ).inserted_primary_key[0]
-            chain.spent = round_up(chain.spent + amount)
+            chain.spent = round_up(chain.spent + charged)
             chain.delta_spent = round_up(chain.delta_spent + delta)
             chain.append(
-                conn, "reserved", context, charge_id=charge_id, attempt=attempt, amount=amount, delta_amount=delta,
+                conn, "reserved", context, charge_id=charge_id, attempt=attempt, amount=charged, delta_amount=delta,
                 mechanisms=mechanisms_text, token_hash=hashed, created_at=created, **key_fields,
             )
             chain.flush(conn)
             return Reservation(
-                charge_id=charge_id, key=key, account=account, amount=amount, attempt=attempt, delta=delta,
+                charge_id=charge_id, key=key, account=account, amount=charged, attempt=attempt, delta=delta,
                 token=token, lease_expires_at=lease_end,
             )
 
@@ -737,14 +786,14 @@ class Ledger(LedgerBase):
         return self.dialect == "postgresql"
 
     def _reserve_in_database(
-        self, key: ReleaseKey, account: str, amount: Fraction, delta: Fraction, mechanisms: str, spec_hash: str,
-        try_number: int | None, context: Mapping[str, Any], signing_key: AuditKey, token: str,
+        self, key: ReleaseKey, account: str, amount: Fraction, takeover: Fraction, delta: Fraction, mechanisms: str,
+        spec_hash: str, try_number: int | None, context: Mapping[str, Any], signing_key: AuditKey, token: str,
     ) -> Reservation | dict:
         result = self._call(
             "dp_reserve",
             {
                 "key": signing_key.secret, "account": account, **key.as_dict(), "amount": str(amount),
-                "delta": str(delta), "mechanisms": mechanisms, "spec_hash": spec_hash, "try_number": try_number,
+                "takeover": str(takeover), "delta": str(delta), "mechanisms": mechanisms, "spec_hash": spec_hash, "try_number": try_number,
                 "context": canonical_json(dict(context)), "token_hash": token_hash(token),
                 "lease_seconds": float(self.lease_seconds),
             },
@@ -753,7 +802,8 @@ class Ledger(LedgerBase):
         status = result["status"]
         if status == "reserved":
             return Reservation(
-                charge_id=result["charge_id"], key=key, account=account, amount=amount, attempt=result["attempt"],
+                charge_id=result["charge_id"], key=key, account=account,
+                amount=amount if result["attempt"] == 1 else takeover, attempt=result["attempt"],
                 delta=delta, token=token, lease_expires_at=dt.datetime.fromisoformat(result["lease_expires_at"]),
             )
         if status == "replay":
@@ -761,7 +811,7 @@ class Ledger(LedgerBase):
         if status == "dag_not_allowed":
             raise DagNotAllowedError.of(key.dag_id, account, result["allowed"])
         if status == "budget_exhausted":
-            requested = delta if result["unit"] == "delta" else amount
+            requested = delta if result["unit"] == "delta" else takeover
             raise BudgetExhaustedError(account, result["unit"], requested, Fraction(result["remaining"]))
         raise AssertionError(f"dp_reserve returned an unknown status {status!r}")  # pragma: no cover
 

@@ -599,8 +599,8 @@ class _Verifier:
         self, chain: _Chain, row: Mapping[str, Any], amount: Fraction, delta_amount: Fraction, flag: Any
     ) -> None:
         """A ``reserved`` event is legal only within the cap, delta cap and allowlist in force at that point."""
-        if row["amount"] is None or amount <= 0:
-            flag(f"a reservation must be > 0, got {shown(row['amount'])}")
+        if row["amount"] is None or amount < 0 or (amount == 0 and row["attempt"] != 1):
+            flag(f"a reservation must be > 0 (0 only for a release key's first attempt), got {shown(row['amount'])}")
         if delta_amount < 0:
             flag(f"a reservation's delta must be >= 0, got {shown(row['delta_amount'])}")
         stored = chain.stored

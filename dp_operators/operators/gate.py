@@ -135,6 +135,14 @@ def load_planned_spec(spec_path: str) -> tuple[ReleaseSpec, str]:
         SpecError: the spec is unreadable or invalid (file, field path, reason), or cannot be planned.
     """
     spec, digest = load_spec_with_hash(spec_path)
+    if spec.series is not None:  # planned step by step (dp_operators.continual.run); checked here as every run will
+        from dp_operators.continual.run import check_releasable
+
+        try:
+            check_releasable(spec)
+        except ReleaseConfigError as error:
+            raise SpecError(f"{spec_path}: the spec cannot be planned: {error}") from None
+        return spec, digest
     try:
         plan = plan_release(spec)
         if spec.postprocess.consistent:  # a family every run would refuse fails the import (no scipy needed here)

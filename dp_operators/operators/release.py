@@ -19,6 +19,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from sqlalchemy.exc import SQLAlchemyError
 
 from dp_operators.accounting import IncompatibleAccountantError
+from dp_operators.continual.state import SeriesKeyError
 from dp_operators.hooks.ledger import DPLedgerHook
 from dp_operators.ledger import LeaseHeldError, LedgerError, ReleaseKey
 from dp_operators.release import (
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
 #: :class:`LeaseHeldError`, which is caught first and is no failure at all: another try of the same release still
 #: holds its lease, so the task is rescheduled to the lease's end (:func:`lease_wait_until`, ADR 31) without spending
 #: a try, and then replays that try's output or takes the release over.
-_PERMANENT = (LedgerError, ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError)
+_PERMANENT = (LedgerError, ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError, SeriesKeyError)
 
 
 
@@ -260,23 +261,34 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         # a refused try does not log Airflow's "XCom not found" error beside its refusal
         ti.xcom_push(key=RELEASE_LOCATION_XCOM_KEY, value="")
         self._check_sinks(key)  # before anything is spent: a release that cannot be published is never charged
+        hook = DPLedgerHook(ledger_conn_id=self.ledger_conn_id)
         try:
-            ledger = DPLedgerHook(ledger_conn_id=self.ledger_conn_id).get_ledger()
+            ledger = hook.get_ledger()
+            series_key = hook.get_series_key() if self.release_spec.series is not None else None
         except (ValueError, LedgerError) as error:  # the connection is misconfigured: no retry fixes it
             raise AirflowFailException(str(error)) from None
         try:
-            result = run_release(
-                self.release_spec,
-                lambda: self.read_aggregates(context),  # read only if the release is not a replay
-                ledger,
-                key,
-                spec_hash=self.spec_sha256,
-                try_number=getattr(ti, "try_number", None),
-                audit=_audit_context(context),
-                diagnostics=self._diagnostics_writer(key) if self.diagnostics_uri else None,
-                rows_store=self._rows_store(key),
-                inline_rows_limit=self.inline_rows_limit,
-            )
+            if self.release_spec.series is not None:  # one step of a series (dp_operators.continual.run)
+                from dp_operators.continual.run import run_series_step
+
+                result = run_series_step(
+                    self.release_spec, lambda: self.read_aggregates(context), ledger, key, _step_run(context),
+                    series_key=series_key, spec_hash=self.spec_sha256, try_number=getattr(ti, "try_number", None),
+                    audit=_audit_context(context),
+                )
+            else:
+                result = run_release(
+                    self.release_spec,
+                    lambda: self.read_aggregates(context),  # read only if the release is not a replay
+                    ledger,
+                    key,
+                    spec_hash=self.spec_sha256,
+                    try_number=getattr(ti, "try_number", None),
+                    audit=_audit_context(context),
+                    diagnostics=self._diagnostics_writer(key) if self.diagnostics_uri else None,
+                    rows_store=self._rows_store(key),
+                    inline_rows_limit=self.inline_rows_limit,
+                )
         except ReleaseAbortedError as error:
             # the original exception's text is not audited for data: it stays out of the task log
             raise AirflowFailException(str(error)) from None
@@ -532,6 +544,20 @@ def _inside(inner: str, outer: str) -> bool:
     inner_text = str(ObjectStoragePath(inner)).rstrip("/")
     outer_text = str(ObjectStoragePath(outer)).rstrip("/")
     return inner_text == outer_text or inner_text.startswith(outer_text + "/")
+
+
+def _step_run(context: Context) -> Any:
+    """The series step's run: Airflow's run id and data interval (public, never the data)."""
+    from dp_operators.continual.run import StepRun
+
+    ti, dag_run = context["ti"], context.get("dag_run")
+    start = context.get("data_interval_start") or getattr(dag_run, "data_interval_start", None)
+    end = context.get("data_interval_end") or getattr(dag_run, "data_interval_end", None)
+    if start is None or end is None:
+        raise ReleaseConfigError(
+            f"run {ti.run_id!r} has no data interval: a series step is the run's data interval (give the DAG a "
+            "schedule; a manual run of a scheduled DAG gets one from its logical date)")
+    return StepRun(ti.run_id, start, end)
 
 
 def _audit_context(context: Context) -> dict[str, Any]:

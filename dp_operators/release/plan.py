@@ -765,8 +765,8 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
             mechanisms at the written budget, which may cost more than needed on a zCDP account.
 
     Raises:
-        ReleaseConfigError: a series spec (planned by :func:`dp_operators.continual.plan.plan_spec_series`, not
-            released yet); a component the engine cannot release as planned: binary64 sums under partition
+        ReleaseConfigError: a series spec (planned by :func:`dp_operators.continual.plan.plan_spec_series`,
+            released step by step by :func:`dp_operators.continual.run.run_series_step`); a component the engine cannot release as planned: binary64 sums under partition
             selection (:func:`~dp_operators.release.float_sums.check_partition_selection`), binary64 sums whose
             float cannot carry the grid or whose error allowance exceeds the sensitivity, or values that can reach the
             saturation limit (:func:`~dp_operators.release.float_sums.check_component`), or noise whose scale
@@ -776,9 +776,9 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
     """
     if spec.series is not None:
         raise ReleaseConfigError(
-            f"release {spec.release!r} is a series (series: horizon {spec.series.horizon}): 'dpctl spec plan' shows "
-            "its planned errors, but this version cannot release a series yet (its ledger, which charges the "
-            "series once and keeps its noise state, is not built): release the aggregates without 'series'"
+            f"release {spec.release!r} is a series (series: horizon {spec.series.horizon}): it is released one step "
+            "per run (DPReleaseOperator, dp_operators.continual.run.run_series_step), planned by "
+            "dp_operators.continual.plan.plan_spec_series, not as one release"
         )
     if accountant is not None:
         unit_of(accountant)

@@ -294,17 +294,17 @@ def run_release(
                                           spec_hash, _rows_writer(rows_store, set(filed), spec.confidence,
                                                                      _family_members(spec)), families)
     except Exception as error:
-        returned = _give_up(ledger, reservation, drawn)
+        returned = give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=returned) from error
     except BaseException:  # interrupts and task timeouts: not a deterministic failure, keep their meaning
-        _give_up(ledger, reservation, drawn)
+        give_up(ledger, reservation, drawn)
         raise
     try:
         ledger.commit(reservation, output, canonical=text)
     except LedgerError:  # a refusal of the ledger's own (ChargeStateError: this attempt lost its lease and another
         raise  # took the release over); the charge stays spent and this output is never published
     except Exception as error:  # the noise exists: the charge stays spent, and a retry must not charge again
-        _give_up(ledger, reservation, drawn)
+        give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=False) from error
     # the committed form: what the ledger stores and every replay returns (sorted keys), so a first run and its
     # replays publish the same bytes and the same XCom
@@ -356,7 +356,7 @@ def filed_value_problem(spec: ReleaseSpec, names: Iterable[str]) -> str | None:
     return None
 
 
-def _give_up(ledger: Ledger, reservation: Any, drawn: list[str]) -> bool:
+def give_up(ledger: Ledger, reservation: Any, drawn: list[str]) -> bool:
     """End a failed attempt's reservation so the next attempt of the key need not wait for its lease: released
     (the budget comes back) if no sampler was entered, else abandoned (it stays spent: noise may exist). Returns
     True iff the budget came back. A ledger failure here is logged (its type only) and leaves the charge reserved

@@ -1,5 +1,5 @@
 """A spec declared as a series: what it may hold, its plan from public parameters, `dpctl spec plan`, and the
-refusal to release it before the series ledger exists."""
+refusal to release it as one release."""
 
 from __future__ import annotations
 
@@ -79,15 +79,23 @@ def test_the_spec_limit_is_the_strategies_limit():
     assert MAX_SERIES_STEPS == MAX_STEPS
 
 
-def test_a_series_spec_is_not_released_before_the_series_ledger_exists(tmp_path: Path):
+def test_a_series_spec_is_released_step_by_step_not_as_one_release(tmp_path: Path):
     spec = parse_spec(series_spec(), source="s.yaml")
-    with pytest.raises(ReleaseConfigError, match="cannot release a series yet"):
+    with pytest.raises(ReleaseConfigError, match="released one step per run"):
         plan_release(spec)
     path = tmp_path / "s.yaml"
     path.write_text(series_spec())
     from dp_operators.operators.release import DPReleaseOperator
 
-    with pytest.raises(Exception, match="cannot release a series yet"):  # the DAG's import fails, naming why
+    assert DPReleaseOperator(task_id="release", spec_path=path, aggregates_task_id="x").release_spec.series
+
+
+def test_a_series_of_sums_fails_the_dag_import_naming_why(tmp_path: Path):
+    path = tmp_path / "s.yaml"
+    path.write_text(series_spec(SUM))
+    from dp_operators.operators.release import DPReleaseOperator
+
+    with pytest.raises(SpecError, match="series of sums"):
         DPReleaseOperator(task_id="release", spec_path=path, aggregates_task_id="x")
 
 

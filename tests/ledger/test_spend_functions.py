@@ -202,7 +202,7 @@ def sha256(text: str) -> str:
 
 def reserve_params(run: str, **changes) -> dict:
     """Valid arguments of ``dp_reserve`` (account ``a``, 1/10), with ``changes``."""
-    return {"key": SPEND_KEY.secret, "account": "a", **key(run).as_dict(), "amount": "1/10", "delta": "0",
+    return {"key": SPEND_KEY.secret, "account": "a", **key(run).as_dict(), "amount": "1/10", "takeover": "1/10", "delta": "0",
             "mechanisms": "[]", "spec_hash": "0" * 64, "try_number": None, "context": "{}",
             "token_hash": sha256("token"), "lease_seconds": 120.0, **changes}
 
@@ -418,7 +418,9 @@ def test_squatting_the_next_audit_seq_or_ids_is_refused_and_reserves_go_on(deplo
         pytest.param({"amount": "1" + "0" * 40}, id="a 41-digit amount"),
         pytest.param({"amount": "1/" + "1" + "0" * 18 + "1"}, id="a denominator over 10**18"),
         pytest.param({"amount": "-1/10"}, id="a negative amount"),
-        pytest.param({"amount": "0"}, id="a zero amount"),
+        pytest.param({"amount": "0", "takeover": "0"}, id="a zero amount and takeover amount"),
+        pytest.param({"takeover": "0"}, id="a zero takeover amount"),
+        pytest.param({"takeover": "-1/10"}, id="a negative takeover amount"),
         pytest.param({"amount": "2/20"}, id="not in lowest terms"),
         pytest.param({"amount": "1/0"}, id="a zero denominator"),
         pytest.param({"amount": "0.1"}, id="a decimal"),

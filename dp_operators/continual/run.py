@@ -1,0 +1,408 @@
+"""One step of a series: the running totals of one DAG run, noised so that the whole series costs its budget once
+(ADR 32 for the mechanism, ADR 33 for the ledger). No Airflow import.
+
+Identity. A series is ``(account, dag_id, task_id, map_index, release, generation)``; its step ``t`` is the ledger
+release key whose run id is ``__dp_series__/g<generation>/step/<t>`` (:func:`step_key`). The key holds the step,
+not the Airflow run, so the ledger's unique release key lets one step be measured by one committed attempt only,
+whichever runs race for it, and its existing lease, replay and takeover rules apply to steps unchanged.
+
+Order of one step (:func:`run_series_step`):
+
+1. read the series' committed steps (authenticated, :meth:`Ledger.authenticated_outputs
+   <dp_operators.ledger.Ledger.authenticated_outputs>`); if this Airflow run committed one, replay it (nothing
+   charged, nothing drawn, the data not read);
+2. the step is the next one: ``len(committed)``. Its run's data interval must start where the last step's ended
+   (a later start is a missing step, an earlier one a run out of order: both refused, naming the step). After the
+   horizon, ``after_horizon`` refuses or starts generation ``g + 1``;
+3. plan from public parameters (:func:`~dp_operators.continual.plan.plan_spec_series`) and open the sealed noise of
+   every earlier step with the series key (a missing or wrong key fails here, before anything is read or charged);
+4. read and check the upstream's running totals (:func:`~dp_operators.release.inputs.prepare_inputs`: counts over
+   the public keys; errors spend nothing);
+5. reserve the step: step 0 is charged the series' ``rho``; later steps 0, and any attempt after a step's first
+   (an earlier attempt may have drawn and published noise) the price of measuring that step again
+   (:func:`redraw_charge`), which the ledger decides from the attempt number (``takeover_amount``);
+6. draw the step's fresh noise, seal it (:mod:`.state`), and publish ``X_t + (B z)_t`` for every cell: the true
+   running total plus the exact noise of the decoded total (:class:`~.noise.SeriesNoise`), which equals ``(B y)_t``
+   (post-processing of the measurements); commit the output with the sealed state.
+
+The published form drops the sealed state (:func:`published_form`); the ledger keeps it in the committed output,
+where the reader role sees ciphertext it cannot open (ADR 33).
+
+Input: the upstream returns each step's **running totals** (counts up to the end of the run's data interval), as
+for any grouped count. The increments ``x_t`` are never formed, and no true total is stored (DESIGN.md 2.8).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from dp_operators import __version__
+from dp_operators.accounting import IncompatibleAccountantError
+from dp_operators.continual.noise import SeriesNoise
+from dp_operators.continual.plan import AggregateSeriesPlan, plan_spec_series, strategy_of
+from dp_operators.continual.state import SeriesKey, SeriesKeyError, open_sealed, seal, state_digest
+from dp_operators.ledger import AuditChainError, Ledger, ReleaseKey
+from dp_operators.ledger.chain import CanonicalOutput
+from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array
+from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError
+from dp_operators.release.inputs import prepare_inputs
+from dp_operators.release.publish import check_plain_json, in_key_order
+from dp_operators.release.run import ReleaseResult, check_privacy_unit, give_up
+from dp_operators.spec import ReleaseSpec
+
+#: The run id prefix of a series step's release key; ``__dp_`` names are the project's own (no Airflow run id
+#: starts so: Airflow's are ``<run type>__<date>``).
+SERIES_RUN_PREFIX = "__dp_series__/"
+_STEP_RUN_ID = re.compile(r"__dp_series__/g(\d{1,6})/step/(\d{6})")
+#: The output field holding the sealed noise (never published).
+STATE_FIELD = "series_state"
+
+
+class SeriesOrderError(ReleaseConfigError):
+    """A run that is not the series' next step: its data interval does not start where the last committed step's
+    ended (a missing step, or a run out of order), or the series is past its horizon. Nothing was read or charged;
+    a retry cannot fix it: run the missing step first (``depends_on_past``, ``max_active_runs=1``)."""
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """The Airflow run a step belongs to (public: Airflow's run id and data interval, never the data).
+
+    Attributes:
+        run_id: the Airflow run id.
+        data_interval_start, data_interval_end: the run's data interval (timezone-aware).
+    """
+
+    run_id: str
+    data_interval_start: dt.datetime
+    data_interval_end: dt.datetime
+
+
+def step_key(base: ReleaseKey, generation: int, step: int) -> ReleaseKey:
+    """The ledger release key of step ``step`` (0-based) of generation ``generation`` of ``base``'s series
+    (``base``: the task's release key; its run id is replaced)."""
+    return ReleaseKey(base.dag_id, f"{SERIES_RUN_PREFIX}g{generation}/step/{step:06d}", base.task_id,
+                      base.map_index, base.release_name)
+
+
+def series_id(account: str, base: ReleaseKey, generation: int) -> str:
+    """The series' name in its sealed state's associated data: a sealed step opens only in its own series."""
+    return f"{account}/{base.dag_id}/{base.task_id}/{base.map_index}/{base.release_name}/g{generation}"
+
+
+@dataclass(frozen=True)
+class SeriesSteps:
+    """The committed steps of a task's series, read from the ledger.
+
+    Attributes:
+        generation: the latest generation with a committed step (0 if none).
+        steps: that generation's committed outputs, in step order (step ``i`` at index ``i``).
+        by_run: Airflow run id -> the committed output of the step it released (any generation).
+    """
+
+    generation: int
+    steps: list[dict[str, Any]]
+    by_run: dict[str, dict[str, Any]]
+
+
+def committed_steps(ledger: Ledger, base: ReleaseKey, account: str) -> SeriesSteps:
+    """Read and authenticate the committed steps of ``base``'s series on ``account``.
+
+    Raises:
+        AuditChainError: a committed step fails authentication, or the steps of a generation are not ``0 .. n-1``
+            (the ledger was altered: nothing is published).
+    """
+    outputs = ledger.authenticated_outputs(
+        ReleaseKey(base.dag_id, SERIES_RUN_PREFIX, base.task_id, base.map_index, base.release_name), account)
+    generations: dict[int, dict[int, dict[str, Any]]] = {}
+    by_run: dict[str, dict[str, Any]] = {}
+    for run_id, output in outputs.items():
+        match = _STEP_RUN_ID.fullmatch(run_id)
+        series = output.get("series") if isinstance(output, dict) else None
+        if match is None or not isinstance(series, dict) or [series.get("generation"), series.get("step")] != [
+                int(match[1]), int(match[2])]:
+            raise AuditChainError(f"release {base.release_name!r}: the ledger holds a series step {run_id!r} whose "
+                                  "output does not describe it; nothing is published. A privacy officer runs "
+                                  "`dpctl ledger verify`")
+        generations.setdefault(int(match[1]), {})[int(match[2])] = output
+        by_run[str(series.get("run_id"))] = output
+    generation = max(generations, default=0)
+    steps = generations.get(generation, {})
+    if sorted(steps) != list(range(len(steps))):
+        raise AuditChainError(f"release {base.release_name!r}: generation {generation} of the series holds steps "
+                              f"{sorted(steps)[:5]}..., not 0 to {len(steps) - 1}; nothing is published")
+    return SeriesSteps(generation, [steps[i] for i in range(len(steps))], by_run)
+
+
+def noise_of(plans: list[AggregateSeriesPlan]) -> dict[str, SeriesNoise]:
+    """Each aggregate's :class:`SeriesNoise` (counts: grid 1)."""
+    return {p.aggregate: SeriesNoise(strategy_of(p.plan.chosen.mechanism, p.plan.horizon), p.plan.chosen)
+            for p in plans}
+
+
+def series_charge(plans: list[AggregateSeriesPlan]) -> Fraction:
+    """The whole series' ``rho``: the sum of its aggregates' (charged at step 0)."""
+    return sum((p.plan.rho for p in plans), Fraction(0))
+
+
+def redraw_charge(plans: list[AggregateSeriesPlan]) -> Fraction:
+    """What measuring one step again costs (zCDP ``rho``): for each aggregate its ``rho`` times the worst step's
+    redraw sensitivity over the series' (:meth:`Strategy.redraw_sensitivity_squared`); at most the series'
+    charge. Exact, from public parameters."""
+    total = Fraction(0)
+    for p in plans:
+        strategy = strategy_of(p.plan.chosen.mechanism, p.plan.horizon)
+        total += p.plan.rho * strategy.redraw_sensitivity_squared(p.plan.participation) / \
+            p.plan.chosen.sensitivity_squared
+    return total
+
+
+def published_form(output: Mapping[str, Any]) -> dict[str, Any]:
+    """The committed output without its sealed state: what is published, returned and replayed."""
+    return {name: value for name, value in output.items() if name != STATE_FIELD}
+
+
+def _interval(series: Mapping[str, Any]) -> tuple[str, str]:
+    start, end = series.get("data_interval") or (None, None)
+    return str(start), str(end)
+
+
+def _iso(moment: dt.datetime) -> str:
+    if moment.tzinfo is None:
+        raise ReleaseConfigError("a series step needs its run's data interval in a timezone-aware form")
+    return moment.astimezone(dt.timezone.utc).isoformat()
+
+
+def next_step(spec: ReleaseSpec, history: SeriesSteps, run: StepRun) -> tuple[int, int]:
+    """``(generation, step)`` this run releases, from the committed steps and the run's data interval.
+
+    Raises:
+        SeriesOrderError: the run does not follow the last committed step, or the series is past its horizon
+            and ``after_horizon`` is ``refuse``.
+    """
+    series = spec.series
+    assert series is not None
+    generation, steps = history.generation, history.steps
+    start, end = _iso(run.data_interval_start), _iso(run.data_interval_end)
+    if len(steps) >= series.horizon:
+        if series.after_horizon == "refuse":
+            raise SeriesOrderError(
+                f"release {spec.release!r}: the series has released all its {series.horizon} steps (the last for "
+                f"run {steps[-1]['series']['run_id']!r}); run {run.run_id!r} is past its horizon. Declare "
+                "series.after_horizon: new_series to start a new series (charged again), or a longer horizon under "
+                "another release name")
+        generation, steps = generation + 1, []
+    if steps:
+        last = steps[-1]["series"]
+        last_start, last_end = _interval(last)
+        if start != last_end:
+            later = dt.datetime.fromisoformat(start) > dt.datetime.fromisoformat(last_end)
+            raise SeriesOrderError(
+                f"release {spec.release!r}: run {run.run_id!r} (data interval {start} to {end}) "
+                + (f"leaves a gap after step {len(steps) - 1} (run {last['run_id']!r}, data interval {last_start} "
+                   f"to {last_end}): the steps between were not released. Run them first, in order (the release "
+                   "task needs depends_on_past=True and the DAG max_active_runs=1); a series never skips a step"
+                   if later else
+                   f"is not after step {len(steps) - 1} (run {last['run_id']!r}, data interval {last_start} to "
+                   f"{last_end}): a series releases its steps in order, once each"))
+    return generation, len(steps)
+
+
+def _history_draws(noise: Mapping[str, SeriesNoise], steps: list[dict[str, Any]], key: SeriesKey | None,
+                   sid: str, cells: Mapping[str, int]) -> dict[str, list[list[list[int]]]]:
+    """Per aggregate, per cell, the draws of every committed step (opened with the series key)."""
+    draws: dict[str, list[list[list[int]]]] = {name: [[] for _ in range(count)] for name, count in cells.items()}
+    for index, output in enumerate(steps):
+        series = output["series"]
+        if key is not None and series.get("key_id") != key.key_id:
+            raise SeriesKeyError(
+                f"series {sid!r} step {index} was sealed with series key {series.get('key_id')!r}, this worker "
+                f"holds {key.key_id!r}: restore the series' key (a series never goes on with fresh noise)")
+        sealed = base64.b64decode(output[STATE_FIELD]["sealed"])
+        flat = open_sealed(key, sid, index, series["attempt"], sealed)
+        position = 0
+        for name, count in cells.items():
+            width = len(noise[name].measurements_at(index))
+            for cell in range(count):
+                draws[name][cell].append(flat[position:position + width])
+                position += width
+        if position != len(flat):
+            raise SeriesKeyError(f"series {sid!r} step {index}: the opened state holds {len(flat)} draws, not "
+                                 f"{position}")
+    return draws
+
+
+def check_releasable(spec: ReleaseSpec) -> None:
+    """Refuse a series spec this version cannot release, from the spec alone (the operator calls it at DAG import).
+
+    Raises:
+        ReleaseConfigError: no ``series`` block, or a series of sums (planned, not released yet: a running sum read
+            from upstream is not on the grid its sensitivity needs, ADR 33).
+    """
+    if spec.series is None:
+        raise ReleaseConfigError(f"release {spec.release!r} declares no series")
+    sums = [a.name for a in spec.aggregates if a.kind != "count"]
+    if sums:
+        raise ReleaseConfigError(
+            f"release {spec.release!r}: series of sums ({', '.join(sums)}) are planned by 'dpctl spec plan' but not "
+            "released yet (a running sum read from upstream is not on the grid its sensitivity needs); release "
+            "their counts as a series and the sums per run")
+    plan_spec_series(spec)
+
+
+def run_series_step(
+    spec: ReleaseSpec,
+    aggregates: Callable[[], Mapping[str, Any]],
+    ledger: Ledger,
+    base: ReleaseKey,
+    run: StepRun,
+    *,
+    series_key: SeriesKey | None,
+    spec_hash: str,
+    try_number: int | None = None,
+    audit: Mapping[str, Any] | None = None,
+) -> ReleaseResult:
+    """Release one step of ``spec``'s series for the Airflow run ``run`` (module docstring for the order).
+
+    Args:
+        spec: a validated spec with a ``series`` block (counts over public keys).
+        aggregates: returns the upstream's running totals (the shapes of
+            :func:`~dp_operators.release.inputs.prepare_inputs`); called only when the step is not a replay.
+        ledger: the budget ledger (a zCDP account).
+        base: the task's release key (its run id is Airflow's; the step's key replaces it: :func:`step_key`).
+        run: the Airflow run id and data interval.
+        series_key: the workers' series key (the ledger connection's extra ``series_key``).
+        spec_hash, try_number, audit: as :func:`~dp_operators.release.run_release`.
+
+    Returns:
+        :class:`~dp_operators.release.run.ReleaseResult` holding :func:`published_form` of the step's output.
+
+    Raises:
+        SeriesOrderError: the run is not the series' next step; nothing read or charged.
+        SeriesKeyError: no series key, or not the series' (checked before anything is read or charged).
+        ReleaseConfigError: a series of sums (not released yet), or a first step without a series key.
+        ReleaseInputError, IncompatibleAccountantError, ledger refusals, LeaseHeldError, ReleaseAbortedError,
+            ChargeStateError: as :func:`~dp_operators.release.run_release`.
+    """
+    check_releasable(spec)
+    account_name = spec.budget_account
+    for _ in range(8):  # another run may take the step first: then this run's step is the next one
+        history = committed_steps(ledger, base, account_name)
+        stored = history.by_run.get(run.run_id)
+        if stored is not None:
+            return ReleaseResult(output=published_form(stored), replayed=True)
+        result = _release_next_step(spec, aggregates, ledger, base, run, history, series_key, spec_hash,
+                                    try_number, audit)
+        if result is not None:
+            return result
+    raise ReleaseConfigError(f"release {spec.release!r}: eight steps in a row were taken by other runs while run "
+                             f"{run.run_id!r} waited; give the release task max_active_runs=1")
+
+
+def _release_next_step(spec, aggregates, ledger, base, run, history, series_key, spec_hash, try_number,
+                       audit) -> ReleaseResult | None:
+    generation, step = next_step(spec, history, run)
+    account = ledger.account(spec.budget_account)
+    if account.accountant != "zcdp":
+        raise IncompatibleAccountantError(
+            f"release {spec.release!r} is a series, charged in zCDP rho: budget account {account.name!r} is "
+            f"{account.accountant}; use a zcdp account")
+    check_privacy_unit(spec, account)
+    plans = plan_spec_series(spec)
+    noise = noise_of(plans)
+    sid = series_id(account.name, base, generation)
+    if series_key is None:
+        raise SeriesKeyError(f"series {sid!r}: the ledger connection has no series_key extra: a series seals its "
+                             "noise under the workers' series key (64 hex digits; SeriesKey.generate().text)")
+    steps = history.steps if generation == history.generation else []
+    cells = {a.name: a.partition_count or 1 for a in spec.aggregates}
+    history_draws = _history_draws(noise, steps, series_key, sid, cells)  # before anything is read or charged
+
+    prepared = prepare_inputs(spec, aggregates())
+    key = step_key(base, generation, step)
+    rho = series_charge(plans)
+    redraw = redraw_charge(plans)
+    mechanisms = [{
+        "kind": "series_step", "aggregate": p.aggregate, "mechanism": p.plan.chosen.mechanism,
+        "horizon": p.plan.horizon, "step": step, "generation": generation,
+        "max_steps": p.plan.participation.max_steps, "min_separation": p.plan.participation.min_separation,
+        "rho": str(p.plan.rho), "sensitivity_squared": str(p.plan.chosen.sensitivity_squared),
+        "step_sensitivity_squared": str(p.plan.step_sensitivity_squared),
+        "noise_variance": str(p.plan.chosen.noise_variance),
+    } for p in plans]
+    reservation = ledger.reserve(
+        key, account=account.name, amount=rho if step == 0 else 0, takeover_amount=rho if step == 0 else redraw,
+        mechanisms=mechanisms, spec_hash=spec_hash, try_number=try_number, audit=audit,
+    )
+    if isinstance(reservation, dict):  # another run committed this step meanwhile: this run's is the next one
+        return None
+    drawn: list[str] = []
+    try:
+        with ledger.lease(reservation):
+            output, text = _step_output(spec, plans, noise, prepared, history_draws, drawn, key, base, run,
+                                        account, generation, step, reservation, series_key, sid, rho,
+                                        redraw, mechanisms, spec_hash)
+    except Exception as error:
+        returned = give_up(ledger, reservation, drawn)
+        raise ReleaseAbortedError(error, budget_returned=returned) from error
+    except BaseException:
+        give_up(ledger, reservation, drawn)
+        raise
+    ledger.commit(reservation, output, canonical=text)
+    return ReleaseResult(output=published_form(in_key_order(output)), replayed=False)
+
+
+def _step_output(spec, plans, noise, prepared, history_draws, drawn, key, base, run, account, generation, step,
+                 reservation, series_key, sid, rho, redraw, mechanisms, spec_hash):
+    published: dict[str, Any] = {}
+    fresh: list[int] = []
+    for p, aggregate in zip(plans, spec.aggregates):
+        series_noise = noise[aggregate.name]
+        width = len(series_noise.measurements_at(step))
+        totals = prepared.values[(aggregate.name, "count")].tolist()
+        drawn.append(aggregate.name)
+        draws = [int(value) for value in sample_discrete_gaussian_array(series_noise.sigma2, width * len(totals))]
+        fresh += draws
+        half_width = series_noise.half_width(step, spec.confidence)
+        rows = []
+        for cell, (keys, total) in enumerate(zip(prepared.keys[aggregate.name], totals)):
+            cell_history = history_draws[aggregate.name][cell] + [draws[cell * width:(cell + 1) * width]]
+            value = Fraction(int(total)) + series_noise.total_noise(cell_history)
+            row = dict(zip(aggregate.group_by, keys))
+            row.update(value=float(value), half_width=half_width)
+            rows.append(row)
+        published[aggregate.name] = {
+            "kind": aggregate.kind, "mechanism": p.plan.chosen.mechanism, "budget": {"rho": float(p.plan.rho)},
+            "group_by": list(aggregate.group_by), "rows": rows,
+        }
+    sealed = seal(series_key, sid, step, reservation.attempt, fresh)
+    output = {
+        "release": spec.release,
+        "release_key": key.as_dict(),
+        "budget_account": account.name,
+        "accountant": account.accountant,
+        "privacy_unit": spec.privacy_unit,
+        "charge": {"rho": float(reservation.amount), "rho_exact": str(reservation.amount),
+                   "series_rho": float(rho), "series_rho_exact": str(rho), "redraw_rho_exact": str(redraw)},
+        "confidence": spec.confidence,
+        "series": {
+            "generation": generation, "step": step, "horizon": spec.series.horizon,
+            "run_id": run.run_id, "data_interval": [_iso(run.data_interval_start), _iso(run.data_interval_end)],
+            "attempt": reservation.attempt, "key_id": series_key.key_id,
+        },
+        "aggregates": published,
+        "mechanisms": mechanisms,
+        "spec_hash": spec_hash,
+        "package_version": __version__,
+        "released_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        STATE_FIELD: {"sealed": base64.b64encode(sealed).decode("ascii"), "sha256": state_digest(sealed)},
+    }
+    check_plain_json(output)
+    text = CanonicalOutput.encode(output)
+    return output, text

@@ -1,0 +1,94 @@
+"""DPReleaseOperator on a series spec, called directly: one step per run, files and XCom per step, a retry replays the
+step's bytes, and the refusals no retry fixes fail the task at once."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow.sdk.exceptions import AirflowFailException
+from dp_operators.continual.state import SeriesKey
+from dp_operators.operators.release import DPReleaseOperator, release_csv
+
+from airflow_fakes import FakeTaskInstance, context_for
+from support import SPEND_KEY, make_ledger
+
+SERIES_KEY = SeriesKey(bytes(range(32)))
+SPEC = """version: 1
+release: daily_flights
+budget_account: flights
+privacy_unit: person
+series: {horizon: 30}
+aggregates:
+  - {name: flights, kind: count, group_by: [origin], keys: {origin: [EWR, JFK, LGA]}, mechanism: auto,
+     budget: {rho: 1}}
+"""
+START = dt.datetime(2013, 1, 1, tzinfo=dt.timezone.utc)
+
+
+@pytest.fixture
+def setup(tmp_path: Path, monkeypatch):
+    make_ledger(tmp_path / "ledger.db", cap="2", dags=("flights_dag",), account="flights")
+    spec = tmp_path / "series.yaml"
+    spec.write_text(SPEC)
+
+    def connect(series_key: str | None = SERIES_KEY.text) -> None:
+        extra = {"url": f"sqlite:///{tmp_path / 'ledger.db'}", "audit_key": SPEND_KEY.text}
+        if series_key is not None:
+            extra["series_key"] = series_key
+        monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_TEST", json.dumps({"conn_type": "dp_ledger", "extra": extra}))
+
+    connect()
+    return tmp_path, spec, connect
+
+
+def run(tmp_path: Path, spec: Path, day: int, *, try_number: int = 1) -> tuple[dict, FakeTaskInstance]:
+    op = DPReleaseOperator(task_id="release", spec_path=spec, aggregates_task_id="totals",
+                           output_uri=f"file://{tmp_path / 'out'}", ledger_conn_id="dp_ledger_test")
+    ti = FakeTaskInstance({"flights": [{"origin": "EWR", "count": 5 * (day + 1)}]},
+                          run_id=f"scheduled__{(START + dt.timedelta(days=day)).date()}", dag_id="flights_dag",
+                          try_number=try_number)
+    context = context_for(ti)
+    context["data_interval_start"] = START + dt.timedelta(days=day)
+    context["data_interval_end"] = START + dt.timedelta(days=day + 1)
+    return op.execute(context), ti
+
+
+def test_each_run_publishes_its_step_and_a_retry_replays_the_same_bytes(setup):
+    tmp_path, spec, _ = setup
+    outputs = [run(tmp_path, spec, day)[0] for day in range(3)]
+    assert [o["series"]["step"] for o in outputs] == [0, 1, 2]
+    assert [o["charge"]["rho_exact"] for o in outputs] == ["1", "0", "0"]
+    assert all("series_state" not in o for o in outputs)
+    files = sorted((tmp_path / "out").rglob("release.json"))
+    assert len(files) == 3
+    published = json.loads(files[1].read_text())
+    assert published == outputs[1] and "series_state" not in files[1].read_text()
+    before = files[1].read_bytes()
+    again, ti = run(tmp_path, spec, 1, try_number=2)
+    assert json.dumps(again) == json.dumps(outputs[1]) and files[1].read_bytes() == before
+    assert ti.pulls == []  # a replay reads no upstream data
+    assert release_csv(outputs[2]).splitlines()[1].startswith("flights,count,")
+
+
+def test_a_run_after_a_gap_fails_at_once_naming_the_missing_step(setup):
+    tmp_path, spec, _ = setup
+    run(tmp_path, spec, 0)
+    with pytest.raises(AirflowFailException, match="leaves a gap after step 0"):
+        run(tmp_path, spec, 2)
+
+
+@pytest.mark.parametrize(("key", "message"), [
+    (None, "no series_key extra"),
+    ("00" * 32, "sealed with series key"),
+    ("not hex", "64 hex digits"),
+])
+def test_a_worker_without_the_series_key_fails_at_once(setup, key, message):
+    tmp_path, spec, connect = setup
+    run(tmp_path, spec, 0)
+    connect(key)
+    with pytest.raises(AirflowFailException, match=message):
+        run(tmp_path, spec, 1)

@@ -1,0 +1,157 @@
+"""A series released step by step through the ledger (dp_operators.continual.run), on SQLite and PostgreSQL: one
+charge for the whole series, one committed measurement per step, exact totals, replays, and the refusals of a run
+that is not the next step."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import time
+from fractions import Fraction
+
+import pytest
+
+from dp_operators.continual.run import (
+    STATE_FIELD,
+    SeriesOrderError,
+    StepRun,
+    committed_steps,
+    noise_of,
+    redraw_charge,
+    run_series_step,
+    series_id,
+    step_key,
+)
+from dp_operators.continual.plan import plan_spec_series
+from dp_operators.continual.state import SeriesKey, SeriesKeyError, open_sealed
+from dp_operators.ledger import LeaseHeldError, Reservation, ReleaseKey
+from dp_operators.release import ReleaseConfigError
+from dp_operators.spec import parse_spec
+from ledger_backends import account_config, ledger_url, ledger_with, pg_database  # noqa: F401  (fixtures)
+from support import governor, spender
+
+KEY = SeriesKey(bytes(range(32)))
+BASE = ReleaseKey("d", "unused", "release", -1, "daily_flights")
+DAY = dt.timedelta(days=1)
+START = dt.datetime(2013, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def spec(horizon: int = 8, after: str = "refuse", mechanism: str = "auto", kind: str = "count"):
+    bounds = ", bounds: [0, 10]" if kind == "sum" else ""
+    return parse_spec(
+        "version: 1\nrelease: daily_flights\nbudget_account: a\nprivacy_unit: person\n"
+        f"series: {{horizon: {horizon}, after_horizon: {after}, mechanism: {mechanism}}}\n"
+        f"aggregates:\n  - {{name: flights, kind: {kind}, group_by: [origin], keys: {{origin: [EWR, JFK, LGA]}}, "
+        f"mechanism: auto, budget: {{rho: 1}}{bounds}}}\n", source="s.yaml")
+
+
+def day(index: int) -> StepRun:
+    return StepRun(f"scheduled__{(START + index * DAY).date()}", START + index * DAY, START + (index + 1) * DAY)
+
+
+def totals(index: int) -> dict:
+    """Running totals through day ``index``: EWR grows by 10 a day, JFK by 3, LGA stays 0."""
+    return {"flights": [{"origin": "EWR", "count": 10 * (index + 1)}, {"origin": "JFK", "count": 3 * (index + 1)}]}
+
+
+def step(ledger, index: int, the_spec=None, key: SeriesKey | None = KEY, run: StepRun | None = None):
+    return run_series_step(the_spec or spec(), lambda: totals(index), ledger, BASE, run or day(index),
+                           series_key=key, spec_hash="0" * 64)
+
+
+@pytest.fixture
+def ledger(ledger_url):
+    return ledger_with(ledger_url, a=account_config("zcdp", cap=3))
+
+
+def test_the_series_is_charged_once_and_each_step_commits_one_measurement(ledger):
+    outputs = [step(ledger, index).output for index in range(8)]
+    assert ledger.account("a").spent == 1  # rho 1 at step 0, nothing after
+    assert [o["series"]["step"] for o in outputs] == list(range(8))
+    assert all(STATE_FIELD not in o for o in outputs)  # the sealed state is never published
+    charges = list(ledger.charges())
+    assert sorted(c["run_id"] for c in charges) == [step_key(BASE, 0, i).run_id for i in range(8)]
+    assert [Fraction(c["amount"]) for c in sorted(charges, key=lambda c: c["run_id"])] == [1] + [0] * 7
+    assert governor(ledger.url).verify().ok
+
+
+def test_each_published_total_is_the_true_total_plus_the_exact_decoded_noise(ledger):
+    the_spec = spec()
+    for index in range(8):
+        step(ledger, index, the_spec)
+    steps = committed_steps(ledger, BASE, "a").steps
+    (noise,) = noise_of(plan_spec_series(the_spec)).values()
+    sid = series_id("a", BASE, 0)
+    flat = [open_sealed(KEY, sid, i, s["series"]["attempt"], base64.b64decode(s[STATE_FIELD]["sealed"]))
+            for i, s in enumerate(steps)]
+    width = [len(noise.measurements_at(i)) for i in range(8)]
+    for index, output in enumerate(steps):
+        for cell, row in enumerate(output["aggregates"]["flights"]["rows"]):
+            history = [flat[i][cell * width[i]:(cell + 1) * width[i]] for i in range(index + 1)]
+            true = [10, 3, 0][cell] * (index + 1)
+            assert row["value"] == float(true + noise.total_noise(history))
+            assert row["half_width"] == noise.half_width(index, 0.95)
+
+
+def test_a_second_run_of_a_committed_step_replays_it_without_reading_data_or_charging(ledger):
+    first = step(ledger, 0).output
+    step(ledger, 1)
+    again = run_series_step(spec(), lambda: pytest.fail("a replay reads no data"), ledger, BASE, day(0),
+                            series_key=None, spec_hash="0" * 64)
+    assert again.replayed and again.output == first
+    assert ledger.account("a").spent == 1
+
+
+@pytest.mark.parametrize(("runs", "message"), [
+    pytest.param([0, 2], "leaves a gap after step 0", id="a missing day"),
+    pytest.param([1, 0], "is not after step 0", id="an earlier day after a later one"),
+])
+def test_a_run_that_is_not_the_next_step_is_refused_before_anything_is_read_or_charged(ledger, runs, message):
+    step(ledger, runs[0])
+    with pytest.raises(SeriesOrderError, match=message):
+        run_series_step(spec(), lambda: pytest.fail("read"), ledger, BASE, day(runs[1]), series_key=KEY,
+                        spec_hash="0" * 64)
+    assert ledger.account("a").spent == 1 and len(list(ledger.charges())) == 1
+
+
+def test_past_the_horizon_the_series_refuses_or_starts_a_new_one_charged_again(ledger):
+    for index in range(2):
+        step(ledger, index, spec(horizon=2))
+    with pytest.raises(SeriesOrderError, match="released all its 2 steps"):
+        step(ledger, 2, spec(horizon=2))
+    renewed = step(ledger, 2, spec(horizon=2, after="new_series")).output
+    assert renewed["series"]["generation"] == 1 and renewed["series"]["step"] == 0
+    assert ledger.account("a").spent == 2
+
+
+@pytest.mark.parametrize("key", [None, SeriesKey(bytes(32))], ids=["no key", "another key"])
+def test_a_worker_without_the_series_key_fails_before_reading_or_charging(ledger, key):
+    step(ledger, 0)
+    with pytest.raises(SeriesKeyError):
+        run_series_step(spec(), lambda: pytest.fail("read"), ledger, BASE, day(1), series_key=key,
+                        spec_hash="0" * 64)
+    assert len(list(ledger.charges())) == 1
+
+
+def test_a_step_taken_over_after_a_dead_attempt_pays_its_redraw_and_commits_once(ledger_url):
+    ledger_with(ledger_url, a=account_config("zcdp", cap=3))
+    step(spender(ledger_url), 0)
+    dying = spender(ledger_url, lease_seconds=0.3)
+    dead = dying.reserve(step_key(BASE, 0, 1), account="a", amount=0, takeover_amount=1, mechanisms=[],
+                         spec_hash="0" * 64)
+    assert isinstance(dead, Reservation)  # the attempt dies here, after its reservation (noise maybe drawn)
+    live = spender(ledger_url)
+    with pytest.raises(LeaseHeldError):
+        step(live, 1)  # a second live try of the step waits, charged nothing
+    time.sleep(0.5)
+    output = step(live, 1).output
+    assert output["series"]["attempt"] == 2
+    assert live.account("a").spent == 1 + redraw_charge(plan_spec_series(spec()))
+    assert [c["state"] for c in live.charges() if c["run_id"].endswith("000001")] == ["abandoned", "committed"]
+    assert step(live, 2).output["series"]["step"] == 2  # the series goes on from the committed attempt's state
+
+
+def test_a_series_of_sums_is_refused_before_anything_is_charged(ledger):
+    with pytest.raises(ReleaseConfigError, match="series of sums"):
+        step(ledger, 0, spec(kind="sum"))
+    assert list(ledger.charges()) == []

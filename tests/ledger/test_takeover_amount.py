@@ -1,0 +1,65 @@
+"""A release key's first attempt is charged its amount, every later attempt its takeover amount (ADR 33): a series
+step reserves 0 (its series paid) and a redraw of it pays. On SQLite and PostgreSQL; the database decides which
+attempt is the first, so a worker cannot take a key over for nothing."""
+
+from __future__ import annotations
+
+import time
+from fractions import Fraction
+
+import pytest
+
+from dp_operators.ledger import BudgetExhaustedError, Reservation, ReleaseKey
+from ledger_backends import account_config, ledger_with
+from support import governor, spender
+
+KEY = ReleaseKey("d", "__dp_series__/g0/step/3", "t", -1, "r")
+DEAD_STEP = Fraction(1, 3)
+
+
+def reserve(ledger, **amounts):
+    return ledger.reserve(KEY, account="a", mechanisms=[], spec_hash="0" * 64, **amounts)
+
+
+def test_a_first_attempt_may_reserve_nothing_and_a_takeover_pays_its_takeover_amount(ledger_url):
+    ledger_with(ledger_url, a=account_config("zcdp", cap=1))
+    first, second = spender(ledger_url, lease_seconds=0.3), spender(ledger_url)
+    reservation = reserve(first, amount=0, takeover_amount=DEAD_STEP)
+    assert isinstance(reservation, Reservation) and reservation.amount == 0
+    assert first.account("a").spent == 0
+    time.sleep(0.5)  # the first attempt's lease (0.3 s) lapses: it died, maybe after drawing noise
+    taken = reserve(second, amount=0, takeover_amount=DEAD_STEP)
+    assert isinstance(taken, Reservation) and taken.attempt == 2 and taken.amount == DEAD_STEP
+    assert second.account("a").spent == DEAD_STEP
+    amounts = {c["attempt"]: (c["state"], Fraction(c["amount"])) for c in second.charges()}
+    assert amounts == {1: ("abandoned", Fraction(0)), 2: ("reserved", DEAD_STEP)}
+    second.commit(taken, {"value": 1})
+    assert reserve(first, amount=0, takeover_amount=DEAD_STEP) == {"value": 1}  # a replay charges nothing
+    assert governor(ledger_url).verify().ok
+
+
+def test_a_takeover_that_the_cap_cannot_pay_is_refused(ledger_url):
+    ledger_with(ledger_url, a=account_config("zcdp", cap=Fraction(1, 4)))
+    first = spender(ledger_url, lease_seconds=0.3)
+    assert reserve(first, amount=0, takeover_amount=DEAD_STEP).amount == 0
+    time.sleep(0.5)
+    with pytest.raises(BudgetExhaustedError, match=r"1/3"):
+        reserve(spender(ledger_url), amount=0, takeover_amount=DEAD_STEP)
+
+
+@pytest.mark.parametrize(("amount", "takeover"), [(0, None), (0, 0), (-1, DEAD_STEP), (Fraction(1, 10), 0)])
+def test_nothing_is_reserved_without_a_positive_takeover_amount(ledger_url, amount, takeover):
+    ledger_with(ledger_url, a=account_config("zcdp", cap=1))
+    ledger = spender(ledger_url)
+    with pytest.raises(ValueError, match="a charge must be > 0"):
+        reserve(ledger, amount=amount, takeover_amount=takeover)
+    assert list(ledger.charges()) == []
+
+
+def test_without_a_takeover_amount_every_attempt_pays_the_amount(ledger_url):
+    ledger_with(ledger_url, a=account_config("zcdp", cap=1))
+    first = spender(ledger_url, lease_seconds=0.3)
+    reserve(first, amount=Fraction(1, 10))
+    time.sleep(0.5)
+    assert reserve(spender(ledger_url), amount=Fraction(1, 10)).amount == Fraction(1, 10)
+    assert spender(ledger_url).account("a").spent == Fraction(1, 5)
