@@ -20,6 +20,13 @@ for role in governor spend; do
   fi
   chmod 600 "$KEYS/$role.key"
 done
+# the series key (64 hex digits) seals the noise of a series (dags/nycflights_series_release.py; docs/continual.md)
+if [ ! -s "$KEYS/series.key" ]; then
+  (umask 077 && "$BIN/python" -c "from dp_operators.continual.state import SeriesKey; print(SeriesKey.generate().text)" \
+    > "$KEYS/series.key")
+  echo "made the series key: $KEYS/series.key"
+fi
+chmod 600 "$KEYS/series.key"
 # Airflow home, ledger URL, keys, the ledger connection, data and output locations
 source "$ROOT/scripts/demo_env.sh"
 
@@ -54,6 +61,8 @@ echo
 "$BIN/dpctl" ledger verify || status=1
 if [ "$status" -eq 0 ]; then
   echo "Run 'make demo' again to release again (a new run, fresh noise); 'make demo-reset' starts over."
+  echo "A series, one step per day of 2013 (dags/nycflights_series_release.py; a backfill: see its docstring):" \
+    "source scripts/demo_env.sh && airflow dags test nycflights_series_release 2013-01-02 (releases 1 January; then 2013-01-03, ...)"
 else
   echo "'make demo-reset' starts over with a fresh budget."
 fi

@@ -17,7 +17,12 @@ if [ -s "$KEYS/governor.key" ] && [ -s "$KEYS/spend.key" ]; then
   DP_LEDGER_GOVERNOR_KEY="$(head -n 1 "$KEYS/governor.key")"
   DP_LEDGER_AUDIT_KEY="$(head -n 1 "$KEYS/spend.key")"
   export DP_LEDGER_GOVERNOR_KEY DP_LEDGER_AUDIT_KEY
-  export AIRFLOW_CONN_DP_LEDGER_DEFAULT="{\"conn_type\": \"dp_ledger\", \"extra\": {\"url\": \"$DP_LEDGER_URL\", \"audit_key\": \"$DP_LEDGER_AUDIT_KEY\"}}"
+  # the series key seals a series' noise (docs/continual.md); the workers hold it with the spend key
+  SERIES_EXTRA=""
+  if [ -s "$KEYS/series.key" ]; then
+    SERIES_EXTRA=", \"series_key\": \"$(head -n 1 "$KEYS/series.key")\""
+  fi
+  export AIRFLOW_CONN_DP_LEDGER_DEFAULT="{\"conn_type\": \"dp_ledger\", \"extra\": {\"url\": \"$DP_LEDGER_URL\", \"audit_key\": \"$DP_LEDGER_AUDIT_KEY\"$SERIES_EXTRA}}"
 fi
 # The Adult table: the copy `make demo` fetched (.data/adult.csv), else the team's shared copy beside the repository
 # (../shared/data/adult.csv), as the example DAGs look for it; with neither, the path `make demo` fetches to.

@@ -87,6 +87,11 @@ def ledger_show(
                         unreadable[name] = error.detail
         rows = [a.summary() for a in accounts]
         allowed_roles = {} if as_json else stored_allowed_roles(ledger)
+        series = ledger.series(account)
+    for row in rows:  # an account's series (docs/continual.md): only on accounts that have one
+        own = [dict(entry, charged=str(entry["charged"])) for entry in series if entry["account"] == row["account"]]
+        if own:
+            row["series"] = own
     if as_json:
         shown = rows + [{"account": name, "unreadable": why} for name, why in unreadable.items()]
         console.print(visible_json(json.dumps(shown, indent=2, ensure_ascii=False)), highlight=False, soft_wrap=True)
@@ -115,6 +120,20 @@ def ledger_show(
     for name in unreadable:
         table.add_row(visible(name), *["unreadable"] * 7, "-")
     console.print(table)
+    if series:
+        listed = Table(title="Series (one charge each; a step per run)")
+        for column in ("account", "release", "DAG / task", "generation", "steps done", "steps left", "charged",
+                       "redraws"):
+            listed.add_column(column, justify="right" if column in ("generation", "steps done", "steps left",
+                                                                   "redraws") else "left")
+        for entry in series:
+            task = entry["task_id"] if entry["map_index"] < 0 else f"{entry['task_id']}[{entry['map_index']}]"
+            listed.add_row(
+                visible(entry["account"]), visible(entry["release_name"]), visible(f"{entry['dag_id']} / {task}"),
+                str(entry["generation"]), str(entry["steps_committed"]),
+                "?" if entry["steps_left"] is None else str(entry["steps_left"]), _decimal(entry["charged"]),
+                str(entry["redraws"]))
+        console.print(listed)
     _exit_if_unreadable(unreadable)
     if ledger.dialect != "postgresql" and any(allowed_roles.get(row["account"]) for row in rows):
         errors.print(

@@ -305,8 +305,11 @@ def _print_series_plan(loaded, as_json: bool) -> None:
                           f"{plan.mean_half_width[c.mechanism]:.4g}",
                           "yes" if c.mechanism == plan.plan.chosen.mechanism else "")
     console.print(table)
-    console.print(f"charge per series (zcdp): rho {_decimal(str(total))}, once for all {series.horizon} steps. "
-                  "This version plans series but does not release them yet.", highlight=False)
+    from dp_operators.continual.run import redraw_charge
+
+    console.print(f"charge per series (zcdp): rho {_decimal(str(total))}, once for all {series.horizon} steps (at "
+                  f"the first); a step measured again after its attempt died: rho {_decimal(str(redraw_charge(plans)))}"
+                  ".", highlight=False)
 
 
 def _mean_half_widths(plan, alpha: float, rows: int | None) -> list[dict]:

@@ -9,10 +9,11 @@ whichever runs race for it, and its existing lease, replay and takeover rules ap
 Order of one step (:func:`run_series_step`):
 
 1. read the series' committed steps (authenticated, :meth:`Ledger.authenticated_outputs
-   <dp_operators.ledger.Ledger.authenticated_outputs>`); if this Airflow run committed one, replay it (nothing
-   charged, nothing drawn, the data not read);
-2. the step is the next one: ``len(committed)``. Its run's data interval must start where the last step's ended
-   (a later start is a missing step, an earlier one a run out of order: both refused, naming the step). After the
+   <dp_operators.ledger.Ledger.authenticated_outputs>`); if this Airflow run, or another run of the same data
+   interval, committed one, replay it (nothing charged, nothing drawn, the data not read);
+2. the step is the next one: ``len(committed)``. Its run's data interval must be non-empty and start where the
+   last step's ended (a later start is a missing step, an earlier one a run out of order: both refused, naming the
+   step; an empty interval, as trigger timetables give, is refused: the steps could not be checked to follow). After the
    horizon, ``after_horizon`` refuses or starts generation ``g + 1``;
 3. plan from public parameters (:func:`~dp_operators.continual.plan.plan_spec_series`) and open the sealed noise of
    every earlier step with the series key (a missing or wrong key fails here, before anything is read or charged);
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -49,6 +49,7 @@ from dp_operators.continual.plan import AggregateSeriesPlan, plan_spec_series, s
 from dp_operators.continual.state import SeriesKey, SeriesKeyError, open_sealed, seal, state_digest
 from dp_operators.ledger import AuditChainError, Ledger, ReleaseKey
 from dp_operators.ledger.chain import CanonicalOutput
+from dp_operators.ledger.store import SERIES_RUN_PREFIX, SERIES_STEP_RUN_ID
 from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError
 from dp_operators.release.inputs import prepare_inputs
@@ -56,10 +57,6 @@ from dp_operators.release.publish import check_plain_json, in_key_order
 from dp_operators.release.run import ReleaseResult, check_privacy_unit, give_up
 from dp_operators.spec import ReleaseSpec
 
-#: The run id prefix of a series step's release key; ``__dp_`` names are the project's own (no Airflow run id
-#: starts so: Airflow's are ``<run type>__<date>``).
-SERIES_RUN_PREFIX = "__dp_series__/"
-_STEP_RUN_ID = re.compile(r"__dp_series__/g(\d{1,6})/step/(\d{6})")
 #: The output field holding the sealed noise (never published).
 STATE_FIELD = "series_state"
 
@@ -104,11 +101,13 @@ class SeriesSteps:
         generation: the latest generation with a committed step (0 if none).
         steps: that generation's committed outputs, in step order (step ``i`` at index ``i``).
         by_run: Airflow run id -> the committed output of the step it released (any generation).
+        by_interval: ``(start, end)`` of a step's data interval (UTC ISO 8601) -> its committed output.
     """
 
     generation: int
     steps: list[dict[str, Any]]
     by_run: dict[str, dict[str, Any]]
+    by_interval: dict[tuple[str, str], dict[str, Any]]
 
 
 def committed_steps(ledger: Ledger, base: ReleaseKey, account: str) -> SeriesSteps:
@@ -122,8 +121,9 @@ def committed_steps(ledger: Ledger, base: ReleaseKey, account: str) -> SeriesSte
         ReleaseKey(base.dag_id, SERIES_RUN_PREFIX, base.task_id, base.map_index, base.release_name), account)
     generations: dict[int, dict[int, dict[str, Any]]] = {}
     by_run: dict[str, dict[str, Any]] = {}
+    by_interval: dict[tuple[str, str], dict[str, Any]] = {}
     for run_id, output in outputs.items():
-        match = _STEP_RUN_ID.fullmatch(run_id)
+        match = SERIES_STEP_RUN_ID.fullmatch(run_id)
         series = output.get("series") if isinstance(output, dict) else None
         if match is None or not isinstance(series, dict) or [series.get("generation"), series.get("step")] != [
                 int(match[1]), int(match[2])]:
@@ -132,12 +132,13 @@ def committed_steps(ledger: Ledger, base: ReleaseKey, account: str) -> SeriesSte
                                   "`dpctl ledger verify`")
         generations.setdefault(int(match[1]), {})[int(match[2])] = output
         by_run[str(series.get("run_id"))] = output
+        by_interval[_interval(series)] = output
     generation = max(generations, default=0)
     steps = generations.get(generation, {})
     if sorted(steps) != list(range(len(steps))):
         raise AuditChainError(f"release {base.release_name!r}: generation {generation} of the series holds steps "
                               f"{sorted(steps)[:5]}..., not 0 to {len(steps) - 1}; nothing is published")
-    return SeriesSteps(generation, [steps[i] for i in range(len(steps))], by_run)
+    return SeriesSteps(generation, [steps[i] for i in range(len(steps))], by_run, by_interval)
 
 
 def noise_of(plans: list[AggregateSeriesPlan]) -> dict[str, SeriesNoise]:
@@ -190,6 +191,12 @@ def next_step(spec: ReleaseSpec, history: SeriesSteps, run: StepRun) -> tuple[in
     assert series is not None
     generation, steps = history.generation, history.steps
     start, end = _iso(run.data_interval_start), _iso(run.data_interval_end)
+    if run.data_interval_end <= run.data_interval_start:
+        raise SeriesOrderError(
+            f"release {spec.release!r}: run {run.run_id!r} has an empty data interval ({start} to {end}): a series "
+            "step is its run's data interval, and the steps' intervals must follow each other without a gap. "
+            "Schedule the DAG with a data-interval timetable (airflow.sdk CronDataIntervalTimetable or "
+            "DeltaDataIntervalTimetable); trigger timetables, Airflow 3's default for '@daily', give empty intervals")
     if len(steps) >= series.horizon:
         if series.after_horizon == "refuse":
             raise SeriesOrderError(
@@ -294,7 +301,10 @@ def run_series_step(
     account_name = spec.budget_account
     for _ in range(8):  # another run may take the step first: then this run's step is the next one
         history = committed_steps(ledger, base, account_name)
-        stored = history.by_run.get(run.run_id)
+        # a step is its data interval: a run of a released interval (a retry, a clear, or a new run of the same day,
+        # as each `airflow dags test` is) publishes that step again
+        stored = history.by_run.get(run.run_id) or history.by_interval.get(
+            (_iso(run.data_interval_start), _iso(run.data_interval_end)))
         if stored is not None:
             return ReleaseResult(output=published_form(stored), replayed=True)
         result = _release_next_step(spec, aggregates, ledger, base, run, history, series_key, spec_hash,

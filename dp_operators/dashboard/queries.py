@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import re
 import weakref
 from collections.abc import Callable, Iterator
 from fractions import Fraction
@@ -45,6 +46,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
+from dp_operators.accounting import MAX_DENOMINATOR, round_up
 from dp_operators.ledger import schema
 from dp_operators.ledger.bounded import (
     MAX_DIGITS,
@@ -59,6 +61,8 @@ from dp_operators.ledger.bounded import (
 from dp_operators.ledger.errors import LedgerNotInitialisedError, UnreadableValueError
 from dp_operators.ledger.store import (
     ACCOUNT_READ_COLUMNS,
+    SERIES_RUN_PREFIX,
+    SERIES_STEP_RUN_ID,
     LedgerBase,
     account_status,
     lenient_sqlite_text,
@@ -88,6 +92,13 @@ MAX_RELEASE_VALUES = 10_000
 #: writes inline, up to ``INLINE_ROWS_LIMIT`` rows); a longer one is "too large to show here" (``dpctl ledger
 #: verify`` checks it).
 MAX_SHOWN_OUTPUT_CHARS = 32 * 2**20
+#: Most series :func:`account_detail` lists for an account (the first by key); ``series_total`` counts them all.
+MAX_SERIES = 100
+#: Most ``(series, amount)`` groups :func:`account_detail` reads: the series' charges are summed exactly from them.
+#: The ledger writes about three amounts in a series' steps (its charge, 0 and its redraw price), so only a page of
+#: series written around the ledger comes near it: the series after it are not listed, and a first series with more
+#: groups has ``charged`` ``None``.
+MAX_SERIES_AMOUNTS = 10 * MAX_SERIES
 #: Most values of a committed output :func:`release_detail` keeps once each aggregate's rows are cut to its limit
 #: (some tens of MB as Python values); an output that would keep more is "too large to show here".
 MAX_SHOWN_OUTPUT_VALUES = 500_000
@@ -152,6 +163,40 @@ def _epoch_postgresql(element, compiler, **kw) -> str:
     return f"EXTRACT(EPOCH FROM {compiler.process(element.clauses, **kw)})"
 
 
+# A series step's run id is __dp_series__/g<generation: 1 to 6 digits>/step/<step: 6 digits>
+# (dp_operators.continual.run.step_key; SERIES_STEP_RUN_ID matches it in Python). Neither the prefix nor the rest
+# holds a character GLOB or a PostgreSQL regular expression reads as syntax.
+_GENERATION_AT = len(SERIES_RUN_PREFIX) + 2  # the 1-based position of the generation's first digit
+_STEP_SUFFIX = len("/step/000000")
+_SERIES_GENERATION_RUN_ID = re.compile(re.escape(SERIES_RUN_PREFIX) + r"g([0-9]{1,6})")
+
+
+class _series_step_run_id(FunctionElement):
+    """True for a run id of a series step's form (``__dp_series__/g<1 to 6 digits>/step/<6 digits>``, ASCII
+    digits), false or NULL for any other value; checked in SQL, so a run id of another form is never read."""
+
+    type = sa.Boolean()
+    name = "series_step_run_id"
+    inherit_cache = True
+
+
+@compiles(_series_step_run_id, "sqlite")
+def _series_step_sqlite(element, compiler, **kw) -> str:
+    x = compiler.process(element.clauses, **kw)
+    shortest = _GENERATION_AT + _STEP_SUFFIX
+    generation = f"substr({x}, {_GENERATION_AT}, length({x}) - {shortest - 1})"
+    return (
+        f"(typeof({x}) = 'text' AND length({x}) BETWEEN {shortest} AND {shortest + 5} "
+        f"AND {x} GLOB '{SERIES_RUN_PREFIX}g[0-9]*/step/{'[0-9]' * 6}' AND {generation} NOT GLOB '*[^0-9]*')"
+    )
+
+
+@compiles(_series_step_run_id, "postgresql")
+def _series_step_postgresql(element, compiler, **kw) -> str:
+    x = compiler.process(element.clauses, **kw)
+    return f"({x} ~ '^{SERIES_RUN_PREFIX}g[0-9]{{1,6}}/step/[0-9]{{6}}$')"
+
+
 _AMOUNT = _fraction_as_double(_c.amount)
 _SETTLED = _c.state.in_(SETTLED_STATES)
 _OF_ACCOUNT = _c.account == sa.bindparam("account")
@@ -190,6 +235,39 @@ def _burn_down_buckets(dialect: str) -> Any:
 _WINDOW_SPEND = sa.select(sa.func.sum(_AMOUNT), sa.func.count()).where(
     _OF_ACCOUNT, _SETTLED, _SHOWN_TIME, _c.created_at >= sa.bindparam("start"), _c.created_at <= sa.bindparam("end")
 )
+
+
+# The series of an account: its charges whose run id is a series step's, grouped by series (account, dag_id,
+# task_id, map_index, release_name and the run id's "__dp_series__/g<generation>") and, within one, by amount (the
+# exact sum of a series' charges is made in Python from few groups: its charge, 0 and its redraw price). Constants
+# are written into the SQL (literal_column), so PostgreSQL sees one expression in SELECT, GROUP BY and ORDER BY.
+_SERIES_GENERATION = sa.func.substr(
+    _c.run_id, sa.literal_column("1"), sa.func.length(_c.run_id) - sa.literal_column(str(_STEP_SUFFIX))
+)
+_SERIES_KEY = (_c.dag_id, _c.task_id, _c.map_index, _c.release_name, _SERIES_GENERATION)
+_OF_SERIES = (_OF_ACCOUNT, _series_step_run_id(_c.run_id))
+_COMMITTED = _c.state == "committed"
+_SERIES_GROUPS = (
+    sa.select(
+        *_SERIES_KEY[:4],
+        _SERIES_GENERATION.label("generation"),
+        _c.amount,
+        # released charges' budget came back: they are left out of the sum
+        sa.func.sum(sa.case((_c.state == "released", 0), else_=1)).label("charges"),
+        sa.func.count(sa.distinct(sa.case((_COMMITTED, _c.run_id)))).label("steps_committed"),
+        sa.func.max(sa.case((_COMMITTED, _c.run_id))).label("last_run_id"),
+        sa.func.max(sa.case((_COMMITTED, _c.id))).label("last_charge_id"),
+        sa.func.min(_c.id).label("first_charge_id"),
+        sa.func.sum(sa.case((_c.attempt > 1, 1), else_=0)).label("redraws"),
+    )
+    .where(*_OF_SERIES)
+    .group_by(*_SERIES_KEY, _c.amount)
+    .order_by(*_SERIES_KEY, _c.amount)
+)
+_SERIES_COUNT = sa.select(sa.func.count()).select_from(
+    sa.select(*_SERIES_KEY).where(*_OF_SERIES).group_by(*_SERIES_KEY).subquery()
+)
+_MECHANISMS_OF = sa.select(_c.id, _c.mechanisms).where(_c.id.in_(sa.bindparam("ids", expanding=True)))
 
 
 def _read_columns(conn: Connection, columns: tuple[sa.Column, ...]) -> list[Any]:
@@ -447,6 +525,93 @@ def _days(days: float) -> str:
     return f"{days:g} day" if days == 1 else f"{days:g} days"
 
 
+_SERIES_NAMES = ("dag_id", "task_id", "map_index", "release_name")
+
+
+def _account_series(conn: Connection, name: str) -> tuple[list[dict[str, Any]], int]:
+    """The first :data:`MAX_SERIES` series of account ``name`` (see :func:`account_detail`) and how many it has.
+    One scan of the account's step charges, grouped in SQL by series and amount, of which the first
+    :data:`MAX_SERIES_AMOUNTS` groups are read; then the mechanisms that give the listed series' horizons (by id),
+    and the number of series only when the groups read do not hold them all."""
+    groups = conn.execute(_SERIES_GROUPS.limit(MAX_SERIES_AMOUNTS + 1), {"account": name}).all()
+    cut = len(groups) > MAX_SERIES_AMOUNTS
+    series: dict[tuple, list[Any]] = {}
+    for group in groups[:MAX_SERIES_AMOUNTS]:
+        series.setdefault(tuple(group[:5]), []).append(group)
+    total = conn.execute(_SERIES_COUNT, {"account": name}).scalar() if cut else len(series)
+    listed = list(series.values())[:MAX_SERIES]
+    # the group after the cut may belong to the last series read: that one is then left out, or, when it is the
+    # only one, listed from the groups read, without a charge
+    partial = cut and tuple(groups[MAX_SERIES_AMOUNTS][:5]) == tuple(groups[MAX_SERIES_AMOUNTS - 1][:5])
+    if partial and len(series) > 1:
+        partial = False
+        if len(listed) == len(series):
+            listed.pop()
+    ids = [_described_by(parts) for parts in listed]
+    mechanisms = {row.id: row.mechanisms for row in conn.execute(_MECHANISMS_OF, {"ids": ids})} if ids else {}
+    return [_series_entry(parts, mechanisms.get(_described_by(parts)), partial) for parts in listed], total
+
+
+def _described_by(groups: list[Any]) -> int:
+    """The charge whose recorded mechanisms give a series' horizon: its last committed step's, else its first."""
+    committed = [group.last_charge_id for group in groups if group.last_charge_id is not None]
+    return max(committed) if committed else min(group.first_charge_id for group in groups)
+
+
+def _series_entry(groups: list[Any], mechanisms: Any, partial: bool) -> dict[str, Any]:
+    """One series of :func:`account_detail` from its groups of ``_SERIES_GROUPS`` (one per amount; ``partial``:
+    not all of them were read) and the mechanisms (the ledger's text) of :func:`_described_by`; unreadable fields
+    ``None``, each named in ``unreadable``."""
+    row = groups[0]
+    first = min(group.first_charge_id for group in groups)
+    names = read_row(schema.charges, {"id": first, **{field: getattr(row, field) for field in _SERIES_NAMES}})
+    problems = names.reasons()
+    entry: dict[str, Any] = {field: None if field in names.unreadable else getattr(row, field)
+                             for field in _SERIES_NAMES}
+    generation = _SERIES_GENERATION_RUN_ID.fullmatch(row.generation)  # the SQL kept only run ids of this form
+    last_run_ids = [group.last_run_id for group in groups if group.last_run_id is not None]
+    last = SERIES_STEP_RUN_ID.fullmatch(max(last_run_ids)) if last_run_ids else None  # 6 digits: text order
+    committed = [group.last_charge_id for group in groups if group.last_charge_id is not None]
+    horizon = None
+    read = read_row(schema.charges, {"id": _described_by(groups), "mechanisms": mechanisms})
+    if read.ok:  # each step's record names the series' horizon (dp_operators.continual.run)
+        horizons = [m.get("horizon") for m in read.values["mechanisms"] if isinstance(m, dict)]
+        horizon = next((h for h in horizons if type(h) is int and h >= 0), None)
+    else:
+        problems += read.reasons()
+    charged: Fraction | None = None
+    if partial:
+        problems.append(f"amount: its steps hold more than the {MAX_SERIES_AMOUNTS:,} different amounts the dashboard "
+                        "reads, so its charge is not shown and its counts are those of the amounts read; 'dpctl "
+                        "ledger verify' checks them")
+    else:
+        charged = Fraction(0)
+        for group in groups:
+            read = read_row(schema.charges, {"amount": group.amount})
+            if not read.ok:
+                problems += read.reasons()
+                charged = None
+            elif charged is not None and group.charges:
+                charged += group.charges * read.values["amount"]
+                if charged.denominator > MAX_DENOMINATOR**2:  # rows written around the ledger: shown rounded up
+                    charged = round_up(charged)
+    steps = sum(group.steps_committed for group in groups)  # a step commits once, so in one group
+    entry.update(
+        generation=int(generation[1]) if generation else None,
+        steps_committed=steps,
+        last_step=int(last[2]) if last else None,
+        horizon=horizon,
+        steps_left=None if horizon is None else max(horizon - steps, 0),
+        charged=None if charged is None else str(charged),
+        charged_float=None if charged is None else float(charged),
+        redraws=sum(group.redraws for group in groups),
+        last_charge_id=max(committed) if committed else None,
+    )
+    if problems:
+        entry["unreadable"] = problems
+    return entry
+
+
 def account_detail(
     ledger: LedgerBase | Engine | str,
     name: str,
@@ -455,8 +620,8 @@ def account_detail(
     window_days: float = FORECAST_WINDOW_DAYS,
     max_points: int = MAX_BURN_DOWN_POINTS,
 ) -> dict[str, Any] | None:
-    """One account: its :func:`accounts_overview` row plus ``burn_down``, ``forecast`` and ``charge_counts``;
-    ``None`` if there is no account ``name``.
+    """One account: its :func:`accounts_overview` row plus ``burn_down``, ``forecast``, ``charge_counts`` and
+    ``series``; ``None`` if there is no account ``name``.
 
     * ``burn_down``: ``{"unit", "cap_float", "points": [{"time", "cumulative", "charges"}, ...]}``, cumulative
       settled spend (committed + abandoned, a float in the account's unit) against time (ISO 8601 UTC, the
@@ -475,9 +640,22 @@ def account_detail(
       ``exhausts_at`` are ``None``.
     * ``charge_counts``: ``{state: count}`` for every state of :data:`CHARGE_STATES`, and ``total`` (every charge of
       the account, also those whose state is none of them).
+    * ``series``: the account's continual-release series (docs/continual.md, ADR 33), the first :data:`MAX_SERIES`
+      by key, and ``series_total`` how many it has (0 and ``[]`` without any). A series is the account's charges
+      whose run id is a step's (``__dp_series__/g<generation>/step/<step>``) with one ``(dag_id, task_id, map_index,
+      release_name, generation)``; each has those five, ``steps_committed``, ``last_step`` (0-based, ``None`` before
+      the first commit), ``horizon`` (from the recorded mechanisms of its last committed step, else its first;
+      ``None`` if they name none), ``steps_left`` (``None`` without a horizon), ``charged`` (exact string, the
+      account's unit: its steps' amounts but those of released charges, whose budget came back: the series' charge
+      plus its redraws) and ``charged_float``, ``redraws`` (step attempts after a step's first) and
+      ``last_charge_id`` (the last committed step's charge, ``None`` before the first). The grouping and the counts
+      are SQL (``GROUP BY`` series and amount, at most :data:`MAX_SERIES_AMOUNTS` groups read): the steps are never
+      read one by one. A series whose names, amounts or recorded mechanisms hold a value the ledger does not write
+      has ``None`` there and ``unreadable`` naming each.
 
     An account whose row (or a reserved charge of it) is unreadable is its :func:`accounts_overview` row
-    (``unreadable``, the other fields ``None``) with ``charge_counts``, and ``burn_down`` and ``forecast`` ``None``.
+    (``unreadable``, the other fields ``None``) with ``charge_counts`` and ``series``, and ``burn_down`` and
+    ``forecast`` ``None``.
 
     Args:
         now: the forecast's reference time (default: the current time, UTC).
@@ -505,13 +683,16 @@ def account_detail(
                 counts[state] = number
             total += number
         counts["total"] = total
+        series, series_total = _account_series(conn, name)
         if isinstance(status, UnreadableValueError):
-            return {**_unreadable_account(name, status), "burn_down": None, "forecast": None, "charge_counts": counts}
+            return {**_unreadable_account(name, status), "burn_down": None, "forecast": None, "charge_counts": counts,
+                    "series": series, "series_total": series_total}
         detail = _overview_row(status)
         points, first = _burn_down(conn, name, max_points)
         detail["burn_down"] = {"unit": status.unit, "cap_float": float(status.cap), "points": points}
         detail["forecast"] = _forecast(conn, name, status.remaining, first, now, window_days)
         detail["charge_counts"] = counts
+        detail["series"], detail["series_total"] = series, series_total
     return detail
 
 

@@ -24,6 +24,7 @@ import getpass
 import os
 import random
 import sqlite3
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from dp_operators.ledger.bounded import (
     MAX_OUTPUT_CHARS,
     BoundsError,
     ledger_json,
+    ledger_number,
     read_json,
     read_number,
     shown,
@@ -95,6 +97,9 @@ _RESERVED_AMOUNTS = sa.select(_c.id, _c.amount, _c.delta_amount).where(
 _COMMITTED_ACCOUNTS = sa.select(_c.id, _c.account).where(*KEY_MATCHES, _c.state == "committed").order_by(_c.id)
 _COMMITTED_OUTPUT_BY_ID = sa.select(_c.id, _c.output).where(_c.id == sa.bindparam("charge_id"))
 _DB_NOW = sa.select(sa.func.clock_timestamp())
+#: The run id prefix of a series step's release key, and the form of one (dp_operators.continual.run.step_key).
+SERIES_RUN_PREFIX = "__dp_series__/"
+SERIES_STEP_RUN_ID = re.compile(r"__dp_series__/g(\d{1,6})/step/(\d{6})")
 
 
 @dataclass(frozen=True)
@@ -539,6 +544,55 @@ class LedgerBase:
         with self._read() as conn:
             rows = conn.execute(sa.select(*ACCOUNT_READ_COLUMNS).order_by(schema.accounts.c.name)).all()
             return [account_status(row, *reserved_totals(conn, row.name)) for row in rows]
+
+    def series(self, account: str | None = None) -> list[dict[str, Any]]:
+        """The series in the ledger (docs/adr/0033): one entry per ``(account, dag_id, task_id, map_index,
+        release_name, generation)``, read from its steps' charges (run ids ``__dp_series__/g<g>/step/<t>``):
+        ``steps_committed``, ``last_step`` (0-based, ``None`` before the first), ``horizon`` (from the steps'
+        recorded mechanisms; ``None`` if none names it), ``steps_left``, ``charged`` (exact, the account's unit:
+        the series' charge plus its redraws), ``redraws`` (step attempts after a step's first), by account and key.
+
+        Raises:
+            UnreadableValueError: a step's amount or mechanisms is not what the ledger writes.
+        """
+        self.check_schema()
+        c = schema.charges.c
+        query = sa.select(c.id, c.account, c.dag_id, c.task_id, c.map_index, c.release_name, c.run_id, c.attempt,
+                          c.state, c.amount, c.mechanisms).where(
+            c.run_id.startswith(SERIES_RUN_PREFIX, autoescape=True)).order_by(c.id)
+        if account is not None:
+            query = query.where(c.account == account)
+        found: dict[tuple, dict[str, Any]] = {}
+        with self._read() as conn:
+            for row in conn.execute(query):
+                match = SERIES_STEP_RUN_ID.fullmatch(row.run_id)
+                if match is None:
+                    continue
+                generation, step = int(match[1]), int(match[2])
+                entry = found.setdefault(
+                    (row.account, row.dag_id, row.task_id, row.map_index, row.release_name, generation),
+                    {"account": row.account, "dag_id": row.dag_id, "task_id": row.task_id,
+                     "map_index": row.map_index, "release_name": row.release_name, "generation": generation,
+                     "committed": set(), "horizon": None, "charged": Fraction(0), "redraws": 0})
+                if row.state != "released":  # a released attempt's amount came back to the account
+                    entry["charged"] += ledger_number(row.amount, table="dp_charges", row=row.id, column="amount")
+                entry["redraws"] += row.attempt > 1
+                if row.state == "committed":
+                    entry["committed"].add(step)
+                if entry["horizon"] is None:
+                    described = ledger_json(row.mechanisms, table="dp_charges", row=row.id, column="mechanisms")
+                    horizons = [m.get("horizon") for m in described if isinstance(m, dict)] \
+                        if isinstance(described, list) else []
+                    entry["horizon"] = next((h for h in horizons if type(h) is int), None)
+        summaries = []
+        for key in sorted(found, key=lambda key: tuple(map(str, key))):  # a SQLite column may hold any type
+            entry = found[key]
+            committed = entry.pop("committed")
+            entry["steps_committed"] = len(committed)
+            entry["last_step"] = max(committed, default=None)
+            entry["steps_left"] = None if entry["horizon"] is None else max(entry["horizon"] - len(committed), 0)
+            summaries.append(entry)
+        return summaries
 
     def stored_output(self, key: ReleaseKey, account: str | None = None) -> dict | None:
         """The committed output of ``key`` on ``account`` (parsed JSON), or ``None`` if it has none. Without

@@ -1,5 +1,6 @@
 """A series' noise: each step's draws, and the exact noise on each running total, against the strategies' matrices
-(least squares for Honaker's tree) and, by simulation, against the planned variances."""
+(least squares for Honaker's tree), against the rational recurrence (the square root's integer decoder, and how
+often it is computed) and, by simulation, against the planned variances."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from dp_operators.continual import BinaryTree, Participation, SquareRootToeplitz, SummedIncrements, plan_series
+from dp_operators.continual import noise as noise_module
 from dp_operators.continual.noise import SeriesNoise
 from dp_operators.continual.plan import candidate
 
@@ -172,3 +174,98 @@ def test_the_float_decoder_rows_are_the_exact_decoders_weights(strategy):
     # each row's squared weights are the planned step variance (in lattice units squared)
     np.testing.assert_allclose((rows / float(noise.lattice)) ** 2 @ np.ones(rows.shape[1]),
                                strategy.step_variances(), rtol=1e-9)
+
+
+def _rational_decoder(horizon: int) -> list[Fraction]:
+    """The slow reference: the power series inverse of the rounded coefficients by the recurrence in rationals
+    (``u_0 = 1``, ``u_n = -sum_(s=1..n) c_s u_(n-s)``), then its prefix sums."""
+    c = [Fraction(n, 1 << 24) for n in SquareRootToeplitz(horizon).numerators]
+    inverse = [Fraction(1)]
+    for n in range(1, horizon):
+        inverse.append(-sum((c[s] * inverse[n - s] for s in range(1, n + 1)), Fraction(0)))
+    prefix, running = [], Fraction(0)
+    for value in inverse:
+        running += value
+        prefix.append(running)
+    return prefix
+
+
+def test_the_integer_decoder_equals_the_rational_recurrence_for_every_short_horizon():
+    for horizon in range(1, 65):
+        expected = _rational_decoder(horizon)
+        dyadic = noise_module.square_root_decoder(horizon)
+        assert len(dyadic.numerators) == horizon
+        assert [Fraction(b, 1 << dyadic.exponent) for b in dyadic.numerators] == expected, horizon
+        assert series(SquareRootToeplitz(horizon)).decoder == expected, horizon
+
+
+def test_the_integer_decoder_equals_the_rational_recurrence_at_200_steps_over_a_near_tight_denominator():
+    expected = _rational_decoder(200)
+    dyadic = noise_module.square_root_decoder(200)
+    assert [Fraction(b, 1 << dyadic.exponent) for b in dyadic.numerators] == expected
+    assert series(SquareRootToeplitz(200)).decoder == expected
+    # the common denominator is within a few bits of the largest reduced one (373 against 371 bits)
+    largest = max(value.denominator.bit_length() - 1 for value in expected)
+    assert largest <= dyadic.exponent <= largest + 4
+
+
+def test_a_common_denominator_too_small_for_the_inverse_is_refused_not_rounded():
+    """Negative control for the exactness check: one bit short of the largest denominator, a step's sum is not a
+    multiple of 2^GRID_BITS and the computation stops."""
+    numerators = SquareRootToeplitz(64).numerators
+    prefix = _rational_decoder(64)
+    inverse = [prefix[0]] + [prefix[n] - prefix[n - 1] for n in range(1, 64)]
+    largest = max(value.denominator.bit_length() - 1 for value in inverse)
+    assert noise_module._scaled_inverse(numerators, largest)  # enough
+    with pytest.raises(ArithmeticError, match="not a multiple"):
+        noise_module._scaled_inverse(numerators, largest - 1)
+
+
+def test_limb_sums_are_carried_back_into_the_exact_integer():
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        sums = rng.integers(-(2**53) + 1, 2**53, size=rng.integers(1, 40)).astype(np.float64)
+        sums[rng.random(sums.size) < 0.3] = 0
+        assert noise_module._from_limbs(sums) == sum(int(value) << (16 * k) for k, value in enumerate(sums))
+    for value in (0, 1, -1, 2**200 - 1, -(3**100)):
+        assert noise_module._from_limbs(noise_module._to_limbs(value, 14)) == value
+
+
+@pytest.mark.parametrize("grid", [Fraction(1), Fraction(1, 1000)], ids=["counts", "sums"])
+def test_the_total_noise_is_the_rational_decoders_exact_sum_on_random_histories(grid):
+    noise = series(SquareRootToeplitz(200), grid=grid)
+    decoder = _rational_decoder(200)
+    rng = random.Random(11)
+    for t in (0, 1, 7, 63, 150, 199):
+        for scale in (10, 2**30, 2**70):
+            history = [[rng.randrange(-scale, scale + 1)] for _ in range(t + 1)]
+            expected = sum((decoder[t - s] * draws[0] for s, draws in enumerate(history)), Fraction(0))
+            got = noise.total_noise(history)
+            assert isinstance(got, Fraction) and got == expected * grid / 2**24
+    # draws read back as numpy integers decode to the same exact total
+    history = [[rng.randrange(-2**40, 2**40)] for _ in range(100)]
+    assert noise.total_noise([[np.int64(draws[0])] for draws in history]) == noise.total_noise(history)
+
+
+def test_every_series_of_a_horizon_shares_one_decoder_computation(monkeypatch):
+    """The work count: the exact inverse is computed once per horizon in a process, however many series (one per
+    Airflow run) decode with it, and whichever of total_noise, decoder and decoder_rows reads it."""
+    computed: list[int] = []
+    inverse = noise_module._scaled_inverse
+
+    def counting(numerators, exponent):
+        computed.append(len(numerators))
+        return inverse(numerators, exponent)
+
+    monkeypatch.setattr(noise_module, "_scaled_inverse", counting)
+    noise_module.square_root_decoder.cache_clear()
+    noise_module.square_root_decoder_fractions.cache_clear()
+    rng = random.Random(2)
+    for run in range(6):
+        horizon = 30 if run % 2 else 31
+        noise = series(SquareRootToeplitz(horizon))  # a new strategy and series each run, as an operator's
+        history = [noise.draw(step) for step in range(rng.randrange(1, horizon))]
+        assert isinstance(noise.total_noise(history), Fraction)
+        assert len(noise.decoder) == horizon and noise.decoder_rows().shape == (horizon, horizon)
+    assert sorted(computed) == [30, 31]
+    assert noise_module.square_root_decoder.cache_info().misses == 2

@@ -5,6 +5,7 @@ that is not the next step."""
 from __future__ import annotations
 
 import base64
+import json
 import datetime as dt
 import time
 from fractions import Fraction
@@ -155,3 +156,38 @@ def test_a_series_of_sums_is_refused_before_anything_is_charged(ledger):
     with pytest.raises(ReleaseConfigError, match="series of sums"):
         step(ledger, 0, spec(kind="sum"))
     assert list(ledger.charges()) == []
+
+
+def test_ledger_show_lists_each_series_with_its_steps_and_charge(ledger):
+    from typer.testing import CliRunner
+
+    from dp_operators.cli import app
+
+    for index in range(3):
+        step(ledger, index)
+    (entry,) = ledger.series("a")
+    assert (entry["steps_committed"], entry["last_step"], entry["horizon"], entry["steps_left"], entry["charged"],
+            entry["redraws"]) == (3, 2, 8, 5, 1, 0)
+    shown = CliRunner().invoke(app, ["ledger", "show", "--url", ledger.url], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert "Series (one charge each" in shown.output
+    assert "daily_flights" in shown.output and "d / release" in shown.output
+    as_json = CliRunner().invoke(app, ["ledger", "show", "--url", ledger.url, "--json"])
+    (account,) = json.loads(as_json.output)
+    assert account["series"][0]["steps_left"] == 5 and account["series"][0]["charged"] == "1"
+
+
+def test_a_run_with_an_empty_data_interval_is_refused_naming_the_timetable_to_use(ledger):
+    moment = START + DAY
+    with pytest.raises(SeriesOrderError, match="CronDataIntervalTimetable"):
+        step(ledger, 0, run=StepRun("scheduled__2013-01-02", moment, moment))
+    assert list(ledger.charges()) == []
+
+
+def test_a_new_run_of_a_released_interval_replays_its_step(ledger):
+    first = step(ledger, 0).output
+    step(ledger, 1)
+    rerun = StepRun("manual__2026-12-06T17:00:00+00:00", START, START + DAY)  # a new run id, the same day
+    again = run_series_step(spec(), lambda: pytest.fail("a replay reads no data"), ledger, BASE, rerun,
+                            series_key=None, spec_hash="0" * 64)
+    assert again.replayed and again.output == first and ledger.account("a").spent == 1
