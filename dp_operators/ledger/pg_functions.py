@@ -246,6 +246,11 @@ _SPEND_KEY_ID = f"""{_KEY_BOUNDS}
   v_key_id := {_KEY_ID};"""
 
 #: dp_check_release_key.
+#: The run ids whose first attempt may reserve 0 (a POSIX regular expression): a series' steps after step 0, whose
+#: series paid at step 0 (dp_operators.continual.run.step_key; ADR 33). Any other release is charged > 0.
+ZERO_AMOUNT_RUN_ID = "^__dp_series__/g[0-9]{1,6}/step/(00000[1-9]|0000[1-9][0-9]|000[1-9][0-9]{2}|00[1-9][0-9]{3}|0[1-9][0-9]{4}|[1-9][0-9]{5})$"
+
+
 _RELEASE_KEY_CHECK = f"""
   IF p_account IS NULL OR length(p_account) > 200 OR p_dag_id IS NULL OR length(p_dag_id) > 250
       OR p_run_id IS NULL OR length(p_run_id) > 250 OR p_task_id IS NULL OR length(p_task_id) > 250
@@ -953,6 +958,11 @@ BEGIN
 {_SPEND_KEY_ID}{_RELEASE_KEY_CHECK}
   {_amount("v_amount", "p_amount", "amount", False)}
   {_amount("v_takeover", "p_takeover", "takeover amount", True)}
+  IF v_amount[1] = 0 AND p_run_id !~ '{ZERO_AMOUNT_RUN_ID}' THEN
+    {_fail(BAD_VALUE, "format('a charge must be > 0, got 0: only a series step after the first (run id "
+           "__dp_series__/g<generation>/step/<t>, t > 0) reserves nothing, its series paid at step 0; run id %L', "
+           "left(p_run_id, 60))", "jsonb_build_object('kind', 'amount')")}
+  END IF;
   {_amount("v_delta", "p_delta", "delta", False)}{_check_json("p_mechanisms", "'mechanisms'", str(MAX_MECHANISMS_CHARS),
                                                           str(MAX_JSON_DEPTH), "'array'")}
   IF p_spec_hash IS NULL OR length(p_spec_hash) > 64 THEN

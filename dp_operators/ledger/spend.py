@@ -67,7 +67,15 @@ from dp_operators.ledger.errors import (
     stored_fraction,
 )
 from dp_operators.ledger.keys import AuditKey, Keyring, as_key
-from dp_operators.ledger.store import KEY_MATCHES, LedgerBase, Refusal, ReleaseKey, Reservation, not_found
+from dp_operators.ledger.store import (
+    KEY_MATCHES,
+    LedgerBase,
+    Refusal,
+    ReleaseKey,
+    Reservation,
+    not_found,
+    zero_amount_allowed,
+)
 from dp_operators.ledger.store import _is_retryable as is_retryable
 
 log = logging.getLogger(__name__)
@@ -460,6 +468,10 @@ class Ledger(LedgerBase):
         if amount < 0 or takeover <= 0:
             raise ValueError(f"a charge must be > 0 (0 only for a first attempt, with a takeover amount > 0), got "
                              f"{amount} and takeover amount {takeover}")
+        if amount == 0 and not zero_amount_allowed(key.run_id):
+            raise ValueError(f"a charge must be > 0, got 0: only a series step after the first (run id "
+                             f"__dp_series__/g<generation>/step/<t>, t > 0) reserves nothing, its series paid at step "
+                             f"0; run id {key.run_id[:60]!r}")
         if delta < 0:
             raise ValueError(f"a delta charge must be >= 0, got {delta}")
         signing_key = self._spend_key()

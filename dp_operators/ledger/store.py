@@ -99,7 +99,17 @@ _COMMITTED_OUTPUT_BY_ID = sa.select(_c.id, _c.output).where(_c.id == sa.bindpara
 _DB_NOW = sa.select(sa.func.clock_timestamp())
 #: The run id prefix of a series step's release key, and the form of one (dp_operators.continual.run.step_key).
 SERIES_RUN_PREFIX = "__dp_series__/"
-SERIES_STEP_RUN_ID = re.compile(r"__dp_series__/g(\d{1,6})/step/(\d{6})")
+SERIES_STEP_RUN_ID = re.compile(r"__dp_series__/g([0-9]{1,6})/step/([0-9]{6})")
+
+
+def zero_amount_allowed(run_id: object) -> bool:
+    """Whether a release key's first attempt may reserve 0: a series step after step 0, whose series paid at step 0
+    (ADR 33); PostgreSQL's ``dp_reserve`` applies the same test
+    (:data:`~dp_operators.ledger.pg_functions.ZERO_AMOUNT_RUN_ID`)."""
+    if not isinstance(run_id, str):
+        return False
+    match = SERIES_STEP_RUN_ID.fullmatch(run_id)
+    return match is not None and int(match[2]) > 0
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ from dp_operators.ledger.store import (
     read_row,
     sqlite_timestamp,
     timestamp_column,
+    zero_amount_allowed,
 )
 
 #: At most this many problems are listed (the first broken audit rows are kept); the rest are counted.
@@ -599,8 +600,10 @@ class _Verifier:
         self, chain: _Chain, row: Mapping[str, Any], amount: Fraction, delta_amount: Fraction, flag: Any
     ) -> None:
         """A ``reserved`` event is legal only within the cap, delta cap and allowlist in force at that point."""
-        if row["amount"] is None or amount < 0 or (amount == 0 and row["attempt"] != 1):
-            flag(f"a reservation must be > 0 (0 only for a release key's first attempt), got {shown(row['amount'])}")
+        if row["amount"] is None or amount < 0 or (amount == 0 and (row["attempt"] != 1
+                                                                    or not zero_amount_allowed(row["run_id"]))):
+            flag(f"a reservation must be > 0 (0 only for the first attempt of a series step after step 0), got "
+                 f"{shown(row['amount'])}")
         if delta_amount < 0:
             flag(f"a reservation's delta must be >= 0, got {shown(row['delta_amount'])}")
         stored = chain.stored

@@ -420,6 +420,8 @@ def test_squatting_the_next_audit_seq_or_ids_is_refused_and_reserves_go_on(deplo
         pytest.param({"amount": "-1/10"}, id="a negative amount"),
         pytest.param({"amount": "0", "takeover": "0"}, id="a zero amount and takeover amount"),
         pytest.param({"takeover": "0"}, id="a zero takeover amount"),
+        pytest.param({"amount": "0"}, id="a zero amount outside a series step"),
+        pytest.param({"amount": "0", "run_id": "__dp_series__/g0/step/000000"}, id="a zero amount at step 0"),
         pytest.param({"takeover": "-1/10"}, id="a negative takeover amount"),
         pytest.param({"amount": "2/20"}, id="not in lowest terms"),
         pytest.param({"amount": "1/0"}, id="a zero denominator"),

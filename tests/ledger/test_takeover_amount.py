@@ -13,7 +13,7 @@ from dp_operators.ledger import BudgetExhaustedError, Reservation, ReleaseKey
 from ledger_backends import account_config, ledger_with
 from support import governor, spender
 
-KEY = ReleaseKey("d", "__dp_series__/g0/step/3", "t", -1, "r")
+KEY = ReleaseKey("d", "__dp_series__/g0/step/000003", "t", -1, "r")
 DEAD_STEP = Fraction(1, 3)
 
 
@@ -63,3 +63,14 @@ def test_without_a_takeover_amount_every_attempt_pays_the_amount(ledger_url):
     time.sleep(0.5)
     assert reserve(spender(ledger_url), amount=Fraction(1, 10)).amount == Fraction(1, 10)
     assert spender(ledger_url).account("a").spent == Fraction(1, 5)
+
+
+@pytest.mark.parametrize("run_id", ["scheduled__2026-12-06T00:00:00+00:00", "__dp_series__/g0/step/000000",
+                                    "__dp_series__/g0/step/3", "__dp_series__/g0/step/000001\n"])
+def test_only_a_series_step_after_the_first_may_reserve_nothing(ledger_url, run_id):
+    ledger_with(ledger_url, a=account_config("zcdp", cap=1))
+    ledger = spender(ledger_url)
+    with pytest.raises(ValueError, match="only a series step after the first"):
+        ledger.reserve(ReleaseKey("d", run_id, "t", -1, "r"), account="a", amount=0, takeover_amount=DEAD_STEP,
+                       mechanisms=[], spec_hash="0" * 64)
+    assert list(ledger.charges()) == []
