@@ -53,6 +53,9 @@ benchmarks: $(VENV)/.installed
 	$(BIN)/python benchmarks/inline_publication.py
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/dashboard_queries.py
+	$(BIN)/python benchmarks/continual.py
+	$(BIN)/python benchmarks/continual_decoder.py
+	$(BIN)/python benchmarks/series_steps.py
 
 clean:
 	rm -rf $(VENV) .demo .cache build *.egg-info

@@ -36,15 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dp_operators.continual import Participation, plan_series  # noqa: E402
 from dp_operators.continual.noise import SeriesNoise  # noqa: E402
-from dp_operators.continual.plan import MECHANISMS  # noqa: E402
-from dp_operators.continual.strategies import BinaryTree, SquareRootToeplitz, SummedIncrements  # noqa: E402
+from dp_operators.continual.plan import MECHANISMS, strategy_of  # noqa: E402
 from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array  # noqa: E402
-
-
-def strategy_of(name: str, horizon: int):
-    return {"summed_increments": lambda: SummedIncrements(horizon), "binary_tree": lambda: BinaryTree(horizon),
-            "tree_honaker": lambda: BinaryTree(horizon, honaker=True),
-            "sqrt_factorization": lambda: SquareRootToeplitz(horizon)}[name]()
 
 
 def simulate(noise: SeriesNoise, series: int, chunk: int = 500) -> dict:

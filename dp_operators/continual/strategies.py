@@ -31,6 +31,7 @@ noise of variance 1 on each measurement; :mod:`.plan` scales them by the noise t
 from __future__ import annotations
 
 import abc
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -196,6 +197,19 @@ class BinaryTree(Strategy):
         return variances
 
 
+@functools.lru_cache(maxsize=8)
+def _square_root_numerators(horizon: int) -> tuple[int, ...]:
+    """``floor(binom(2s, s) / 4^s * 2^GRID_BITS)`` for ``s < horizon``, computed once per horizon per process."""
+    scale = 1 << GRID_BITS
+    numerators = []
+    exact = Fraction(1)
+    for s in range(horizon):
+        if s:
+            exact *= Fraction(2 * s - 1, 2 * s)
+        numerators.append(math.floor(exact * scale))
+    return tuple(numerators)
+
+
 class SquareRootToeplitz(Strategy):
     """``C`` the lower-triangular Toeplitz matrix of ``c_s = binom(2s, s) / 4^s`` rounded down to ``2^-GRID_BITS``,
     ``B = A C^-1`` (for the unrounded coefficients ``B = C``: ``C^2 = A``). The worst step's error is within
@@ -209,17 +223,10 @@ class SquareRootToeplitz(Strategy):
 
     name = "sqrt_factorization"
 
-    @cached_property
+    @property
     def numerators(self) -> list[int]:
         """The rounded coefficients times ``2^GRID_BITS`` (integers; the first is ``2^GRID_BITS``)."""
-        scale = 1 << GRID_BITS
-        numerators = []
-        exact = Fraction(1)
-        for s in range(self.horizon):
-            if s:
-                exact *= Fraction(2 * s - 1, 2 * s)
-            numerators.append(math.floor(exact * scale))
-        return numerators
+        return list(_square_root_numerators(self.horizon))
 
     @cached_property
     def coefficients(self) -> np.ndarray:

@@ -246,9 +246,22 @@ _SPEND_KEY_ID = f"""{_KEY_BOUNDS}
   v_key_id := {_KEY_ID};"""
 
 #: dp_check_release_key.
-#: The run ids whose first attempt may reserve 0 (a POSIX regular expression): a series' steps after step 0, whose
-#: series paid at step 0 (dp_operators.continual.run.step_key; ADR 33). Any other release is charged > 0.
-ZERO_AMOUNT_RUN_ID = "^__dp_series__/g[0-9]{1,6}/step/(00000[1-9]|0000[1-9][0-9]|000[1-9][0-9]{2}|00[1-9][0-9]{3}|0[1-9][0-9]{4}|[1-9][0-9]{5})$"
+#: A series step's run id (canonical: dp_operators.ledger.store.SERIES_STEP_RUN_ID), a POSIX regular expression
+#: capturing the part before the step number; any other run id under the series prefix is refused.
+SERIES_STEP_RUN_ID = "^(__dp_series__/g(0|[1-9][0-9]{0,5})/step/)[0-9]{6}$"
+#: The run ids whose first attempt may reserve 0: a series' steps after step 0, whose series paid at step 0
+#: (dp_operators.continual.run.step_key; ADR 33). Any other release is charged > 0.
+ZERO_AMOUNT_RUN_ID = "^__dp_series__/g(0|[1-9][0-9]{0,5})/step/(00000[1-9]|0000[1-9][0-9]|000[1-9][0-9]{2}|00[1-9][0-9]{3}|0[1-9][0-9]{4}|[1-9][0-9]{5})$"
+#: The run id prefix of series steps (dp_operators.ledger.store.SERIES_RUN_PREFIX).
+SERIES_RUN_PREFIX = "__dp_series__/"
+
+
+def _series_step_committed(step: str, extra: str = "") -> str:
+    """SQL: whether the caller's account holds a committed charge of its series' step ``step`` (an integer
+    expression), the release key's other columns equal (``v_series``: the run id before the step number)."""
+    return (f"EXISTS (SELECT 1 FROM dp_charges AS x WHERE x.dag_id = p_dag_id AND x.run_id = v_series || "
+            f"lpad(({step})::text, 6, '0') AND x.task_id = p_task_id AND x.map_index = p_map_index "
+            f"AND x.release_name = p_release_name AND {_OF_ACCOUNT} AND x.state = 'committed'{extra})")
 
 
 _RELEASE_KEY_CHECK = f"""
@@ -935,6 +948,9 @@ DECLARE
   v_amount numeric[];
   v_takeover numeric[];
   v_amount_text text;
+  v_mine boolean;
+  v_series text;
+  v_step integer;
   v_delta numeric[];
   v_limit numeric[];
   v_remaining numeric[];
@@ -1009,18 +1025,34 @@ BEGIN
   SELECT coalesce(max(x.attempt), 0) + 1,
          coalesce(bool_or({_OF_ACCOUNT} AND x.state = 'committed'), false),
          (array_agg(x.output ORDER BY x.attempt) FILTER (WHERE {_OF_ACCOUNT} AND x.state = 'committed'))[1],
-         coalesce(bool_or({_OF_ACCOUNT} AND x.state = 'reserved'), false)
-    INTO v_attempt, v_replay, v_output, v_reserved
+         coalesce(bool_or({_OF_ACCOUNT} AND x.state = 'reserved'), false),
+         coalesce(bool_or({_OF_ACCOUNT}), false)
+    INTO v_attempt, v_replay, v_output, v_reserved, v_mine
     FROM dp_charges AS x WHERE {_KEY_MATCHES};
   IF v_replay THEN
     RETURN jsonb_build_object('status', 'replay', 'output', v_output);
   END IF;
-  -- the first attempt of a key is charged the amount; a later one (an earlier attempt may have drawn noise) the
-  -- takeover amount, which is > 0 (ADR 33: a series step's first attempt costs nothing more, a redraw does)
+  -- the first charge of a key on this account is the amount; a later one (an earlier attempt may have drawn noise)
+  -- the takeover amount, which is > 0 (ADR 33: a series step's first attempt costs nothing more, a redraw does)
   v_amount_text := p_amount;
-  IF v_attempt > 1 THEN
+  IF v_mine THEN
     v_amount := v_takeover;
     v_amount_text := p_takeover;
+  END IF;
+  -- a series step (ADR 33): steps in order, each after its predecessor's commit on this account; a free one only
+  -- in a series whose step 0 paid
+  IF starts_with(p_run_id, '{SERIES_RUN_PREFIX}') THEN
+    v_series := substring(p_run_id from '{SERIES_STEP_RUN_ID}');
+    IF v_series IS NULL THEN
+      {_fail(BAD_VALUE, "format('run id %L is under the series prefix but is no series step (__dp_series__/g<generation>/step/<6 digits>)', left(p_run_id, 60))", "jsonb_build_object('kind', 'series')")}
+    END IF;
+    v_step := right(p_run_id, 6)::integer;
+    IF v_step > 0 AND NOT {_series_step_committed("v_step - 1")} THEN
+      {_fail(BAD_VALUE, "format('series step %s of %L comes before step %s is committed on account %L: a series releases its steps in order', v_step, v_series, v_step - 1, p_account)", "jsonb_build_object('kind', 'series')")}
+    END IF;
+    IF v_amount[1] = 0 AND NOT {_series_step_committed("0", " AND x.amount <> '0'")} THEN
+      {_fail(BAD_VALUE, "format('series step %s of %L reserves nothing, but its step 0 was not committed with a charge on account %L', v_step, v_series, p_account)", "jsonb_build_object('kind', 'series')")}
+    END IF;
   END IF;
   v_refused.amount := v_amount_text;
   v_now := clock_timestamp();
@@ -1057,7 +1089,8 @@ BEGIN
     END IF;
     v_refused.details := '{{"reason":"budget_exhausted","remaining":' || to_json({_q_text("v_remaining")})::text
       || ',"unit":' || to_json(v_unit)::text || '}}';{_append_and_flush("v_refused", "v_key_id")}
-    RETURN jsonb_build_object('status', 'budget_exhausted', 'unit', v_unit, 'remaining', {_q_text("v_remaining")});
+    RETURN jsonb_build_object('status', 'budget_exhausted', 'unit', v_unit, 'remaining', {_q_text("v_remaining")},
+                              'requested', v_amount_text);
   END IF;
 
   v_created := clock_timestamp();
@@ -1080,7 +1113,7 @@ BEGIN
   e.token_hash := p_token_hash;
   e.created_at := {_ts_text("v_created")};{_append_and_flush("e", "v_key_id")}
   RETURN jsonb_build_object('status', 'reserved', 'charge_id', v_charge_id, 'attempt', v_attempt,
-                            'lease_expires_at', {_ts_text("v_lease")});
+                            'lease_expires_at', {_ts_text("v_lease")}, 'amount', v_amount_text);
 END
 """,
     definer=True,

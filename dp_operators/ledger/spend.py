@@ -73,7 +73,10 @@ from dp_operators.ledger.store import (
     Refusal,
     ReleaseKey,
     Reservation,
+    SERIES_RUN_PREFIX,
     not_found,
+    series_step_of,
+    series_step_run_id,
     zero_amount_allowed,
 )
 from dp_operators.ledger.store import _is_retryable as is_retryable
@@ -125,6 +128,33 @@ def _function_call(function: pg_functions.Function) -> str:
 
 #: One statement per spend call on PostgreSQL (one round trip, one transaction).
 _DRIVER_CALLS = {function.name: _function_call(function) for function in pg_functions.SPEND_FUNCTIONS}
+
+
+def series_step_problem(conn: Connection, key: ReleaseKey, account: str, charged: Fraction) -> str | None:
+    """Why the ledger refuses to reserve ``charged`` for ``key`` on ``account`` as a series step (ADR 33), or
+    ``None``: a run id under the series prefix must be a step's; a step after step 0 needs its predecessor committed
+    on the account (steps in order); a step reserving nothing needs its series' step 0 committed with a charge.
+    What ``dp_reserve`` checks on PostgreSQL; ``verify`` replays it."""
+    if not key.run_id.startswith(SERIES_RUN_PREFIX):
+        return None
+    found = series_step_of(key.run_id)
+    if found is None:
+        return (f"run id {key.run_id[:60]!r} is under the series prefix but is no series step "
+                "(__dp_series__/g<generation>/step/<6 digits>)")
+    generation, step = found
+
+    def committed(index: int) -> list[Any]:
+        return [row for row in conn.execute(_CHARGES_OF_KEY, {
+            **key.as_dict(), "run_id": series_step_run_id(generation, index)}).all()
+            if row.account == account and row.state == "committed"]
+
+    if step > 0 and not committed(step - 1):
+        return (f"series step {step} of generation {generation} comes before step {step - 1} is committed on account "
+                f"{account!r}: a series releases its steps in order")
+    if charged == 0 and not any(row.amount != "0" for row in committed(0)):
+        return (f"series step {step} of generation {generation} reserves nothing, but its step 0 was not committed "
+                f"with a charge on account {account!r}")
+    return None
 
 
 def token_hash(token: str) -> str:
@@ -503,7 +533,6 @@ class Ledger(LedgerBase):
                 return Refusal(DagNotAllowedError.of(key.dag_id, account, allowed))
             previous = conn.execute(_CHARGES_OF_KEY, key.as_dict()).all()
             attempt = max((charge.attempt for charge in previous), default=0) + 1
-            charged = amount if attempt == 1 else takeover
             # Only this account's charges of the key are replayed, waited for or taken over: another account's (a
             # spec that changed account, or another team whose DAG id is allowed on an account of its own) stay as
             # they are, spent until their own account's reconcile.
@@ -511,6 +540,10 @@ class Ledger(LedgerBase):
             for charge in mine:
                 if charge.state == "committed":
                     return json.loads(charge.output)
+            charged = takeover if mine else amount  # a later attempt on this account may follow a drawn one
+            problem = series_step_problem(conn, key, account, charged)
+            if problem:
+                raise ValueError(problem)
             now = self._db_now(conn)
             _raise_if_leased(mine, key, now)
             for charge in mine:
@@ -815,7 +848,7 @@ class Ledger(LedgerBase):
         if status == "reserved":
             return Reservation(
                 charge_id=result["charge_id"], key=key, account=account,
-                amount=amount if result["attempt"] == 1 else takeover, attempt=result["attempt"],
+                amount=Fraction(result["amount"]), attempt=result["attempt"],
                 delta=delta, token=token, lease_expires_at=dt.datetime.fromisoformat(result["lease_expires_at"]),
             )
         if status == "replay":
@@ -823,7 +856,7 @@ class Ledger(LedgerBase):
         if status == "dag_not_allowed":
             raise DagNotAllowedError.of(key.dag_id, account, result["allowed"])
         if status == "budget_exhausted":
-            requested = delta if result["unit"] == "delta" else takeover
+            requested = delta if result["unit"] == "delta" else Fraction(result["requested"])
             raise BudgetExhaustedError(account, result["unit"], requested, Fraction(result["remaining"]))
         raise AssertionError(f"dp_reserve returned an unknown status {status!r}")  # pragma: no cover
 

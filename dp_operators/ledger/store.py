@@ -99,17 +99,27 @@ _COMMITTED_OUTPUT_BY_ID = sa.select(_c.id, _c.output).where(_c.id == sa.bindpara
 _DB_NOW = sa.select(sa.func.clock_timestamp())
 #: The run id prefix of a series step's release key, and the form of one (dp_operators.continual.run.step_key).
 SERIES_RUN_PREFIX = "__dp_series__/"
-SERIES_STEP_RUN_ID = re.compile(r"__dp_series__/g([0-9]{1,6})/step/([0-9]{6})")
+#: A series step's run id, canonical: the generation without leading zeros, the step in six digits (ASCII only).
+SERIES_STEP_RUN_ID = re.compile(r"__dp_series__/g(0|[1-9][0-9]{0,5})/step/([0-9]{6})")
+
+
+def series_step_of(run_id: object) -> tuple[int, int] | None:
+    """``(generation, step)`` of a series step's run id (:data:`SERIES_STEP_RUN_ID`), else ``None``."""
+    match = SERIES_STEP_RUN_ID.fullmatch(run_id) if isinstance(run_id, str) else None
+    return None if match is None else (int(match[1]), int(match[2]))
+
+
+def series_step_run_id(generation: int, step: int) -> str:
+    """The run id of step ``step`` of generation ``generation`` (the inverse of :func:`series_step_of`)."""
+    return f"{SERIES_RUN_PREFIX}g{generation}/step/{step:06d}"
 
 
 def zero_amount_allowed(run_id: object) -> bool:
     """Whether a release key's first attempt may reserve 0: a series step after step 0, whose series paid at step 0
     (ADR 33); PostgreSQL's ``dp_reserve`` applies the same test
     (:data:`~dp_operators.ledger.pg_functions.ZERO_AMOUNT_RUN_ID`)."""
-    if not isinstance(run_id, str):
-        return False
-    match = SERIES_STEP_RUN_ID.fullmatch(run_id)
-    return match is not None and int(match[2]) > 0
+    found = series_step_of(run_id)
+    return found is not None and found[1] > 0
 
 
 @dataclass(frozen=True)

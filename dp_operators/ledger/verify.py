@@ -79,6 +79,8 @@ from dp_operators.ledger.store import (
     lenient_sqlite_text,
     read_row,
     sqlite_timestamp,
+    SERIES_RUN_PREFIX,
+    series_step_of,
     timestamp_column,
     zero_amount_allowed,
 )
@@ -201,6 +203,11 @@ class _Chain:
     #: retired (an ``account_updated`` with ``details.governor_key_id``, signed by the new key, retires every other)
     governor_seen: set = field(default_factory=set)
     governor_retired: set = field(default_factory=set)
+    #: series steps (ADR 33): the steps reserved, the series charges' (series, step, charged), the committed steps
+    #: of each series (step -> whether it was charged)
+    series_reserved: set = field(default_factory=set)
+    series_charges: dict = field(default_factory=dict)
+    series_committed: dict = field(default_factory=dict)
 
 
 #: Events about one charge: each must name it.
@@ -513,6 +520,9 @@ class _Verifier:
         if event == "reserved":
             self._check_reservation(chain, row, amount, delta_amount, flag)
             spent, delta = round_up(spent + amount), round_up(delta + delta_amount)
+        elif event == "committed" and row["charge_id"] in chain.series_charges:
+            series, index, charged = chain.series_charges.pop(row["charge_id"])
+            chain.series_committed.setdefault(series, {})[index] = charged
         elif event == "released":
             if row["amount"] is None and "amount" not in unreadable:
                 flag("a 'released' event must state the amount returned")
@@ -596,14 +606,40 @@ class _Verifier:
         except _BadValue as error:
             flag(str(error))
 
+    @staticmethod
+    def _check_series_step(chain: _Chain, row: Mapping[str, Any], amount: Fraction, flag: Any) -> None:
+        """A reservation of a series step (ADR 33), replaying what ``dp_reserve`` refuses: its run id a canonical
+        step's; after step 0, its predecessor committed on the account; reserving 0 only as the key's first charge
+        on the account, in a series whose step 0 was committed with a charge."""
+        run_id = row["run_id"]
+        if not isinstance(run_id, str) or not run_id.startswith(SERIES_RUN_PREFIX):
+            return
+        found = series_step_of(run_id)
+        if found is None:
+            flag(f"reserves run id {shown(run_id)}, under the series prefix but no series step")
+            return
+        generation, step = found
+        series = (row["dag_id"], row["task_id"], row["map_index"], row["release_name"], generation)
+        committed = chain.series_committed.get(series, {})
+        if step > 0 and step - 1 not in committed:
+            flag(f"reserves series step {step} before step {step - 1} was committed: steps run in order")
+        if amount == 0:
+            if (series, step) in chain.series_reserved:
+                flag(f"reserves 0 for series step {step} again: a later attempt of a step pays its redraw")
+            if not committed.get(0):
+                flag(f"reserves 0 for series step {step}, but its step 0 was not committed with a charge")
+        chain.series_reserved.add((series, step))
+        if row["charge_id"] is not None:
+            chain.series_charges[row["charge_id"]] = (series, step, amount > 0)
+
     def _check_reservation(
         self, chain: _Chain, row: Mapping[str, Any], amount: Fraction, delta_amount: Fraction, flag: Any
     ) -> None:
         """A ``reserved`` event is legal only within the cap, delta cap and allowlist in force at that point."""
-        if row["amount"] is None or amount < 0 or (amount == 0 and (row["attempt"] != 1
-                                                                    or not zero_amount_allowed(row["run_id"]))):
+        if row["amount"] is None or amount < 0 or (amount == 0 and not zero_amount_allowed(row["run_id"])):
             flag(f"a reservation must be > 0 (0 only for the first attempt of a series step after step 0), got "
                  f"{shown(row['amount'])}")
+        self._check_series_step(chain, row, amount, flag)
         if delta_amount < 0:
             flag(f"a reservation's delta must be >= 0, got {shown(row['delta_amount'])}")
         stored = chain.stored

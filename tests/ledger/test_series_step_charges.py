@@ -3,18 +3,15 @@
 A series step after step 0 reserves 0 at its first attempt and its redraw price at any later one. Two properties
 must hold whatever a worker does with its own login and spend key:
 
-* **Another account's charges never change what this account is charged.** The first attempt of a step key *on an
-  account* reserves its amount. Today attempts are numbered across accounts and the database charges the takeover
-  amount to any attempt numbered above 1, so team B, reserving team A's future step keys on its own account (a DAG
-  id allowed on both: docs/adr/0029) at no cost to itself, makes each of team A's steps a "redraw": team A's series
-  is charged redraws that never happened until its account is exhausted and the series stops. `dpctl ledger
-  verify` passes.
-* **A 0 charge is a step of a series that paid.** The database accepts 0 for any run id of the step form
-  ``__dp_series__/g<g>/step/<t>``, t > 0, and the run id is the worker's text: with no step 0, with step 0 released,
-  out of order, under another spelling of the generation (``g01`` for ``g1``: the same step measured again for
-  nothing), and on an account whose budget is exhausted (before series, a remaining budget of 0 stopped every
-  release; today any release named like a step goes on). `dpctl ledger verify` passes each. Either the database
-  refuses such a reservation, or verify names it: the tests accept both.
+* **Another account's charges never change what this account is charged.** The first charge of a step key *on an
+  account* reserves its amount, whatever attempts other accounts made of the same key (attempts are numbered across
+  accounts): otherwise team B, reserving team A's future step keys on its own account (a DAG id allowed on both:
+  docs/adr/0029), would make each of team A's steps a "redraw" that never happened.
+* **A 0 charge is a step of a series that paid.** A run id under the series prefix must be a step's, in canonical
+  form (``g01`` is not ``g1``: the same step measured again for nothing); a step needs its predecessor committed
+  on the account; a step reserving 0 needs its series' step 0 committed with a charge. So no 0 charge is made with
+  no step 0, with step 0 released, out of order, or on an exhausted account by a release merely named like a step.
+  Either the database refuses such a reservation, or verify names it: the tests accept both.
 
 SQLite and PostgreSQL; on PostgreSQL each team is its own login (:mod:`series_workers`).
 """
@@ -59,26 +56,27 @@ def refused_or_flagged(w: Workers, attempt) -> None:
 # ---- another account's attempts -----------------------------------------------------------------------------------
 
 
-def test_another_accounts_reservation_of_a_step_key_does_not_make_this_accounts_first_attempt_a_redraw(
+def test_another_accounts_charges_of_a_step_key_do_not_make_this_accounts_first_attempt_a_redraw(
         workers: Workers):
+    """Team B runs its own series under the same release keys (a DAG id allowed on both accounts) and leaves step
+    1 released; team A's first attempt of step 1 is still its first on account a: charged 0."""
     w = workers
+    w.b.commit(reserve(w.b, step(0, 0), Fraction(1, 20), Fraction(1, 20), account="b"), {"step": 0})
+    w.b.release(reserve(w.b, step(0, 1), 0, Fraction(1, 10**18), account="b"))
     w.a.commit(reserve(w.a, step(0, 0), RHO, RHO), {"step": 0})
-    squatted = reserve(w.b, step(0, 1), 0, Fraction(1, 10**18), account="b")  # team B: free (attempt 1, amount 0)
-    w.b.release(squatted)
-    assert w.b.account("b").spent == 0
     first = reserve(w.a, step(0, 1), 0)
-    assert isinstance(first, Reservation)
-    assert first.amount == 0, (f"team A's first attempt of step 1 was numbered {first.attempt} (after team B's "
-                               f"charge on its own account) and charged the redraw {first.amount}")
+    assert isinstance(first, Reservation) and first.attempt == 2  # numbered after team B's attempt
+    assert first.amount == 0, f"team A's first attempt of step 1 was charged the redraw {first.amount}"
     assert w.a.account("a").spent == RHO
 
 
-def test_another_team_cannot_exhaust_a_series_by_squatting_its_step_keys(workers: Workers):
-    """Team B squats steps 1-7 of team A's series on account b (nothing charged to b); team A's 8 steps must cost
-    its series' charge only. Today they cost rho + 7 redraws, and past the cap the series is refused."""
+def test_another_team_cannot_squat_a_series_steps_or_exhaust_it(workers: Workers):
+    """Team B cannot reserve steps 1-7 of a series its own account never opened (steps in order, step 0 paid);
+    team A's 8 steps then cost its series' charge only."""
     w = workers
     for t in range(1, 8):
-        w.b.release(reserve(w.b, step(0, t), 0, Fraction(1, 10**18), account="b"))
+        with pytest.raises(ValueError, match="comes before step .* is committed on account 'b'"):
+            reserve(w.b, step(0, t), 0, Fraction(1, 10**18), account="b")
     for t in range(8):
         reservation = reserve(w.a, step(0, t), RHO if t == 0 else 0, RHO if t == 0 else REDRAW)
         w.a.commit(reservation, {"step": t})
