@@ -172,8 +172,9 @@ _SERIES_GENERATION_RUN_ID = re.compile(re.escape(SERIES_RUN_PREFIX) + r"g([0-9]{
 
 
 class _series_step_run_id(FunctionElement):
-    """True for a run id of a series step's form (``__dp_series__/g<1 to 6 digits>/step/<6 digits>``, ASCII
-    digits), false or NULL for any other value; checked in SQL, so a run id of another form is never read."""
+    """True for a run id of a series step's canonical form (``__dp_series__/g<1 to 6 digits, no leading zero>/step/
+    <6 digits>``, ASCII digits: ``dp_operators.ledger.store.SERIES_STEP_RUN_ID``), false or NULL for any other
+    value; checked in SQL, so a run id of another form is never read."""
 
     type = sa.Boolean()
     name = "series_step_run_id"
@@ -187,14 +188,15 @@ def _series_step_sqlite(element, compiler, **kw) -> str:
     generation = f"substr({x}, {_GENERATION_AT}, length({x}) - {shortest - 1})"
     return (
         f"(typeof({x}) = 'text' AND length({x}) BETWEEN {shortest} AND {shortest + 5} "
-        f"AND {x} GLOB '{SERIES_RUN_PREFIX}g[0-9]*/step/{'[0-9]' * 6}' AND {generation} NOT GLOB '*[^0-9]*')"
+        f"AND {x} GLOB '{SERIES_RUN_PREFIX}g[0-9]*/step/{'[0-9]' * 6}' AND {generation} NOT GLOB '*[^0-9]*' "
+        f"AND ({generation} = '0' OR {generation} NOT GLOB '0*'))"
     )
 
 
 @compiles(_series_step_run_id, "postgresql")
 def _series_step_postgresql(element, compiler, **kw) -> str:
     x = compiler.process(element.clauses, **kw)
-    return f"({x} ~ '^{SERIES_RUN_PREFIX}g[0-9]{{1,6}}/step/[0-9]{{6}}$')"
+    return f"({x} ~ '^{SERIES_RUN_PREFIX}g(0|[1-9][0-9]{{0,5}})/step/[0-9]{{6}}$')"
 
 
 _AMOUNT = _fraction_as_double(_c.amount)
