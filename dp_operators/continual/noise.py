@@ -41,6 +41,40 @@ from dp_operators.continual.strategies import (
 from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array
 
 
+#: The least sigma (lattice units) at which a series' half-width is the continuous Gaussian quantile (the square
+#: root's fine lattice); below it the sub-Gaussian bound holds instead.
+FINE_LATTICE_SIGMA = 1024
+#: Reach of a discrete Gaussian's pmf in :func:`lattice_sum_half_width`, in standard deviations (the mass beyond
+#: is below exp(-72), far under the float64 resolution of the coverage).
+_REACH_SIGMAS = 12
+
+
+@functools.lru_cache(maxsize=64)
+def lattice_sum_half_width(sigma2: Fraction, terms: int, confidence: float) -> int:
+    """The smallest integer ``h`` with ``P[|Z_1 + ... + Z_terms| <= h] >= confidence``, the ``Z_i`` i.i.d. discrete
+    Gaussians of parameter ``sigma2`` on the integers (lattice units): the exact law, by FFT convolution of the
+    pmf (float64), with a margin of 1e-9 on the coverage for its rounding. Public parameters only.
+
+    Raises:
+        ValueError: ``terms`` below 1, or ``sigma2`` not > 0.
+    """
+    if terms < 1 or sigma2 <= 0:
+        raise ValueError(f"terms must be >= 1 and sigma2 > 0, got {terms}, {sigma2}")
+    reach = math.ceil(_REACH_SIGMAS * math.sqrt(float(sigma2))) + 1
+    values = np.arange(-reach, reach + 1, dtype=np.float64)
+    pmf = np.exp(-values * values / (2 * float(sigma2)))
+    pmf /= pmf.sum()
+    size = terms * 2 * reach + 1
+    law = np.fft.irfft(np.fft.rfft(pmf, n=size) ** terms, n=size)  # the sum's pmf on [-terms*reach, terms*reach]
+    law = np.clip(law, 0.0, None)
+    middle = terms * reach
+    covered = law[middle] + np.concatenate(([0.0], np.cumsum(law[middle + 1:] + law[middle - 1::-1])))
+    h = int(np.searchsorted(covered, confidence + 1e-9))
+    if h >= len(covered):
+        raise ValueError(f"no half-width within the pmf's reach covers {confidence}")
+    return h
+
+
 @dataclass(frozen=True)
 class SeriesNoise:
     """The noise of one series: which measurements each step adds, how they are drawn, and how a step's running
@@ -83,10 +117,21 @@ class SeriesNoise:
         return [int(value) for value in sample_discrete_gaussian_array(self.sigma2, len(self.measurements_at(step)))]
 
     def half_width(self, step: int, confidence: float) -> float:
-        """The half-width of the running total's interval at step ``step`` (0-based), value units: the Gaussian
-        quantile at ``confidence`` times the planned standard deviation ``sqrt(noise_variance * v_step)`` (the
-        discrete Gaussian's variance is at most its parameter and its tails no wider than the Gaussian's: CKS 2020,
-        section 2), from public parameters only.
+        """The half-width of the running total's interval at step ``step`` (0-based), value units, from public
+        parameters only: the noise on the total lies within it with probability at least ``confidence``.
+
+        - Summed increments and the binary tree decode with integer weights: the noise is a sum of ``n`` i.i.d.
+          discrete Gaussians on the lattice (``n = step + 1``; the tree: the intervals of ``step + 1``'s binary
+          digits), and the half-width is the smallest lattice point its exact law covers
+          (:func:`lattice_sum_half_width`). The Gaussian quantile can fall just short of a lattice point and cover
+          much less (sigma^2 = 1: 1.96 covers P[|Z| <= 1] = 0.883).
+        - The tree with Honaker's weights: a weighted sum of discrete Gaussians, each sigma^2-sub-Gaussian (CKS 2020,
+          Prop. 4), so ``P[|noise| >= h] <= 2 exp(-h^2 / 2V)`` with ``V`` the planned variance:
+          ``h = sqrt(2 V ln(2 / (1 - confidence)))`` (wider than the Gaussian's, never short).
+        - The square root: the Gaussian quantile times the planned standard deviation when sigma is at least
+          :data:`FINE_LATTICE_SIGMA` lattice units (its lattice is 2^-24 of the grid: sigma is 2^23 lattice units
+          at T = 365, rho = 1), where a discrete Gaussian's pmf is the Gaussian density's on the lattice to a
+          relative ``exp(-2 pi^2 sigma^2)`` (Poisson summation; ADR 32); the sub-Gaussian bound below that.
 
         Raises:
             ValueError: a step outside the series, or a confidence outside (0, 1).
@@ -95,6 +140,12 @@ class SeriesNoise:
             raise ValueError(f"step must be in [0, {self.strategy.horizon}) and confidence in (0, 1), got {step}, "
                              f"{confidence}")
         variance = float(self.candidate.noise_variance) * float(self.strategy.step_variances()[step])
+        if isinstance(self.strategy, SummedIncrements) or (
+                isinstance(self.strategy, BinaryTree) and not self.strategy.honaker):
+            terms = step + 1 if isinstance(self.strategy, SummedIncrements) else (step + 1).bit_count()
+            return lattice_sum_half_width(self.sigma2, terms, confidence) * float(self.lattice)
+        if isinstance(self.strategy, BinaryTree) or self.sigma2 < FINE_LATTICE_SIGMA ** 2:
+            return math.sqrt(2 * variance * math.log(2 / (1 - confidence)))
         return NormalDist().inv_cdf((1 + confidence) / 2) * math.sqrt(variance)
 
     def total_noise(self, history: list[list[int]]) -> Fraction:

@@ -138,13 +138,14 @@ def plan_series(horizon: int, participation: Participation, rho: Fraction | int 
 @dataclass(frozen=True)
 class AggregateSeriesPlan:
     """One aggregate of a series spec: its plan, and the half-width of a running total's interval at the spec's
-    confidence for each candidate (``z * std``, the Gaussian quantile; the discrete Gaussian's tails are no wider).
+    confidence for each candidate (:meth:`SeriesNoise.half_width <dp_operators.continual.noise.SeriesNoise.half_width>`).
 
     Attributes:
         aggregate: the aggregate's name.
         plan: the series plan of its budget (``budget.rho``) and per-step sensitivity.
-        worst_half_width: candidate name -> the widest step's half-width, value units.
-        mean_half_width: candidate name -> the half-width at the root mean square std over the steps.
+        worst_half_width: candidate name -> the half-width published at the widest step, value units.
+        mean_half_width: candidate name -> the Gaussian quantile times the root mean square std over the steps
+            (a summary: on the integer lattice the published half-widths are lattice points or bounds).
     """
 
     aggregate: str
@@ -181,9 +182,22 @@ def plan_spec_series(spec: ReleaseSpec) -> list[AggregateSeriesPlan]:
         plan = plan_series(series.horizon, participation, aggregate.budget.rho,
                            step_sensitivity_squared=step_sensitivity_squared(spec, aggregate),
                            mechanism=series.mechanism)
+        grid = Fraction(1) if aggregate.kind == "count" else Fraction(aggregate.grid)
         plans.append(AggregateSeriesPlan(
             aggregate=aggregate.name, plan=plan,
-            worst_half_width={c.mechanism: quantile * c.worst_std for c in plan.candidates},
+            worst_half_width={c.mechanism: _worst_half_width(c, series.horizon, grid, spec.confidence)
+                              for c in plan.candidates},
             mean_half_width={c.mechanism: quantile * c.rmse for c in plan.candidates},
         ))
     return plans
+
+
+def _worst_half_width(candidate: Candidate, horizon: int, grid: Fraction, confidence: float) -> float:
+    """The half-width published at the candidate's widest step (:meth:`SeriesNoise.half_width
+    <dp_operators.continual.noise.SeriesNoise.half_width>`: the exact lattice law where the noise lives on the
+    integers)."""
+    from dp_operators.continual.noise import SeriesNoise  # it imports this module
+
+    strategy = strategy_of(candidate.mechanism, horizon)
+    worst = int(strategy.step_variances().argmax())
+    return SeriesNoise(strategy, candidate, grid).half_width(worst, confidence)

@@ -11,10 +11,10 @@ Order of one step (:func:`run_series_step`):
 1. read the series' committed steps (authenticated, :meth:`Ledger.authenticated_outputs
    <dp_operators.ledger.Ledger.authenticated_outputs>`); if this Airflow run, or another run of the same data
    interval, committed one, replay it (nothing charged, nothing drawn, the data not read);
-2. the step is the next one: ``len(committed)``. Its run's data interval must be non-empty and start where the
+2. the step is the next one: ``len(committed)`` (past the horizon, refused: ``after_horizon: new_series`` is not
+   released yet). Its run's data interval must be non-empty and start where the
    last step's ended (a later start is a missing step, an earlier one a run out of order: both refused, naming the
-   step; an empty interval, as trigger timetables give, is refused: the steps could not be checked to follow). After the
-   horizon, ``after_horizon`` refuses or starts generation ``g + 1``;
+   step; an empty interval, as trigger timetables give, is refused: the steps could not be checked to follow);
 3. plan from public parameters (:func:`~dp_operators.continual.plan.plan_spec_series`) and open the sealed noise of
    every earlier step with the series key (a missing or wrong key fails here, before anything is read or charged);
 4. read and check the upstream's running totals (:func:`~dp_operators.release.inputs.prepare_inputs`: counts over
@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import hashlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -49,7 +51,7 @@ from dp_operators.continual.plan import AggregateSeriesPlan, plan_spec_series, s
 from dp_operators.continual.state import SeriesKey, SeriesKeyError, open_sealed, seal, state_digest
 from dp_operators.ledger import AuditChainError, Ledger, ReleaseKey
 from dp_operators.ledger.chain import CanonicalOutput
-from dp_operators.ledger.store import SERIES_RUN_PREFIX, SERIES_STEP_RUN_ID
+from dp_operators.ledger.store import SERIES_RUN_PREFIX, SERIES_STATE_FIELD, SERIES_STEP_RUN_ID
 from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError
 from dp_operators.release.inputs import prepare_inputs
@@ -58,7 +60,7 @@ from dp_operators.release.run import ReleaseResult, check_privacy_unit, give_up
 from dp_operators.spec import ReleaseSpec
 
 #: The output field holding the sealed noise (never published).
-STATE_FIELD = "series_state"
+STATE_FIELD = SERIES_STATE_FIELD
 
 
 class SeriesOrderError(ReleaseConfigError):
@@ -164,6 +166,22 @@ def redraw_charge(plans: list[AggregateSeriesPlan]) -> Fraction:
     return total
 
 
+def series_parameters(spec: ReleaseSpec, plans: list[AggregateSeriesPlan], account: str) -> str:
+    """SHA-256 (hex) of the public parameters a series is charged and noised for: the account, and per aggregate
+    its kind, mechanism, horizon, participation, rho, sensitivities, noise variance, ``group_by`` and its key lists
+    in order. Step 0 records it; every later step must plan the same (a spec edited mid-series would noise the
+    later steps for a budget nobody paid, or decode earlier steps' noise under another strategy or key)."""
+    described = {"account": account, "aggregates": [{
+        "name": p.aggregate, "kind": a.kind, "mechanism": p.plan.chosen.mechanism, "horizon": p.plan.horizon,
+        "max_steps": p.plan.participation.max_steps, "min_separation": p.plan.participation.min_separation,
+        "rho": str(p.plan.rho), "sensitivity_squared": str(p.plan.chosen.sensitivity_squared),
+        "step_sensitivity_squared": str(p.plan.step_sensitivity_squared),
+        "noise_variance": str(p.plan.chosen.noise_variance), "group_by": list(a.group_by),
+        "keys": [[repr(k) for k in a.keys[column]] for column in a.group_by] if a.group_by else [],
+    } for p, a in zip(plans, spec.aggregates)]}
+    return hashlib.sha256(json.dumps(described, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def published_form(output: Mapping[str, Any]) -> dict[str, Any]:
     """The committed output without its sealed state: what is published, returned and replayed."""
     return {name: value for name, value in output.items() if name != STATE_FIELD}
@@ -197,14 +215,11 @@ def next_step(spec: ReleaseSpec, history: SeriesSteps, run: StepRun) -> tuple[in
             "step is its run's data interval, and the steps' intervals must follow each other without a gap. "
             "Schedule the DAG with a data-interval timetable (airflow.sdk CronDataIntervalTimetable or "
             "DeltaDataIntervalTimetable); trigger timetables, Airflow 3's default for '@daily', give empty intervals")
-    if len(steps) >= series.horizon:
-        if series.after_horizon == "refuse":
-            raise SeriesOrderError(
-                f"release {spec.release!r}: the series has released all its {series.horizon} steps (the last for "
-                f"run {steps[-1]['series']['run_id']!r}); run {run.run_id!r} is past its horizon. Declare "
-                "series.after_horizon: new_series to start a new series (charged again), or a longer horizon under "
-                "another release name")
-        generation, steps = generation + 1, []
+    if len(steps) >= series.horizon:  # after_horizon: refuse (check_releasable refuses new_series)
+        raise SeriesOrderError(
+            f"release {spec.release!r}: the series has released all its {series.horizon} steps (the last for run "
+            f"{steps[-1]['series']['run_id']!r}); run {run.run_id!r} is past its horizon. Start a new series under "
+            "another release name, its upstream counting from its own first step")
     if steps:
         last = steps[-1]["series"]
         last_start, last_end = _interval(last)
@@ -219,6 +234,19 @@ def next_step(spec: ReleaseSpec, history: SeriesSteps, run: StepRun) -> tuple[in
                    f"is not after step {len(steps) - 1} (run {last['run_id']!r}, data interval {last_start} to "
                    f"{last_end}): a series releases its steps in order, once each"))
     return generation, len(steps)
+
+
+def wipe(history: dict[str, list[list[list[int]]]]) -> None:
+    """Empty, in place, every list of a series' opened noise (:func:`_history_draws`): a frame an error reporter
+    captures (a task timeout or SIGTERM arrives as a BaseException, re-raised as it is) then holds no earlier draw,
+    which with a published total would give the true total."""
+    for cells in history.values():
+        for steps in cells:
+            for draws in steps:
+                draws.clear()
+            steps.clear()
+        cells.clear()
+    history.clear()
 
 
 def _history_draws(noise: Mapping[str, SeriesNoise], steps: list[dict[str, Any]], key: SeriesKey | None,
@@ -254,6 +282,13 @@ def check_releasable(spec: ReleaseSpec) -> None:
     """
     if spec.series is None:
         raise ReleaseConfigError(f"release {spec.release!r} declares no series")
+    if spec.series.after_horizon == "new_series":
+        raise ReleaseConfigError(
+            f"release {spec.release!r}: series.after_horizon: new_series is planned but not released yet: a new "
+            "series' running totals must restart at its first step, and nothing tells the upstream where that is "
+            "(totals carried over would hold every unit's earlier contributions in the new series' first step). "
+            "Use after_horizon: refuse, and start the next series under another release name whose upstream "
+            "counts from its own first step")
     sums = [a.name for a in spec.aggregates if a.kind != "count"]
     if sums:
         raise ReleaseConfigError(
@@ -331,9 +366,24 @@ def _release_next_step(spec, aggregates, ledger, base, run, history, series_key,
         raise SeriesKeyError(f"series {sid!r}: the ledger connection has no series_key extra: a series seals its "
                              "noise under the workers' series key (64 hex digits; SeriesKey.generate().text)")
     steps = history.steps if generation == history.generation else []
+    parameters = series_parameters(spec, plans, account.name)
+    if steps and steps[0]["series"].get("parameters_sha256") != parameters:
+        raise ReleaseConfigError(
+            f"release {spec.release!r}: the spec's series parameters (budget, mechanism, horizon, participation, "
+            f"contribution bounds, public keys and their order, account) differ from those step 0 was charged "
+            f"for (run {steps[0]['series'].get('run_id')!r}): a series keeps its parameters to the end. Restore the "
+            "spec, or start a new series under another release name")
     cells = {a.name: a.partition_count or 1 for a in spec.aggregates}
     history_draws = _history_draws(noise, steps, series_key, sid, cells)  # before anything is read or charged
+    try:
+        return _measure_step(spec, aggregates, ledger, base, run, plans, noise, account, generation, step,
+                             history_draws, series_key, sid, parameters, spec_hash, try_number, audit)
+    finally:
+        wipe(history_draws)
 
+
+def _measure_step(spec, aggregates, ledger, base, run, plans, noise, account, generation, step, history_draws,
+                  series_key, sid, parameters, spec_hash, try_number, audit) -> ReleaseResult | None:
     prepared = prepare_inputs(spec, aggregates())
     key = step_key(base, generation, step)
     rho = series_charge(plans)
@@ -357,7 +407,7 @@ def _release_next_step(spec, aggregates, ledger, base, run, history, series_key,
         with ledger.lease(reservation):
             output, text = _step_output(spec, plans, noise, prepared, history_draws, drawn, key, base, run,
                                         account, generation, step, reservation, series_key, sid, rho,
-                                        redraw, mechanisms, spec_hash)
+                                        redraw, mechanisms, spec_hash, parameters)
     except Exception as error:
         returned = give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=returned) from error
@@ -369,50 +419,57 @@ def _release_next_step(spec, aggregates, ledger, base, run, history, series_key,
 
 
 def _step_output(spec, plans, noise, prepared, history_draws, drawn, key, base, run, account, generation, step,
-                 reservation, series_key, sid, rho, redraw, mechanisms, spec_hash):
+                 reservation, series_key, sid, rho, redraw, mechanisms, spec_hash, parameters):
     published: dict[str, Any] = {}
     fresh: list[int] = []
-    for p, aggregate in zip(plans, spec.aggregates):
-        series_noise = noise[aggregate.name]
-        width = len(series_noise.measurements_at(step))
-        totals = prepared.values[(aggregate.name, "count")].tolist()
-        drawn.append(aggregate.name)
-        draws = [int(value) for value in sample_discrete_gaussian_array(series_noise.sigma2, width * len(totals))]
-        fresh += draws
-        half_width = series_noise.half_width(step, spec.confidence)
-        rows = []
-        for cell, (keys, total) in enumerate(zip(prepared.keys[aggregate.name], totals)):
-            cell_history = history_draws[aggregate.name][cell] + [draws[cell * width:(cell + 1) * width]]
-            value = Fraction(int(total)) + series_noise.total_noise(cell_history)
-            row = dict(zip(aggregate.group_by, keys))
-            row.update(value=float(value), half_width=half_width)
-            rows.append(row)
-        published[aggregate.name] = {
-            "kind": aggregate.kind, "mechanism": p.plan.chosen.mechanism, "budget": {"rho": float(p.plan.rho)},
-            "group_by": list(aggregate.group_by), "rows": rows,
+    working: list[list] = [fresh]  # the draws and totals this frame holds, wiped on the way out
+    try:
+        for p, aggregate in zip(plans, spec.aggregates):
+            series_noise = noise[aggregate.name]
+            width = len(series_noise.measurements_at(step))
+            totals = prepared.values[(aggregate.name, "count")].tolist()
+            drawn.append(aggregate.name)
+            draws = [int(value) for value in sample_discrete_gaussian_array(series_noise.sigma2, width * len(totals))]
+            working += [totals, draws]
+            fresh += draws
+            half_width = series_noise.half_width(step, spec.confidence)
+            rows = []
+            for cell, (keys, total) in enumerate(zip(prepared.keys[aggregate.name], totals)):
+                cell_history = history_draws[aggregate.name][cell] + [draws[cell * width:(cell + 1) * width]]
+                working.append(cell_history)
+                value = Fraction(int(total)) + series_noise.total_noise(cell_history)
+                row = dict(zip(aggregate.group_by, keys))
+                row.update(value=float(value), half_width=half_width)
+                rows.append(row)
+            published[aggregate.name] = {
+                "kind": aggregate.kind, "mechanism": p.plan.chosen.mechanism, "budget": {"rho": float(p.plan.rho)},
+                "group_by": list(aggregate.group_by), "rows": rows,
+            }
+        sealed = seal(series_key, sid, step, reservation.attempt, fresh)
+        output = {
+            "release": spec.release,
+            "release_key": key.as_dict(),
+            "budget_account": account.name,
+            "accountant": account.accountant,
+            "privacy_unit": spec.privacy_unit,
+            "charge": {"rho": float(reservation.amount), "rho_exact": str(reservation.amount),
+                       "series_rho": float(rho), "series_rho_exact": str(rho), "redraw_rho_exact": str(redraw)},
+            "confidence": spec.confidence,
+            "series": {
+                "generation": generation, "step": step, "horizon": spec.series.horizon,
+                "run_id": run.run_id, "data_interval": [_iso(run.data_interval_start), _iso(run.data_interval_end)],
+                "attempt": reservation.attempt, "key_id": series_key.key_id, "parameters_sha256": parameters,
+            },
+            "aggregates": published,
+            "mechanisms": mechanisms,
+            "spec_hash": spec_hash,
+            "package_version": __version__,
+            "released_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            STATE_FIELD: {"sealed": base64.b64encode(sealed).decode("ascii"), "sha256": state_digest(sealed)},
         }
-    sealed = seal(series_key, sid, step, reservation.attempt, fresh)
-    output = {
-        "release": spec.release,
-        "release_key": key.as_dict(),
-        "budget_account": account.name,
-        "accountant": account.accountant,
-        "privacy_unit": spec.privacy_unit,
-        "charge": {"rho": float(reservation.amount), "rho_exact": str(reservation.amount),
-                   "series_rho": float(rho), "series_rho_exact": str(rho), "redraw_rho_exact": str(redraw)},
-        "confidence": spec.confidence,
-        "series": {
-            "generation": generation, "step": step, "horizon": spec.series.horizon,
-            "run_id": run.run_id, "data_interval": [_iso(run.data_interval_start), _iso(run.data_interval_end)],
-            "attempt": reservation.attempt, "key_id": series_key.key_id,
-        },
-        "aggregates": published,
-        "mechanisms": mechanisms,
-        "spec_hash": spec_hash,
-        "package_version": __version__,
-        "released_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        STATE_FIELD: {"sealed": base64.b64encode(sealed).decode("ascii"), "sha256": state_digest(sealed)},
-    }
-    check_plain_json(output)
-    text = CanonicalOutput.encode(output)
-    return output, text
+        check_plain_json(output)
+        return output, CanonicalOutput.encode(output)
+    finally:
+        wipe(history_draws)
+        for values in working:
+            values.clear()

@@ -27,7 +27,12 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 #: Bytes of the random nonce prefixed to each sealed step (96 bits, as SP 800-38D recommends).
 NONCE_BYTES = 12
 #: The format of the sealed plaintext and associated data; a sealed step names it first.
-FORMAT = b"dp-series-state-1"
+FORMAT = b"dp-series-state-2"
+#: Bytes of each draw in the plaintext (two's complement, big-endian): every draw takes the same room, so the
+#: ciphertext's length (AES-GCM keeps the plaintext's) is the number of draws, a public parameter, never a
+#: function of the noise. A draw beyond +-2^255 lattice units (probability below 2^-(2^200) for any parameter a
+#: plan gives) is refused before anything is sealed.
+DRAW_BYTES = 32
 
 
 class SeriesKeyError(ValueError):
@@ -90,10 +95,16 @@ def _associated(series_id: str, step: int, attempt: int) -> bytes:
 
 
 def seal(key: SeriesKey, series_id: str, step: int, attempt: int, draws: list[int]) -> bytes:
-    """One step's draws (lattice units), sealed: ``nonce || AES-256-GCM(draws as JSON)``, bound to the series, step
-    and attempt as associated data."""
+    """One step's draws (lattice units), sealed: ``nonce || AES-256-GCM(draws, DRAW_BYTES each)``, bound to the
+    series, step and attempt as associated data; its length is a function of ``len(draws)`` only.
+
+    Raises:
+        ValueError: a draw beyond +-2^255 (see :data:`DRAW_BYTES`)."""
     nonce = secrets.token_bytes(NONCE_BYTES)
-    plaintext = json.dumps(draws, separators=(",", ":")).encode()
+    try:
+        plaintext = b"".join(int(value).to_bytes(DRAW_BYTES, "big", signed=True) for value in draws)
+    except OverflowError:
+        raise ValueError(f"a draw does not fit {DRAW_BYTES} bytes; nothing was sealed") from None
     return nonce + AESGCM(key.secret).encrypt(nonce, plaintext, _associated(series_id, step, attempt))
 
 
@@ -119,10 +130,10 @@ def open_sealed(key: SeriesKey | None, series_id: str, step: int, attempt: int, 
             "with another key, or for another series, step or attempt. Restore the series' key; the series cannot "
             "go on with fresh noise"
         ) from None
-    draws = json.loads(plaintext)
-    if not isinstance(draws, list) or not all(type(value) is int for value in draws):
+    if len(plaintext) % DRAW_BYTES:
         raise SeriesKeyError(f"{where}: the opened state is not a list of draws")
-    return draws
+    return [int.from_bytes(plaintext[i:i + DRAW_BYTES], "big", signed=True)
+            for i in range(0, len(plaintext), DRAW_BYTES)]
 
 
 def state_digest(sealed: bytes) -> str:

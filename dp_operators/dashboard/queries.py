@@ -62,6 +62,7 @@ from dp_operators.ledger.errors import LedgerNotInitialisedError, UnreadableValu
 from dp_operators.ledger.store import (
     ACCOUNT_READ_COLUMNS,
     SERIES_RUN_PREFIX,
+    SERIES_STATE_FIELD,
     SERIES_STEP_RUN_ID,
     LedgerBase,
     account_status,
@@ -932,6 +933,7 @@ def release_detail(
     read = read_row(schema.charges, values)  # every column but the output, read below within bounds
     row = SimpleNamespace(**{name: None if name in read.unreadable else value for name, value in values.items()})
     output, problem, too_large = _release_output(text, row.state, limit)
+    sealed = isinstance(output, dict) and output.pop(SERIES_STATE_FIELD, None) is not None
     problems = {error.column: error.detail for error in read.problems}
     if problem is not None:
         problems["output"] = f"output {problem}"
@@ -968,7 +970,8 @@ def release_detail(
         "created_at": _iso(row.created_at),
         "updated_at": _iso(row.updated_at),
         "output": output,
-        "output_complete": complete and not too_large,
+        # a series step's sealed noise state is not shown (its length and bytes are the workers' secret's business)
+        "output_complete": complete and not too_large and not sealed,
         "aggregates": aggregates,
         **({"output_too_large": True} if too_large else {}),
         **({"unreadable": unreadable} if unreadable else {}),

@@ -99,6 +99,8 @@ _COMMITTED_OUTPUT_BY_ID = sa.select(_c.id, _c.output).where(_c.id == sa.bindpara
 _DB_NOW = sa.select(sa.func.clock_timestamp())
 #: The run id prefix of a series step's release key, and the form of one (dp_operators.continual.run.step_key).
 SERIES_RUN_PREFIX = "__dp_series__/"
+#: The field of a series step's committed output holding its sealed noise state (never published or shown).
+SERIES_STATE_FIELD = "series_state"
 #: A series step's run id, canonical: the generation without leading zeros, the step in six digits (ASCII only).
 SERIES_STEP_RUN_ID = re.compile(r"__dp_series__/g(0|[1-9][0-9]{0,5})/step/([0-9]{6})")
 

@@ -115,14 +115,21 @@ def test_a_run_that_is_not_the_next_step_is_refused_before_anything_is_read_or_c
     assert ledger.account("a").spent == 1 and len(list(ledger.charges())) == 1
 
 
-def test_past_the_horizon_the_series_refuses_or_starts_a_new_one_charged_again(ledger):
+def test_past_the_horizon_the_series_refuses(ledger):
     for index in range(2):
         step(ledger, index, spec(horizon=2))
     with pytest.raises(SeriesOrderError, match="released all its 2 steps"):
         step(ledger, 2, spec(horizon=2))
-    renewed = step(ledger, 2, spec(horizon=2, after="new_series")).output
-    assert renewed["series"]["generation"] == 1 and renewed["series"]["step"] == 0
-    assert ledger.account("a").spent == 2
+    assert ledger.account("a").spent == 1
+
+
+def test_a_new_series_after_the_horizon_is_refused_before_anything_is_read_or_charged(ledger):
+    """after_horizon: new_series is planned, not released: the upstream's running totals would carry every unit's
+    earlier contributions into the new series' first step (nothing tells it where the new series starts)."""
+    with pytest.raises(ReleaseConfigError, match="new_series is planned but not released yet"):
+        run_series_step(spec(horizon=2, after="new_series"), lambda: pytest.fail("read"), ledger, BASE, day(0),
+                        series_key=KEY, spec_hash="0" * 64)
+    assert list(ledger.charges()) == []
 
 
 @pytest.mark.parametrize("key", [None, SeriesKey(bytes(32))], ids=["no key", "another key"])
