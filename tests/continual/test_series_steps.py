@@ -198,3 +198,34 @@ def test_a_new_run_of_a_released_interval_replays_its_step(ledger):
     again = run_series_step(spec(), lambda: pytest.fail("a replay reads no data"), ledger, BASE, rerun,
                             series_key=None, spec_hash="0" * 64)
     assert again.replayed and again.output == first and ledger.account("a").spent == 1
+
+
+def test_two_live_tries_of_one_step_commit_it_once(ledger_url):
+    """Two workers run the same step at the same moment: one measures it, the other waits for its lease and then
+    replays it; one committed charge for the step, the series charged once."""
+    import threading
+
+    ledger_with(ledger_url, a=account_config("zcdp", cap=3))
+    step(spender(ledger_url), 0)
+    start = threading.Barrier(2)
+    outputs: list[dict] = []
+
+    def worker() -> None:
+        ledger = spender(ledger_url)
+        start.wait()
+        while True:
+            try:
+                outputs.append(step(ledger, 1).output)
+                return
+            except LeaseHeldError:
+                time.sleep(0.05)  # the other try holds the step: wait as the operator's reschedule does
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(outputs) == 2 and outputs[0] == outputs[1]
+    charges = [c for c in spender(ledger_url).charges() if c["run_id"] == step_key(BASE, 0, 1).run_id]
+    assert [c["state"] for c in charges] == ["committed"]
+    assert spender(ledger_url).account("a").spent == 1
