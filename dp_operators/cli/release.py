@@ -96,7 +96,15 @@ def _print_release(release: dict, path: Any) -> None:
     spent = ", ".join(f"{unit} {charge[unit]:g}" for unit in ("epsilon", "rho") if unit in charge)
     if charge.get("epsilon_at_delta") is not None and "rho" in charge:
         spent += f" (epsilon {charge['epsilon_at_delta']:.4g} at delta {charge['delta']:g})"
-    console.print(f"run {visible(release['release_key']['run_id'])}; this release spent {spent}", highlight=False)
+    series = release.get("series")
+    if isinstance(series, dict):  # a series step: its step, its run's data interval, the series' one charge
+        interval = series.get("data_interval") or [None, None]
+        console.print(
+            f"series step {visible(series.get('step'))} of {visible(series.get('horizon'))} (run "
+            f"{visible(series.get('run_id'))}, data interval {visible(interval[0])} to {visible(interval[-1])}); "
+            f"this step spent {spent}, the series rho {visible(charge.get('series_rho'))} once", highlight=False)
+    else:
+        console.print(f"run {visible(release['release_key']['run_id'])}; this release spent {spent}", highlight=False)
     level = f"{release['confidence']:.0%}"
     for name, aggregate in release["aggregates"].items():
         console.print(

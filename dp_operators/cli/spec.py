@@ -290,6 +290,7 @@ def _print_series_plan(loaded, as_json: bool) -> None:
     }
     if as_json:
         console.print_json(json.dumps(summary))
+        _refuse_unreleasable(loaded)
         return
     level = f"{loaded.confidence:.0%}"
     pattern = f"a unit in at most {series.participation.max_steps} step(s)"
@@ -309,7 +310,19 @@ def _print_series_plan(loaded, as_json: bool) -> None:
 
     console.print(f"charge per series (zcdp): rho {_decimal(str(total))}, once for all {series.horizon} steps (at "
                   f"the first); a step measured again after its attempt died: rho {_decimal(str(redraw_charge(plans)))}"
-                  ".", highlight=False)
+                  " (leave room for it in the account's cap).", highlight=False)
+    _refuse_unreleasable(loaded)
+
+
+def _refuse_unreleasable(loaded) -> None:
+    """A series this version plans but does not release fails the command (exit 1), as its DAG's import would."""
+    from dp_operators.continual.run import check_releasable
+    from dp_operators.release import ReleaseConfigError
+
+    try:
+        check_releasable(loaded)
+    except ReleaseConfigError as error:
+        _fail(f"planned, but not releasable by this version: {error}")
 
 
 def _mean_half_widths(plan, alpha: float, rows: int | None) -> list[dict]:

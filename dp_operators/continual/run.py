@@ -49,13 +49,16 @@ from dp_operators.accounting import IncompatibleAccountantError
 from dp_operators.continual.noise import SeriesNoise
 from dp_operators.continual.plan import AggregateSeriesPlan, plan_spec_series, strategy_of
 from dp_operators.continual.state import SeriesKey, SeriesKeyError, open_sealed, seal, state_digest
-from dp_operators.ledger import AuditChainError, Ledger, ReleaseKey
+from dp_operators.ledger import AuditChainError, BudgetExhaustedError, Ledger, ReleaseKey
 from dp_operators.ledger.chain import CanonicalOutput
 from dp_operators.ledger.store import SERIES_RUN_PREFIX, SERIES_STATE_FIELD, SERIES_STEP_RUN_ID
 from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array
+from dp_operators.release.diagnostics import DiagnosticsReport
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError
 from dp_operators.release.inputs import prepare_inputs
+from dp_operators.release.upstream_types import SATURATION
 from dp_operators.release.publish import check_plain_json, in_key_order
+from dp_operators.release.rows_file import INLINE_ROWS_LIMIT
 from dp_operators.release.run import ReleaseResult, check_privacy_unit, give_up
 from dp_operators.spec import ReleaseSpec
 
@@ -295,6 +298,11 @@ def check_releasable(spec: ReleaseSpec) -> None:
             f"release {spec.release!r}: series of sums ({', '.join(sums)}) are planned by 'dpctl spec plan' but not "
             "released yet (a running sum read from upstream is not on the grid its sensitivity needs); release "
             "their counts as a series and the sums per run")
+    cells = sum(a.partition_count or 1 for a in spec.aggregates)
+    if cells > INLINE_ROWS_LIMIT:
+        raise ReleaseConfigError(
+            f"release {spec.release!r}: a series publishes its {cells} cells inline, at most {INLINE_ROWS_LIMIT} "
+            "(rows files are not released for series yet): split it into several series")
     plan_spec_series(spec)
 
 
@@ -309,6 +317,7 @@ def run_series_step(
     spec_hash: str,
     try_number: int | None = None,
     audit: Mapping[str, Any] | None = None,
+    diagnostics: Callable[[DiagnosticsReport], None] | None = None,
 ) -> ReleaseResult:
     """Release one step of ``spec``'s series for the Airflow run ``run`` (module docstring for the order).
 
@@ -320,7 +329,8 @@ def run_series_step(
         base: the task's release key (its run id is Airflow's; the step's key replaces it: :func:`step_key`).
         run: the Airflow run id and data interval.
         series_key: the workers' series key (the ledger connection's extra ``series_key``).
-        spec_hash, try_number, audit: as :func:`~dp_operators.release.run_release`.
+        spec_hash, try_number, audit, diagnostics: as :func:`~dp_operators.release.run_release` (the report of
+            the step's running totals: rows outside the public keys, clamped, saturated, special values).
 
     Returns:
         :class:`~dp_operators.release.run.ReleaseResult` holding :func:`published_form` of the step's output.
@@ -343,7 +353,7 @@ def run_series_step(
         if stored is not None:
             return ReleaseResult(output=published_form(stored), replayed=True)
         result = _release_next_step(spec, aggregates, ledger, base, run, history, series_key, spec_hash,
-                                    try_number, audit)
+                                    try_number, audit, diagnostics)
         if result is not None:
             return result
     raise ReleaseConfigError(f"release {spec.release!r}: eight steps in a row were taken by other runs while run "
@@ -351,7 +361,7 @@ def run_series_step(
 
 
 def _release_next_step(spec, aggregates, ledger, base, run, history, series_key, spec_hash, try_number,
-                       audit) -> ReleaseResult | None:
+                       audit, diagnostics) -> ReleaseResult | None:
     generation, step = next_step(spec, history, run)
     account = ledger.account(spec.budget_account)
     if account.accountant != "zcdp":
@@ -363,8 +373,11 @@ def _release_next_step(spec, aggregates, ledger, base, run, history, series_key,
     noise = noise_of(plans)
     sid = series_id(account.name, base, generation)
     if series_key is None:
-        raise SeriesKeyError(f"series {sid!r}: the ledger connection has no series_key extra: a series seals its "
-                             "noise under the workers' series key (64 hex digits; SeriesKey.generate().text)")
+        raise SeriesKeyError(
+            f"series {sid!r}: the ledger connection has no series_key extra: a series seals its noise under the "
+            "workers' series key. Make one (python -c 'from dp_operators.continual.state import SeriesKey; "
+            "print(SeriesKey.generate().text)'), put it in the release task's ledger connection's extra as "
+            "\"series_key\", and back it up with the spend key (docs/continual.md)")
     steps = history.steps if generation == history.generation else []
     parameters = series_parameters(spec, plans, account.name)
     if steps and steps[0]["series"].get("parameters_sha256") != parameters:
@@ -377,14 +390,20 @@ def _release_next_step(spec, aggregates, ledger, base, run, history, series_key,
     history_draws = _history_draws(noise, steps, series_key, sid, cells)  # before anything is read or charged
     try:
         return _measure_step(spec, aggregates, ledger, base, run, plans, noise, account, generation, step,
-                             history_draws, series_key, sid, parameters, spec_hash, try_number, audit)
+                             history_draws, series_key, sid, parameters, spec_hash, try_number, audit, diagnostics)
     finally:
         wipe(history_draws)
 
 
 def _measure_step(spec, aggregates, ledger, base, run, plans, noise, account, generation, step, history_draws,
-                  series_key, sid, parameters, spec_hash, try_number, audit) -> ReleaseResult | None:
-    prepared = prepare_inputs(spec, aggregates())
+                  series_key, sid, parameters, spec_hash, try_number, audit, diagnostics) -> ReleaseResult | None:
+    # no log line or message here depends on the data (DESIGN.md 2.8): what the totals held goes to the opt-in report
+    report = DiagnosticsReport(spec.release)
+    try:
+        prepared = prepare_inputs(spec, aggregates(), diagnostics=report)
+    finally:
+        if diagnostics is not None:
+            diagnostics(report)
     key = step_key(base, generation, step)
     rho = series_charge(plans)
     redraw = redraw_charge(plans)
@@ -396,10 +415,21 @@ def _measure_step(spec, aggregates, ledger, base, run, plans, noise, account, ge
         "step_sensitivity_squared": str(p.plan.step_sensitivity_squared),
         "noise_variance": str(p.plan.chosen.noise_variance),
     } for p in plans]
-    reservation = ledger.reserve(
-        key, account=account.name, amount=rho if step == 0 else 0, takeover_amount=rho if step == 0 else redraw,
-        mechanisms=mechanisms, spec_hash=spec_hash, try_number=try_number, audit=audit,
-    )
+    try:
+        reservation = ledger.reserve(
+            key, account=account.name, amount=rho if step == 0 else 0, takeover_amount=rho if step == 0 else redraw,
+            mechanisms=mechanisms, spec_hash=spec_hash, try_number=try_number, audit=audit,
+        )
+    except BudgetExhaustedError as error:
+        if step == 0:
+            raise
+        # a later step's first attempt costs nothing: only a redraw (an earlier attempt of this step died after
+        # it may have drawn noise) can be refused
+        raise BudgetExhaustedError(
+            error.account, error.unit, error.requested, error.remaining,
+            note=f"series step {step} is measured again (an earlier attempt of it died after it may have drawn "
+                 f"noise), which costs rho {redraw} (~{float(redraw):.4g}); leave room for redraws in the "
+                 "account's cap (docs/continual.md)") from None
     if isinstance(reservation, dict):  # another run committed this step meanwhile: this run's is the next one
         return None
     drawn: list[str] = []
@@ -416,6 +446,17 @@ def _measure_step(spec, aggregates, ledger, base, run, plans, noise, account, ge
         raise
     ledger.commit(reservation, output, canonical=text)
     return ReleaseResult(output=published_form(in_key_order(output)), replayed=False)
+
+
+def _published_cell(value: Fraction, half_width: float) -> dict[str, Any]:
+    """A published total: ``value`` and ``half_width``; within one half-width of the saturation limit (a true
+    total beyond +-2^62 was read at the limit: docs/mechanisms.md, "Saturation"), ``saturated: true``, no
+    half-width and an interval unbounded on the limit's side. Decided from the noised value: post-processing."""
+    if abs(value) + Fraction(half_width) < SATURATION:
+        return {"value": float(value), "half_width": half_width}
+    lower, upper = float(value) - half_width, float(value) + half_width
+    return {"value": float(value), "half_width": None, "saturated": True,
+            "interval": [lower, None] if value > 0 else [None, upper]}
 
 
 def _step_output(spec, plans, noise, prepared, history_draws, drawn, key, base, run, account, generation, step,
@@ -439,7 +480,7 @@ def _step_output(spec, plans, noise, prepared, history_draws, drawn, key, base, 
                 working.append(cell_history)
                 value = Fraction(int(total)) + series_noise.total_noise(cell_history)
                 row = dict(zip(aggregate.group_by, keys))
-                row.update(value=float(value), half_width=half_width)
+                row.update(_published_cell(value, half_width))
                 rows.append(row)
             published[aggregate.name] = {
                 "kind": aggregate.kind, "mechanism": p.plan.chosen.mechanism, "budget": {"rho": float(p.plan.rho)},

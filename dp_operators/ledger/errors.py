@@ -60,17 +60,20 @@ class BudgetExhaustedError(LedgerError):
     Attributes:
         account, unit: the budget account and its unit (``epsilon`` or ``rho``).
         requested, remaining: exact amounts; ``difference = requested - remaining``.
+        note: (argument) what the charge was for, when the caller knows more than the ledger (a series' redraw).
     """
 
-    def __init__(self, account: str, unit: str, requested: Fraction, remaining: Fraction) -> None:
+    def __init__(self, account: str, unit: str, requested: Fraction, remaining: Fraction, *,
+                 note: str | None = None) -> None:
         self.account, self.unit = account, unit
         self.requested, self.remaining = requested, remaining
         self.difference = requested - remaining
         super().__init__(
             f"budget account {account!r} is exhausted: requested {unit} {_show(requested)}, "
-            f"remaining {_show(remaining)}, short by {_show(self.difference)}. Nothing was reserved and no noise "
-            "was drawn. A privacy officer can raise the cap in the ledger configuration and run "
-            "'dpctl ledger apply'; retrying will not help."
+            f"remaining {_show(remaining)}, short by {_show(self.difference)}. "
+            + (f"{note}. " if note else "")
+            + "Nothing was reserved and no noise was drawn. A privacy officer can raise the cap in the ledger "
+            "configuration and run 'dpctl ledger apply'; retrying will not help."
         )
 
 

@@ -275,6 +275,7 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                     self.release_spec, lambda: self.read_aggregates(context), ledger, key, _step_run(context),
                     series_key=series_key, spec_hash=self.spec_sha256, try_number=getattr(ti, "try_number", None),
                     audit=_audit_context(context),
+                    diagnostics=self._diagnostics_writer(key) if self.diagnostics_uri else None,
                 )
             else:
                 result = run_release(
@@ -313,6 +314,8 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         output = result.output
         if result.replayed:
             self.log.info("release %s already committed for this task instance: replaying it, nothing charged", key)
+        if self.release_spec.series is not None:  # a step's files are its own, whichever run released or replays it
+            key = ReleaseKey(**output["release_key"])
         self.published = self._publish(output, key, result.replayed, ti)
         announce(self, context, output, emit=not result.replayed or not announced_before(self, context, key, output))
         return output

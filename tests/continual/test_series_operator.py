@@ -92,3 +92,21 @@ def test_a_worker_without_the_series_key_fails_at_once(setup, key, message):
     connect(key)
     with pytest.raises(AirflowFailException, match=message):
         run(tmp_path, spec, 1)
+
+
+def test_release_show_names_the_step_and_its_day_and_verify_matches_every_step(setup):
+    from typer.testing import CliRunner
+
+    from dp_operators.cli import app
+
+    tmp_path, spec, _ = setup
+    for day in range(2):
+        run(tmp_path, spec, day)
+    run(tmp_path, spec, 1, try_number=2)  # a retry rewrites the step's own files
+    shown = CliRunner().invoke(app, ["release", "show", str(tmp_path / "out")], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert "series step 1 of 30 (run scheduled__2013-01-02, data interval 2013-01-02T00:00:00+00:00" in shown.output
+    verified = CliRunner().invoke(app, ["release", "verify", str(tmp_path / "out"), "--url",
+                                        f"sqlite:///{tmp_path / 'ledger.db'}"], terminal_width=200)
+    assert verified.exit_code == 0, verified.output
+    assert "4 files: 4 match the ledger" in verified.output  # two steps, JSON and CSV each

@@ -124,3 +124,18 @@ def test_the_guides_example_series_plans_as_the_guide_says():
     [flights] = plan_spec_series(parse_spec(example, source="docs/continual.md"))
     assert flights.plan.chosen.mechanism == "sqrt_factorization"
     assert round(flights.worst_half_width["sqrt_factorization"], 2) == 4.08
+
+
+@pytest.mark.parametrize(("aggregate", "series", "reason"), [
+    pytest.param(SUM, "{horizon: 365}", "series of sums", id="a sum"),
+    pytest.param(COUNT, "{horizon: 365, after_horizon: new_series}", "new_series is planned but not released",
+                 id="a new series after the horizon"),
+])
+def test_spec_plan_prints_the_plan_and_fails_on_a_series_this_version_does_not_release(tmp_path: Path, aggregate,
+                                                                                       series, reason):
+    path = tmp_path / "s.yaml"
+    path.write_text(series_spec(aggregate, series=series))
+    result = runner.invoke(app, ["spec", "plan", str(path)], terminal_width=200)
+    assert result.exit_code == 1
+    assert "Plan of series" in result.output and "planned, but not releasable by this version" in result.output
+    assert reason in result.output

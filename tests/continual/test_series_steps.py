@@ -25,7 +25,7 @@ from dp_operators.continual.run import (
 )
 from dp_operators.continual.plan import plan_spec_series
 from dp_operators.continual.state import SeriesKey, SeriesKeyError, open_sealed
-from dp_operators.ledger import LeaseHeldError, Reservation, ReleaseKey
+from dp_operators.ledger import BudgetExhaustedError, LeaseHeldError, Reservation, ReleaseKey
 from dp_operators.release import ReleaseConfigError
 from dp_operators.spec import parse_spec
 from ledger_backends import account_config, ledger_url, ledger_with, pg_database  # noqa: F401  (fixtures)
@@ -229,3 +229,30 @@ def test_two_live_tries_of_one_step_commit_it_once(ledger_url):
     charges = [c for c in spender(ledger_url).charges() if c["run_id"] == step_key(BASE, 0, 1).run_id]
     assert [c["state"] for c in charges] == ["committed"]
     assert spender(ledger_url).account("a").spent == 1
+
+
+def test_a_redraw_the_cap_cannot_pay_is_refused_naming_the_redraw(ledger_url):
+    ledger_with(ledger_url, a=account_config("zcdp", cap=1))
+    step(spender(ledger_url), 0)
+    spender(ledger_url, lease_seconds=0.3).reserve(step_key(BASE, 0, 1), account="a", amount=0, takeover_amount=1,
+                                                    mechanisms=[], spec_hash="0" * 64)  # dies after drawing
+    time.sleep(0.5)
+    with pytest.raises(BudgetExhaustedError, match="series step 1 is measured again .* leave room for redraws"):
+        step(spender(ledger_url), 1)
+
+
+def test_a_total_past_the_saturation_limit_is_published_saturated(ledger, monkeypatch):
+    """A total beyond 2^62 is read at the limit; a noised value within a half-width of it is flagged, with no
+    half-width and an interval open on the limit's side (post-processing, as for any release). The noise is pinned
+    at 0 so the noised value is the limit itself."""
+    import numpy as np
+
+    from dp_operators.continual import run as run_module
+
+    monkeypatch.setattr(run_module, "sample_discrete_gaussian_array", lambda sigma2, size: np.zeros(size, np.int64))
+    published = run_series_step(spec(), lambda: {"flights": [{"origin": "EWR", "count": 10**30}]}, ledger, BASE,
+                                day(0), series_key=KEY, spec_hash="0" * 64).output
+    ewr, jfk, _ = published["aggregates"]["flights"]["rows"]
+    assert ewr["saturated"] is True and ewr["half_width"] is None and ewr["interval"][1] is None
+    assert ewr["value"] == 2.0**62
+    assert "saturated" not in jfk and jfk["half_width"] > 0
