@@ -93,9 +93,11 @@ def test_the_published_totals_track_the_truth_within_their_intervals(backfill):
                 cells += 1
                 worst = max(worst, error / row["half_width"])
     assert cells == 365 * 19
-    # 95 % intervals (the planned widest-step std 2.94 at rho 1/2 per aggregate): over 6,935 cells, a coverage below
-    # 93 % or an error beyond 3 half-widths (z = 5.9) would each have probability far below 1e-6
-    assert covered / cells >= 0.93 and worst < 3
+    # 95 % intervals (the planned widest-step std 2.94 at rho 1/2 per aggregate). A series' steps share their noise,
+    # so the 6,935 cells are 19 series, not 6,935 draws: simulated, this coverage has mean 95.0 % and standard
+    # deviation 1.0 %; below 90 % or above 99.5 % (5 deviations), or an error beyond 3 half-widths (z = 5.9), would
+    # each have probability far below 1e-6
+    assert 0.90 <= covered / cells <= 0.995 and worst < 3
     year_end = outputs[-1]["aggregates"]["flights_by_origin"]["rows"]
     assert round(sum(row["value"] for row in year_end)) == pytest.approx(336_776, abs=40)
 
