@@ -17,8 +17,8 @@ Order of one step (:func:`run_series_step`):
    step; an empty interval, as trigger timetables give, is refused: the steps could not be checked to follow);
 3. plan from public parameters (:func:`~dp_operators.continual.plan.plan_spec_series`) and open the sealed noise of
    every earlier step with the series key (a missing or wrong key fails here, before anything is read or charged);
-4. read and check the upstream's running totals (:func:`~dp_operators.release.inputs.prepare_inputs`: counts over
-   the public keys; errors spend nothing);
+4. read and check the upstream's running totals (:func:`~dp_operators.release.inputs.prepare_inputs`: counts, and
+   integer sums on grid 1, over the public keys; errors spend nothing);
 5. reserve the step: step 0 is charged the series' ``rho``; later steps 0, and any attempt after a step's first
    (an earlier attempt may have drawn and published noise) the price of measuring that step again
    (:func:`redraw_charge`), which the ledger decides from the attempt number (``takeover_amount``);
@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
+
 from dp_operators import __version__
 from dp_operators.accounting import IncompatibleAccountantError
 from dp_operators.continual.noise import SeriesNoise
@@ -54,7 +56,7 @@ from dp_operators.ledger.chain import CanonicalOutput
 from dp_operators.ledger.store import SERIES_RUN_PREFIX, SERIES_STATE_FIELD, SERIES_STEP_RUN_ID
 from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array
 from dp_operators.release.diagnostics import DiagnosticsReport
-from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError
+from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
 from dp_operators.release.inputs import prepare_inputs
 from dp_operators.release.upstream_types import SATURATION
 from dp_operators.release.publish import check_plain_json, in_key_order
@@ -276,12 +278,41 @@ def _history_draws(noise: Mapping[str, SeriesNoise], steps: list[dict[str, Any]]
     return draws
 
 
+def _is_integer(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)))
+
+
+def check_integer_sums(spec: ReleaseSpec, upstream: Any) -> None:
+    """Refuse, by type, a series sum whose upstream running sums are not integers (``int`` or a numpy integer;
+    ``None`` follows ``non_finite``): on grid 1 they are then read exactly, never rounded. A check of types only:
+    no value decides it.
+
+    Raises:
+        ReleaseInputError: a sum's value of another type (the message names the aggregate and the type).
+    """
+    if not isinstance(upstream, Mapping):
+        return  # prepare_inputs names the shape problem
+    for aggregate in spec.aggregates:
+        if aggregate.kind != "sum" or aggregate.name not in upstream:
+            continue
+        given = upstream[aggregate.name]
+        values = [given] if not aggregate.group_by else [
+            row.get("sum") for row in given if isinstance(row, Mapping)] if isinstance(given, (list, tuple)) else []
+        for value in values:
+            if not _is_integer(value):
+                raise ReleaseInputError(
+                    f"aggregate {aggregate.name!r}: a series sum's running sum holds a {type(value).__name__}, not "
+                    "an integer: a series reads its sums exactly on grid 1 (cast upstream, e.g. SUM(x)::bigint or "
+                    "int(...))")
+
+
 def check_releasable(spec: ReleaseSpec) -> None:
     """Refuse a series spec this version cannot release, from the spec alone (the operator calls it at DAG import).
 
     Raises:
-        ReleaseConfigError: no ``series`` block, or a series of sums (planned, not released yet: a running sum read
-            from upstream is not on the grid its sensitivity needs, ADR 33).
+        ReleaseConfigError: no ``series`` block, ``after_horizon: new_series``, a sum off grid 1 or of binary64
+            arithmetic (a running sum read from upstream must be an integer, ADR 33), or more cells than a series
+            publishes inline.
     """
     if spec.series is None:
         raise ReleaseConfigError(f"release {spec.release!r} declares no series")
@@ -292,12 +323,13 @@ def check_releasable(spec: ReleaseSpec) -> None:
             "(totals carried over would hold every unit's earlier contributions in the new series' first step). "
             "Use after_horizon: refuse, and start the next series under another release name whose upstream "
             "counts from its own first step")
-    sums = [a.name for a in spec.aggregates if a.kind != "count"]
+    sums = [a.name for a in spec.aggregates if a.kind == "sum" and (a.grid != 1 or a.upstream.arithmetic != "exact")]
     if sums:
         raise ReleaseConfigError(
-            f"release {spec.release!r}: series of sums ({', '.join(sums)}) are planned by 'dpctl spec plan' but not "
-            "released yet (a running sum read from upstream is not on the grid its sensitivity needs); release "
-            "their counts as a series and the sums per run")
+            f"release {spec.release!r}: series sums ({', '.join(sums)}) are released on grid 1 from integer running "
+            "sums only (a running sum rounded to a finer grid, or a binary64 one, moves at more steps than its "
+            "unit's contributions): declare grid: 1 and have the upstream return integers (round or scale each "
+            "value upstream, before summing)")
     cells = sum(a.partition_count or 1 for a in spec.aggregates)
     if cells > INLINE_ROWS_LIMIT:
         raise ReleaseConfigError(
@@ -322,7 +354,7 @@ def run_series_step(
     """Release one step of ``spec``'s series for the Airflow run ``run`` (module docstring for the order).
 
     Args:
-        spec: a validated spec with a ``series`` block (counts over public keys).
+        spec: a validated spec with a ``series`` block (counts, and sums on grid 1, over public keys).
         aggregates: returns the upstream's running totals (the shapes of
             :func:`~dp_operators.release.inputs.prepare_inputs`); called only when the step is not a replay.
         ledger: the budget ledger (a zCDP account).
@@ -338,7 +370,9 @@ def run_series_step(
     Raises:
         SeriesOrderError: the run is not the series' next step; nothing read or charged.
         SeriesKeyError: no series key, or not the series' (checked before anything is read or charged).
-        ReleaseConfigError: a series of sums (not released yet), or a first step without a series key.
+        ReleaseConfigError: a spec :func:`check_releasable` refuses.
+        ReleaseInputError: a sum's running sums not integers (:func:`check_integer_sums`), or as
+            :func:`~dp_operators.release.run_release`.
         ReleaseInputError, IncompatibleAccountantError, ledger refusals, LeaseHeldError, ReleaseAbortedError,
             ChargeStateError: as :func:`~dp_operators.release.run_release`.
     """
@@ -400,7 +434,9 @@ def _measure_step(spec, aggregates, ledger, base, run, plans, noise, account, ge
     # no log line or message here depends on the data (DESIGN.md 2.8): what the totals held goes to the opt-in report
     report = DiagnosticsReport(spec.release)
     try:
-        prepared = prepare_inputs(spec, aggregates(), diagnostics=report)
+        upstream = aggregates()
+        check_integer_sums(spec, upstream)
+        prepared = prepare_inputs(spec, upstream, diagnostics=report)
     finally:
         if diagnostics is not None:
             diagnostics(report)
@@ -468,7 +504,7 @@ def _step_output(spec, plans, noise, prepared, history_draws, drawn, key, base, 
         for p, aggregate in zip(plans, spec.aggregates):
             series_noise = noise[aggregate.name]
             width = len(series_noise.measurements_at(step))
-            totals = prepared.values[(aggregate.name, "count")].tolist()
+            totals = prepared.values[(aggregate.name, aggregate.kind)].tolist()
             drawn.append(aggregate.name)
             draws = [int(value) for value in sample_discrete_gaussian_array(series_noise.sigma2, width * len(totals))]
             working += [totals, draws]

@@ -696,7 +696,7 @@ class ReleaseSpec(_Strict):
         for index, aggregate in enumerate(self.aggregates):
             if aggregate.kind not in ("count", "sum"):
                 problem(("aggregates", index, "kind"), f"a series releases running counts and sums, not a "
-                        f"{aggregate.kind}: release it without 'series', or its count as a series (series of sums are planned only)",
+                        f"{aggregate.kind}: release it without 'series', or its sum (grid 1) and count as two aggregates",
                         aggregate.kind)
             if not aggregate.public_keys:
                 problem(("aggregates", index, "partition_selection"), "a series needs public keys, the same at "

@@ -90,12 +90,12 @@ def test_a_series_spec_is_released_step_by_step_not_as_one_release(tmp_path: Pat
     assert DPReleaseOperator(task_id="release", spec_path=path, aggregates_task_id="x").release_spec.series
 
 
-def test_a_series_of_sums_fails_the_dag_import_naming_why(tmp_path: Path):
+def test_a_series_sum_off_grid_1_fails_the_dag_import_naming_why(tmp_path: Path):
     path = tmp_path / "s.yaml"
-    path.write_text(series_spec(SUM))
+    path.write_text(series_spec(SUM.replace("bounds: [0, 100]", "bounds: [0, 100], grid: 0.5")))
     from dp_operators.operators.release import DPReleaseOperator
 
-    with pytest.raises(SpecError, match="series of sums"):
+    with pytest.raises(SpecError, match="released on grid 1 from integer running sums only"):
         DPReleaseOperator(task_id="release", spec_path=path, aggregates_task_id="x")
 
 
@@ -127,7 +127,8 @@ def test_the_guides_example_series_plans_as_the_guide_says():
 
 
 @pytest.mark.parametrize(("aggregate", "series", "reason"), [
-    pytest.param(SUM, "{horizon: 365}", "series of sums", id="a sum"),
+    pytest.param(SUM.replace("bounds: [0, 100]", "bounds: [0, 100], grid: 0.5"), "{horizon: 365}",
+                 "released on grid 1", id="a sum off grid 1"),
     pytest.param(COUNT, "{horizon: 365, after_horizon: new_series}", "new_series is planned but not released",
                  id="a new series after the horizon"),
 ])

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import base64
 import json
+from decimal import Decimal
 import datetime as dt
 import time
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from dp_operators.continual.run import (
@@ -26,7 +28,7 @@ from dp_operators.continual.run import (
 from dp_operators.continual.plan import plan_spec_series
 from dp_operators.continual.state import SeriesKey, SeriesKeyError, open_sealed
 from dp_operators.ledger import BudgetExhaustedError, LeaseHeldError, Reservation, ReleaseKey
-from dp_operators.release import ReleaseConfigError
+from dp_operators.release import ReleaseConfigError, ReleaseInputError
 from dp_operators.spec import parse_spec
 from ledger_backends import account_config, ledger_url, ledger_with, pg_database  # noqa: F401  (fixtures)
 from support import governor, spender
@@ -37,8 +39,8 @@ DAY = dt.timedelta(days=1)
 START = dt.datetime(2013, 1, 1, tzinfo=dt.timezone.utc)
 
 
-def spec(horizon: int = 8, after: str = "refuse", mechanism: str = "auto", kind: str = "count"):
-    bounds = ", bounds: [0, 10]" if kind == "sum" else ""
+def spec(horizon: int = 8, after: str = "refuse", mechanism: str = "auto", kind: str = "count", grid: str = "1"):
+    bounds = f", bounds: [0, 10], grid: {grid}" if kind == "sum" else ""
     return parse_spec(
         "version: 1\nrelease: daily_flights\nbudget_account: a\nprivacy_unit: person\n"
         f"series: {{horizon: {horizon}, after_horizon: {after}, mechanism: {mechanism}}}\n"
@@ -159,9 +161,31 @@ def test_a_step_taken_over_after_a_dead_attempt_pays_its_redraw_and_commits_once
     assert step(live, 2).output["series"]["step"] == 2  # the series goes on from the committed attempt's state
 
 
-def test_a_series_of_sums_is_refused_before_anything_is_charged(ledger):
-    with pytest.raises(ReleaseConfigError, match="series of sums"):
-        step(ledger, 0, spec(kind="sum"))
+def test_a_series_sum_off_grid_1_is_refused_before_anything_is_charged(ledger):
+    with pytest.raises(ReleaseConfigError, match="released on grid 1 from integer running sums only"):
+        step(ledger, 0, spec(kind="sum", grid="0.5"))
+    assert list(ledger.charges()) == []
+
+
+def test_a_series_sum_publishes_the_integer_running_sum_plus_its_exact_noise(ledger):
+    sums = spec(kind="sum")
+    for index in range(3):
+        published = run_series_step(
+            sums, lambda index=index: {"flights": [{"origin": "EWR", "sum": 7 * (index + 1)},
+                                                   {"origin": "JFK", "sum": np.int64(2)}]},
+            ledger, BASE, day(index), series_key=KEY, spec_hash="0" * 64).output
+    ewr = published["aggregates"]["flights"]["rows"][0]
+    assert published["aggregates"]["flights"]["kind"] == "sum"
+    assert abs(ewr["value"] - 21) < 4 * ewr["half_width"]
+    assert ledger.account("a").spent == 1
+
+
+@pytest.mark.parametrize("value", [21.0, Decimal(21), Fraction(21), "21", True],
+                         ids=["float", "Decimal", "Fraction", "str", "bool"])
+def test_a_series_sum_that_is_not_an_integer_by_type_is_refused_before_anything_is_charged(ledger, value):
+    with pytest.raises(ReleaseInputError, match="not an integer|holds a"):
+        run_series_step(spec(kind="sum"), lambda: {"flights": [{"origin": "EWR", "sum": value}]}, ledger, BASE,
+                        day(0), series_key=KEY, spec_hash="0" * 64)
     assert list(ledger.charges()) == []
 
 
