@@ -36,6 +36,7 @@ import pendulum
 
 from airflow.sdk import CronDataIntervalTimetable, dag, get_current_context, task
 from dp_operators.operators.release import DPReleaseOperator
+from dp_operators.operators.series_upstream import series_start
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,9 +69,10 @@ def flights_table() -> pd.DataFrame:
                          "origin": table["origin"], "carrier": table["carrier"]})
 
 
-def cumulative_flight_counts(through: dt.date) -> dict[str, list[dict]]:
-    """The running totals of step ``through``: the flights that departed from 1 January 2013 up to and including the
-    day ``through``, counted by origin and by carrier, in the release engine's grouped shape (plain Python values)::
+def cumulative_flight_counts(through: dt.date, since: dt.date = dt.date(2013, 1, 1)) -> dict[str, list[dict]]:
+    """The running totals of step ``through``: the flights that departed from ``since`` (the series' first day) up to
+    and including the day ``through``, counted by origin and by carrier, in the release engine's grouped shape
+    (plain Python values)::
 
         {"flights_by_origin": [{"origin": "EWR", "count": 305}, ...],
          "flights_by_carrier": [{"carrier": "9E", "count": 28}, ...]}
@@ -81,7 +83,7 @@ def cumulative_flight_counts(through: dt.date) -> dict[str, list[dict]]:
     import pandas as pd
 
     table = flights_table()
-    so_far = table[table["date"] <= pd.Timestamp(through)]
+    so_far = table[(table["date"] >= pd.Timestamp(since)) & (table["date"] <= pd.Timestamp(through))]
     return {
         aggregate: [{column: key, "count": int(count)} for key, count in so_far.groupby(column).size().items()]
         for aggregate, column in GROUPED_BY.items()
@@ -108,7 +110,11 @@ def counted_through(data_interval_end: dt.datetime) -> dt.date:
 def nycflights_series_release():
     @task(show_return_value_in_logs=False, multiple_outputs=False)
     def compute_cumulative_counts() -> dict:
-        return cumulative_flight_counts(counted_through(get_current_context()["data_interval_end"]))
+        context = get_current_context()
+        # the series' first day, from the ledger (public): running totals count from there
+        since = series_start(release_task_id="release", spec_path=SPEC, ledger_conn_id="dp_ledger_default",
+                             context=context)
+        return cumulative_flight_counts(counted_through(context["data_interval_end"]), since.date())
 
     counts = compute_cumulative_counts()
     release = DPReleaseOperator(

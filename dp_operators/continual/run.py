@@ -11,8 +11,8 @@ Order of one step (:func:`run_series_step`):
 1. read the series' committed steps (authenticated, :meth:`Ledger.authenticated_outputs
    <dp_operators.ledger.Ledger.authenticated_outputs>`); if this Airflow run, or another run of the same data
    interval, committed one, replay it (nothing charged, nothing drawn, the data not read);
-2. the step is the next one: ``len(committed)`` (past the horizon, refused: ``after_horizon: new_series`` is not
-   released yet). Its run's data interval must be non-empty and start where the
+2. the step is the next one: ``len(committed)`` (past the horizon: refused, or step 0 of a new series,
+   ``after_horizon``). Its run's data interval must be non-empty and start where the
    last step's ended (a later start is a missing step, an earlier one a run out of order: both refused, naming the
    step; an empty interval, as trigger timetables give, is refused: the steps could not be checked to follow);
 3. plan from public parameters (:func:`~dp_operators.continual.plan.plan_spec_series`) and open the sealed noise of
@@ -220,25 +220,46 @@ def next_step(spec: ReleaseSpec, history: SeriesSteps, run: StepRun) -> tuple[in
             "step is its run's data interval, and the steps' intervals must follow each other without a gap. "
             "Schedule the DAG with a data-interval timetable (airflow.sdk CronDataIntervalTimetable or "
             "DeltaDataIntervalTimetable); trigger timetables, Airflow 3's default for '@daily', give empty intervals")
-    if len(steps) >= series.horizon:  # after_horizon: refuse (check_releasable refuses new_series)
-        raise SeriesOrderError(
-            f"release {spec.release!r}: the series has released all its {series.horizon} steps (the last for run "
-            f"{steps[-1]['series']['run_id']!r}); run {run.run_id!r} is past its horizon. Start a new series under "
-            "another release name, its upstream counting from its own first step")
-    if steps:
-        last = steps[-1]["series"]
-        last_start, last_end = _interval(last)
+    previous = steps[-1]["series"] if steps else None
+    if len(steps) >= series.horizon:
+        if series.after_horizon == "refuse":
+            raise SeriesOrderError(
+                f"release {spec.release!r}: the series has released all its {series.horizon} steps (the last for "
+                f"run {previous['run_id']!r}); run {run.run_id!r} is past its horizon. Declare series.after_horizon: "
+                "new_series to start a new series (charged again), or start one under another release name")
+        generation, steps = generation + 1, []  # a new series: its step 0 follows the last one's last step
+    if previous is not None:
+        last_start, last_end = _interval(previous)
         if start != last_end:
             later = dt.datetime.fromisoformat(start) > dt.datetime.fromisoformat(last_end)
+            where = f"step {previous['step']} (run {previous['run_id']!r}, data interval {last_start} to {last_end})"
             raise SeriesOrderError(
                 f"release {spec.release!r}: run {run.run_id!r} (data interval {start} to {end}) "
-                + (f"leaves a gap after step {len(steps) - 1} (run {last['run_id']!r}, data interval {last_start} "
-                   f"to {last_end}): the steps between were not released. Run them first, in order (the release "
-                   "task needs depends_on_past=True and the DAG max_active_runs=1); a series never skips a step"
-                   if later else
-                   f"is not after step {len(steps) - 1} (run {last['run_id']!r}, data interval {last_start} to "
-                   f"{last_end}): a series releases its steps in order, once each"))
+                + (f"leaves a gap after {where}: the steps between were not released. Run them first, in order (the "
+                   "release task needs depends_on_past=True and the DAG max_active_runs=1); a series never skips a "
+                   "step" if later else
+                   f"is not after {where}: a series releases its steps in order, once each"))
     return generation, len(steps)
+
+
+def series_start(spec: ReleaseSpec, ledger: Ledger, base: ReleaseKey, run: StepRun) -> dt.datetime:
+    """Where the upstream's running totals for ``run`` must count from: the start of the data interval of the first
+    step of the series (generation) that ``run`` releases or replays. Public: the ledger's committed steps and the
+    run's interval, never the data. Each step records it (``series.counted_from``).
+
+    Raises:
+        SeriesOrderError: ``run`` is not the series' next step (as :func:`run_series_step` would refuse it).
+        AuditChainError: the ledger's steps fail authentication.
+    """
+    history = committed_steps(ledger, base, spec.budget_account)
+    stored = history.by_run.get(run.run_id) or history.by_interval.get(
+        (_iso(run.data_interval_start), _iso(run.data_interval_end)))
+    if stored is not None:
+        return dt.datetime.fromisoformat(stored["series"]["counted_from"])
+    generation, step = next_step(spec, history, run)
+    if step == 0:
+        return run.data_interval_start.astimezone(dt.timezone.utc)
+    return dt.datetime.fromisoformat(history.steps[0]["series"]["counted_from"])
 
 
 def wipe(history: dict[str, list[list[list[int]]]]) -> None:
@@ -310,19 +331,12 @@ def check_releasable(spec: ReleaseSpec) -> None:
     """Refuse a series spec this version cannot release, from the spec alone (the operator calls it at DAG import).
 
     Raises:
-        ReleaseConfigError: no ``series`` block, ``after_horizon: new_series``, a sum off grid 1 or of binary64
+        ReleaseConfigError: no ``series`` block, a sum off grid 1 or of binary64
             arithmetic (a running sum read from upstream must be an integer, ADR 33), or more cells than a series
             publishes inline.
     """
     if spec.series is None:
         raise ReleaseConfigError(f"release {spec.release!r} declares no series")
-    if spec.series.after_horizon == "new_series":
-        raise ReleaseConfigError(
-            f"release {spec.release!r}: series.after_horizon: new_series is planned but not released yet: a new "
-            "series' running totals must restart at its first step, and nothing tells the upstream where that is "
-            "(totals carried over would hold every unit's earlier contributions in the new series' first step). "
-            "Use after_horizon: refuse, and start the next series under another release name whose upstream "
-            "counts from its own first step")
     sums = [a.name for a in spec.aggregates if a.kind == "sum" and (a.grid != 1 or a.upstream.arithmetic != "exact")]
     if sums:
         raise ReleaseConfigError(
@@ -423,14 +437,17 @@ def _release_next_step(spec, aggregates, ledger, base, run, history, series_key,
     cells = {a.name: a.partition_count or 1 for a in spec.aggregates}
     history_draws = _history_draws(noise, steps, series_key, sid, cells)  # before anything is read or charged
     try:
+        counted_from = _iso(run.data_interval_start) if step == 0 else steps[0]["series"]["counted_from"]
         return _measure_step(spec, aggregates, ledger, base, run, plans, noise, account, generation, step,
-                             history_draws, series_key, sid, parameters, spec_hash, try_number, audit, diagnostics)
+                             history_draws, series_key, sid, parameters, spec_hash, try_number, audit, diagnostics,
+                             counted_from)
     finally:
         wipe(history_draws)
 
 
 def _measure_step(spec, aggregates, ledger, base, run, plans, noise, account, generation, step, history_draws,
-                  series_key, sid, parameters, spec_hash, try_number, audit, diagnostics) -> ReleaseResult | None:
+                  series_key, sid, parameters, spec_hash, try_number, audit, diagnostics,
+                  counted_from) -> ReleaseResult | None:
     # no log line or message here depends on the data (DESIGN.md 2.8): what the totals held goes to the opt-in report
     report = DiagnosticsReport(spec.release)
     try:
@@ -473,7 +490,7 @@ def _measure_step(spec, aggregates, ledger, base, run, plans, noise, account, ge
         with ledger.lease(reservation):
             output, text = _step_output(spec, plans, noise, prepared, history_draws, drawn, key, base, run,
                                         account, generation, step, reservation, series_key, sid, rho,
-                                        redraw, mechanisms, spec_hash, parameters)
+                                        redraw, mechanisms, spec_hash, parameters, counted_from)
     except Exception as error:
         returned = give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=returned) from error
@@ -496,7 +513,7 @@ def _published_cell(value: Fraction, half_width: float) -> dict[str, Any]:
 
 
 def _step_output(spec, plans, noise, prepared, history_draws, drawn, key, base, run, account, generation, step,
-                 reservation, series_key, sid, rho, redraw, mechanisms, spec_hash, parameters):
+                 reservation, series_key, sid, rho, redraw, mechanisms, spec_hash, parameters, counted_from):
     published: dict[str, Any] = {}
     fresh: list[int] = []
     working: list[list] = [fresh]  # the draws and totals this frame holds, wiped on the way out
@@ -536,6 +553,7 @@ def _step_output(spec, plans, noise, prepared, history_draws, drawn, key, base, 
                 "generation": generation, "step": step, "horizon": spec.series.horizon,
                 "run_id": run.run_id, "data_interval": [_iso(run.data_interval_start), _iso(run.data_interval_end)],
                 "attempt": reservation.attempt, "key_id": series_key.key_id, "parameters_sha256": parameters,
+            "counted_from": counted_from,
             },
             "aggregates": published,
             "mechanisms": mechanisms,

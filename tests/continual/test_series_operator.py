@@ -110,3 +110,17 @@ def test_release_show_names_the_step_and_its_day_and_verify_matches_every_step(s
                                         f"sqlite:///{tmp_path / 'ledger.db'}"], terminal_width=200)
     assert verified.exit_code == 0, verified.output
     assert "4 files: 4 match the ledger" in verified.output  # two steps, JSON and CSV each
+
+
+def test_the_upstream_learns_where_its_running_totals_count_from(setup):
+    from dp_operators.operators.series_upstream import series_start
+
+    tmp_path, spec, _ = setup
+    for day in range(2):
+        run(tmp_path, spec, day)
+    ti = FakeTaskInstance(None, run_id="scheduled__2013-01-03", dag_id="flights_dag", task_id="totals")
+    context = context_for(ti)
+    context["data_interval_start"], context["data_interval_end"] = START + 2 * dt.timedelta(days=1), \
+        START + 3 * dt.timedelta(days=1)
+    assert series_start(release_task_id="release", spec_path=spec, ledger_conn_id="dp_ledger_test",
+                        context=context) == START

@@ -129,8 +129,6 @@ def test_the_guides_example_series_plans_as_the_guide_says():
 @pytest.mark.parametrize(("aggregate", "series", "reason"), [
     pytest.param(SUM.replace("bounds: [0, 100]", "bounds: [0, 100], grid: 0.5"), "{horizon: 365}",
                  "released on grid 1", id="a sum off grid 1"),
-    pytest.param(COUNT, "{horizon: 365, after_horizon: new_series}", "new_series is planned but not released",
-                 id="a new series after the horizon"),
 ])
 def test_spec_plan_prints_the_plan_and_fails_on_a_series_this_version_does_not_release(tmp_path: Path, aggregate,
                                                                                        series, reason):

@@ -23,6 +23,7 @@ from dp_operators.continual.run import (
     redraw_charge,
     run_series_step,
     series_id,
+    series_start,
     step_key,
 )
 from dp_operators.continual.plan import plan_spec_series
@@ -125,13 +126,19 @@ def test_past_the_horizon_the_series_refuses(ledger):
     assert ledger.account("a").spent == 1
 
 
-def test_a_new_series_after_the_horizon_is_refused_before_anything_is_read_or_charged(ledger):
-    """after_horizon: new_series is planned, not released: the upstream's running totals would carry every unit's
-    earlier contributions into the new series' first step (nothing tells it where the new series starts)."""
-    with pytest.raises(ReleaseConfigError, match="new_series is planned but not released yet"):
-        run_series_step(spec(horizon=2, after="new_series"), lambda: pytest.fail("read"), ledger, BASE, day(0),
-                        series_key=KEY, spec_hash="0" * 64)
-    assert list(ledger.charges()) == []
+def test_after_the_horizon_a_new_series_starts_where_the_last_one_ended_charged_again(ledger):
+    renewing = spec(horizon=2, after="new_series")
+    for index in range(2):
+        step(ledger, index, renewing)
+    assert series_start(renewing, ledger, BASE, day(2)) == START + 2 * DAY  # the new series counts from its first day
+    with pytest.raises(SeriesOrderError, match="leaves a gap after step 1"):
+        step(ledger, 3, renewing)  # its first step still follows the last one's: no day skipped at the boundary
+    renewed = step(ledger, 2, renewing).output
+    assert (renewed["series"]["generation"], renewed["series"]["step"]) == (1, 0)
+    assert renewed["series"]["counted_from"] == (START + 2 * DAY).isoformat()
+    assert series_start(renewing, ledger, BASE, day(3)) == START + 2 * DAY
+    assert series_start(renewing, ledger, BASE, day(1)) == START  # a replayed step: its own series' start
+    assert ledger.account("a").spent == 2
 
 
 @pytest.mark.parametrize("key", [None, SeriesKey(bytes(32))], ids=["no key", "another key"])
