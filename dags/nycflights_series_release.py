@@ -36,7 +36,7 @@ import pendulum
 
 from airflow.sdk import CronDataIntervalTimetable, dag, get_current_context, task
 from dp_operators.operators.release import DPReleaseOperator
-from dp_operators.operators.series_upstream import series_start
+from dp_operators.operators.series_upstream import series_start, series_totals
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -114,7 +114,8 @@ def nycflights_series_release():
         # the series' first day, from the ledger (public): running totals count from there
         since = series_start(release_task_id="release", spec_path=SPEC, ledger_conn_id="dp_ledger_default",
                              context=context)
-        return cumulative_flight_counts(counted_through(context["data_interval_end"]), since.date())
+        return series_totals(cumulative_flight_counts(counted_through(context["data_interval_end"]), since.date()),
+                             since)
 
     counts = compute_cumulative_counts()
     release = DPReleaseOperator(

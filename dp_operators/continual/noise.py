@@ -44,6 +44,8 @@ from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array
 #: The least sigma (lattice units) at which a series' half-width is the continuous Gaussian quantile (the square
 #: root's fine lattice); below it the sub-Gaussian bound holds instead.
 FINE_LATTICE_SIGMA = 1024
+#: The most points :func:`lattice_sum_half_width` convolves (16 Mi doubles, 128 MiB a vector).
+_MAX_FFT_POINTS = 1 << 24
 #: Reach of a discrete Gaussian's pmf in :func:`lattice_sum_half_width`, in standard deviations (the mass beyond
 #: is below exp(-72), far under the float64 resolution of the coverage).
 _REACH_SIGMAS = 12
@@ -53,14 +55,23 @@ _REACH_SIGMAS = 12
 def lattice_sum_half_width(sigma2: Fraction, terms: int, confidence: float) -> int:
     """The smallest integer ``h`` with ``P[|Z_1 + ... + Z_terms| <= h] >= confidence``, the ``Z_i`` i.i.d. discrete
     Gaussians of parameter ``sigma2`` on the integers (lattice units): the exact law, by FFT convolution of the
-    pmf (float64), with a margin of 1e-9 on the coverage for its rounding. Public parameters only.
+    pmf (float64), with a margin on the coverage for its rounding. With sigma at least :data:`FINE_LATTICE_SIGMA`
+    the Gaussian quantile rounded up to the lattice; when the law would need more than 2^24 points, the
+    sub-Gaussian bound (wider, never short). Public parameters only.
 
     Raises:
         ValueError: ``terms`` below 1, or ``sigma2`` not > 0.
     """
     if terms < 1 or sigma2 <= 0:
         raise ValueError(f"terms must be >= 1 and sigma2 > 0, got {terms}, {sigma2}")
-    reach = math.ceil(_REACH_SIGMAS * math.sqrt(float(sigma2))) + 1
+    sigma = math.sqrt(float(sigma2))
+    reach = math.ceil(_REACH_SIGMAS * sigma) + 1
+    if sigma >= FINE_LATTICE_SIGMA:
+        # the lattice is fine against the noise: each pmf is the Gaussian density on the lattice to a relative
+        # exp(-2 pi^2 sigma^2), and the Gaussian quantile, rounded up to a lattice point, covers
+        return math.ceil(NormalDist().inv_cdf((1 + confidence) / 2) * sigma * math.sqrt(terms))
+    if terms * 2 * reach + 1 > _MAX_FFT_POINTS:  # the exact law would not fit: the sub-Gaussian bound, never short
+        return math.ceil(sigma * math.sqrt(2 * terms * math.log(2 / (1 - confidence))))
     values = np.arange(-reach, reach + 1, dtype=np.float64)
     pmf = np.exp(-values * values / (2 * float(sigma2)))
     pmf /= pmf.sum()
@@ -69,7 +80,8 @@ def lattice_sum_half_width(sigma2: Fraction, terms: int, confidence: float) -> i
     law = np.clip(law, 0.0, None)
     middle = terms * reach
     covered = law[middle] + np.concatenate(([0.0], np.cumsum(law[middle + 1:] + law[middle - 1::-1])))
-    h = int(np.searchsorted(covered, confidence + 1e-9))
+    # a margin for the FFT's rounding (observed below 1e-12 here), kept well inside the confidence's distance to 1
+    h = int(np.searchsorted(covered, confidence + min(1e-9, (1 - confidence) / 1000)))
     if h >= len(covered):
         raise ValueError(f"no half-width within the pmf's reach covers {confidence}")
     return h
@@ -125,8 +137,8 @@ class SeriesNoise:
           digits), and the half-width is the smallest lattice point its exact law covers
           (:func:`lattice_sum_half_width`). The Gaussian quantile can fall just short of a lattice point and cover
           much less (sigma^2 = 1: 1.96 covers P[|Z| <= 1] = 0.883).
-        - The tree with Honaker's weights: a weighted sum of discrete Gaussians, each sigma^2-sub-Gaussian (CKS 2020,
-          Prop. 4), so ``P[|noise| >= h] <= 2 exp(-h^2 / 2V)`` with ``V`` the planned variance:
+        - The tree with Honaker's weights: a weighted sum of discrete Gaussians, each sigma^2-sub-Gaussian
+          (``E[exp(t X)] <= exp(t^2 sigma^2 / 2)``: Canonne, Kamath, Steinke 2020), so ``P[|noise| >= h] <= 2 exp(-h^2 / 2V)`` with ``V`` the planned variance:
           ``h = sqrt(2 V ln(2 / (1 - confidence)))`` (wider than the Gaussian's, never short).
         - The square root: the Gaussian quantile times the planned standard deviation when sigma is at least
           :data:`FINE_LATTICE_SIGMA` lattice units (its lattice is 2^-24 of the grid: sigma is 2^23 lattice units

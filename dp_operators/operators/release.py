@@ -316,6 +316,12 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             self.log.info("release %s already committed for this task instance: replaying it, nothing charged", key)
         if self.release_spec.series is not None:  # a step's files are its own, whichever run released or replays it
             key = ReleaseKey(**output["release_key"])
+            if self.output_uri:
+                try:
+                    check_publishable(self.output_uri, key)  # the step's folder, known only now (no link in it)
+                except ValueError as error:
+                    raise AirflowFailException(f"release {key.release_name!r} is committed in the ledger but cannot "
+                                               f"be published: {error}") from None
         self.published = self._publish(output, key, result.replayed, ti)
         announce(self, context, output, emit=not result.replayed or not announced_before(self, context, key, output))
         return output

@@ -3,7 +3,8 @@
 A series step publishes the running totals its upstream returns. They must count from the first step of the series
 the run belongs to: the series' first run, or, after the horizon with ``after_horizon: new_series``, the first run
 of the new series. :func:`series_start` reads that from the ledger (public: the committed steps and the run's data
-interval, never the data), so an upstream counts ``WHERE day >= series_start(...) AND day < data_interval_end``.
+interval, never the data), so an upstream counts ``WHERE day >= series_start(...) AND day < data_interval_end``,
+and returns :func:`series_totals` (the totals and that start), which the release checks.
 """
 
 from __future__ import annotations
@@ -47,3 +48,13 @@ def series_start(*, release_task_id: str, spec_path: str | Path, ledger_conn_id:
     ti = context["ti"]
     base = ReleaseKey(ti.dag_id, ti.run_id, release_task_id, map_index, spec.release)
     return start_of(spec, DPLedgerHook(ledger_conn_id=ledger_conn_id).get_ledger(), base, _step_run(context))
+
+
+def series_totals(totals: dict[str, Any], counted_from: dt.datetime) -> dict[str, Any]:
+    """``totals`` (the upstream's running totals, the release engine's shapes) with the start they count from, for
+    the release to check against the series' own: a series that may start a new one (``after_horizon:
+    new_series``) requires it, any series checks it when given, and a mismatch is refused before anything is
+    charged. Return this from the upstream task."""
+    from dp_operators.continual.run import COUNTED_FROM_KEY
+
+    return {**totals, COUNTED_FROM_KEY: counted_from.astimezone(dt.timezone.utc).isoformat()}

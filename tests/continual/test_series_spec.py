@@ -95,7 +95,7 @@ def test_a_series_sum_off_grid_1_fails_the_dag_import_naming_why(tmp_path: Path)
     path.write_text(series_spec(SUM.replace("bounds: [0, 100]", "bounds: [0, 100], grid: 0.5")))
     from dp_operators.operators.release import DPReleaseOperator
 
-    with pytest.raises(SpecError, match="released on grid 1 from integer running sums only"):
+    with pytest.raises(SpecError, match="released on grid 1, with integer bounds"):
         DPReleaseOperator(task_id="release", spec_path=path, aggregates_task_id="x")
 
 

@@ -28,6 +28,7 @@ from dp_operators.continual.run import (
 )
 from dp_operators.continual.plan import plan_spec_series
 from dp_operators.continual.state import SeriesKey, SeriesKeyError, open_sealed
+from dp_operators.operators.series_upstream import series_totals
 from dp_operators.ledger import BudgetExhaustedError, LeaseHeldError, Reservation, ReleaseKey
 from dp_operators.release import ReleaseConfigError, ReleaseInputError
 from dp_operators.spec import parse_spec
@@ -126,19 +127,39 @@ def test_past_the_horizon_the_series_refuses(ledger):
     assert ledger.account("a").spent == 1
 
 
+def renewing_step(ledger, index: int, the_spec, counted_from: dt.datetime | None = None):
+    """A step whose upstream says where its totals count from (required when the spec may start a new series)."""
+    since = counted_from or series_start(the_spec, ledger, BASE, day(index))
+    return run_series_step(the_spec, lambda: series_totals(totals(index), since), ledger, BASE, day(index),
+                           series_key=KEY, spec_hash="0" * 64)
+
+
 def test_after_the_horizon_a_new_series_starts_where_the_last_one_ended_charged_again(ledger):
     renewing = spec(horizon=2, after="new_series")
     for index in range(2):
-        step(ledger, index, renewing)
+        renewing_step(ledger, index, renewing)
     assert series_start(renewing, ledger, BASE, day(2)) == START + 2 * DAY  # the new series counts from its first day
     with pytest.raises(SeriesOrderError, match="leaves a gap after step 1"):
-        step(ledger, 3, renewing)  # its first step still follows the last one's: no day skipped at the boundary
-    renewed = step(ledger, 2, renewing).output
+        renewing_step(ledger, 3, renewing, counted_from=START)  # no day skipped at the boundary
+    renewed = renewing_step(ledger, 2, renewing).output
     assert (renewed["series"]["generation"], renewed["series"]["step"]) == (1, 0)
     assert renewed["series"]["counted_from"] == (START + 2 * DAY).isoformat()
     assert series_start(renewing, ledger, BASE, day(3)) == START + 2 * DAY
     assert series_start(renewing, ledger, BASE, day(1)) == START  # a replayed step: its own series' start
     assert ledger.account("a").spent == 2
+
+
+@pytest.mark.parametrize("declared", [None, START], ids=["not declared", "the first series' start"])
+def test_a_new_series_whose_upstream_does_not_count_from_its_start_is_refused_before_any_charge(ledger, declared):
+    """Totals carried over from the first series would put every unit's earlier contributions in the new series'
+    first step: the upstream must declare where it counts from, and it must be the new series' start."""
+    renewing = spec(horizon=2, after="new_series")
+    for index in range(2):
+        renewing_step(ledger, index, renewing)
+    upstream = totals(2) if declared is None else series_totals(totals(2), declared)
+    with pytest.raises(ReleaseInputError, match="count from|counts from"):
+        run_series_step(renewing, lambda: upstream, ledger, BASE, day(2), series_key=KEY, spec_hash="0" * 64)
+    assert ledger.account("a").spent == 1
 
 
 @pytest.mark.parametrize("key", [None, SeriesKey(bytes(32))], ids=["no key", "another key"])
@@ -169,7 +190,7 @@ def test_a_step_taken_over_after_a_dead_attempt_pays_its_redraw_and_commits_once
 
 
 def test_a_series_sum_off_grid_1_is_refused_before_anything_is_charged(ledger):
-    with pytest.raises(ReleaseConfigError, match="released on grid 1 from integer running sums only"):
+    with pytest.raises(ReleaseConfigError, match="released on grid 1, with integer bounds"):
         step(ledger, 0, spec(kind="sum", grid="0.5"))
     assert list(ledger.charges()) == []
 
