@@ -60,7 +60,7 @@ from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError,
 from dp_operators.release import columns
 from dp_operators.release.inputs import prepare_inputs
 from dp_operators.release.upstream_types import SATURATION
-from dp_operators.release.publish import check_plain_json, in_key_order
+from dp_operators.release.publish import check_plain_json, in_key_order, release_header
 from dp_operators.release.rows_file import INLINE_ROWS_LIMIT
 from dp_operators.release.run import ReleaseResult, check_privacy_unit, give_up
 from dp_operators.spec import ReleaseSpec
@@ -593,11 +593,7 @@ def _step_output(spec, plans, noise, prepared, history_draws, drawn, key, base, 
             }
         sealed = seal(series_key, sid, step, reservation.attempt, fresh)
         output = {
-            "release": spec.release,
-            "release_key": key.as_dict(),
-            "budget_account": account.name,
-            "accountant": account.accountant,
-            "privacy_unit": spec.privacy_unit,
+            **release_header(spec, key, account),
             "charge": {"rho": float(reservation.amount), "rho_exact": str(reservation.amount),
                        "series_rho": float(rho), "series_rho_exact": str(rho), "redraw_rho_exact": str(redraw)},
             "confidence": spec.confidence,

@@ -687,3 +687,11 @@ def _check_each(value: Any, path: str) -> None:
             _check_each(v, f"{path}[{i}]")
         return
     raise TypeError(f"{path}: {type(value).__name__} is not plain JSON")
+
+
+def release_header(spec: ReleaseSpec, key: Any, account: Any) -> dict[str, Any]:
+    """The fields every published release opens with: its name, release key, account, accountant and privacy
+    unit (``key``: a :class:`~dp_operators.ledger.ReleaseKey`; ``account``: its
+    :class:`~dp_operators.ledger.AccountStatus`)."""
+    return {"release": spec.release, "release_key": key.as_dict(), "budget_account": account.name,
+            "accountant": account.accountant, "privacy_unit": spec.privacy_unit}

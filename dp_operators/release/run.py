@@ -48,7 +48,7 @@ from dp_operators.release.diagnostics import DiagnosticsReport
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
 from dp_operators.release.inputs import PreparedInputs, prepare_inputs
 from dp_operators.release.plan import ReleasePlan, plan_release
-from dp_operators.release.publish import check_plain_json, in_key_order, publish_aggregate
+from dp_operators.release.publish import check_plain_json, in_key_order, publish_aggregate, release_header
 from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, RowsStore, cells_tables, check_rows_files, write_rows_file
 from dp_operators.release.value_types import aggregate_value_type, grid_problem
 from dp_operators.spec import ReleaseSpec
@@ -406,11 +406,7 @@ def _noised_output(
         keys[name] = [keys[name][i] for i in positions.tolist()]
 
     output = {
-        "release": spec.release,
-        "release_key": key.as_dict(),
-        "budget_account": account.name,
-        "accountant": account.accountant,
-        "privacy_unit": spec.privacy_unit,
+        **release_header(spec, key, account),
         "charge": {
             account.unit: float(charge),
             f"{account.unit}_exact": str(charge),
