@@ -316,7 +316,7 @@ def _print_series_plan(loaded, as_json: bool) -> None:
 
 def _refuse_unreleasable(loaded) -> None:
     """A series this version plans but does not release fails the command (exit 1), as its DAG's import would."""
-    from dp_operators.continual.run import check_releasable
+    from dp_operators.continual.checks import check_releasable
     from dp_operators.release import ReleaseConfigError
 
     try:

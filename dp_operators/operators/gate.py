@@ -136,7 +136,7 @@ def load_planned_spec(spec_path: str) -> tuple[ReleaseSpec, str]:
     """
     spec, digest = load_spec_with_hash(spec_path)
     if spec.series is not None:  # planned step by step (dp_operators.continual.run); checked here as every run will
-        from dp_operators.continual.run import check_releasable
+        from dp_operators.continual.checks import check_releasable
 
         try:
             check_releasable(spec)

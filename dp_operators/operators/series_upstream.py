@@ -34,7 +34,7 @@ def series_start(*, release_task_id: str, spec_path: str | Path, ledger_conn_id:
         SeriesOrderError: the run is not the series' next step (the release would refuse it too).
         SpecError: the spec is invalid or declares no series.
     """
-    from dp_operators.continual.run import series_start as start_of
+    from dp_operators.continual.steps import series_start as start_of
     from dp_operators.operators.release import _step_run
     from dp_operators.spec import SpecError, load_spec
 
@@ -55,6 +55,6 @@ def series_totals(totals: dict[str, Any], counted_from: dt.datetime) -> dict[str
     the release to check against the series' own: a series that may start a new one (``after_horizon:
     new_series``) requires it, any series checks it when given, and a mismatch is refused before anything is
     charged. Return this from the upstream task."""
-    from dp_operators.continual.run import COUNTED_FROM_KEY
+    from dp_operators.continual.checks import COUNTED_FROM_KEY
 
     return {**totals, COUNTED_FROM_KEY: counted_from.astimezone(dt.timezone.utc).isoformat()}
