@@ -66,6 +66,7 @@ def test_the_last_step_counts_every_flight_of_2013():
     assert counts_through(dt.date(2014, 6, 1)) == counts
 
 
+@pytest.mark.slow  # 365 counts of the whole table (7 s); the year's backfill (slow too) covers the same days
 def test_the_running_totals_never_decrease_and_grow_every_day():
     """From day to day no key's count goes down (a key without a row is 0), and every day adds flights."""
     before: dict[str, dict[str, int]] = {}
