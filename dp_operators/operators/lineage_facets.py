@@ -87,7 +87,9 @@ def release_run_facet(output: Mapping[str, Any], *, replayed: bool) -> DPRelease
         accountant=output["accountant"],
         privacyUnit=output["privacy_unit"],
         mechanisms=[
-            {"aggregate": step["aggregate"], "component": step["component"], "mechanism": step["mechanism"]}
+            # a series step's mechanism measures the whole series (its "kind" is series_step), not one component
+            {"aggregate": step["aggregate"], "component": step.get("component", step.get("kind")),
+             "mechanism": step["mechanism"]}
             for step in output["mechanisms"]
         ],
         charge={"unit": unit, "amount": charge[unit], "amountExact": charge[f"{unit}_exact"]}

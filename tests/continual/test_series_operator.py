@@ -124,3 +124,19 @@ def test_the_upstream_learns_where_its_running_totals_count_from(setup):
         START + 3 * dt.timedelta(days=1)
     assert series_start(release_task_id="release", spec_path=spec, ledger_conn_id="dp_ledger_test",
                         context=context) == START
+
+
+def test_a_steps_lineage_names_the_series_mechanism_and_the_steps_files(setup):
+    tmp_path, spec, _ = setup
+    op = DPReleaseOperator(task_id="release", spec_path=spec, aggregates_task_id="totals",
+                           output_uri=f"file://{tmp_path / 'out'}", ledger_conn_id="dp_ledger_test")
+    ti = FakeTaskInstance({"flights": [{"origin": "EWR", "count": 5}]}, run_id="scheduled__2013-01-01",
+                          dag_id="flights_dag")
+    context = context_for(ti)
+    context["data_interval_start"], context["data_interval_end"] = START, START + dt.timedelta(days=1)
+    op.execute(context)
+    facets = op.get_openlineage_facets_on_complete(task_instance=None)
+    facet = facets.run_facets["dp_release"]
+    assert facet.mechanisms == [{"aggregate": "flights", "component": "series_step", "mechanism": "sqrt_factorization"}]
+    assert facet.charge["amountExact"] == "1"
+    assert all("__dp_series__%2Fg0%2Fstep%2F000000" in dataset.name for dataset in facets.outputs)
