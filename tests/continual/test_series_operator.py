@@ -140,3 +140,25 @@ def test_a_steps_lineage_names_the_series_mechanism_and_the_steps_files(setup):
     assert facet.mechanisms == [{"aggregate": "flights", "component": "series_step", "mechanism": "sqrt_factorization"}]
     assert facet.charge["amountExact"] == "1"
     assert all("__dp_series__%2Fg0%2Fstep%2F000000" in dataset.name for dataset in facets.outputs)
+
+
+def test_a_steps_rows_go_to_a_sql_table_as_any_release_s(setup, monkeypatch):
+    import sqlalchemy as sa
+
+    from dp_operators.operators.sinks import SQLTableSink
+    from sql_targets import database_target
+
+    tmp_path, spec, _ = setup
+    targets = database_target("sqlite", tmp_path, monkeypatch, "series_sink")
+    conn_id, table, engine = next(targets)
+    op = DPReleaseOperator(task_id="release", spec_path=spec, aggregates_task_id="totals",
+                           sql_sink=SQLTableSink(conn_id, table), ledger_conn_id="dp_ledger_test")
+    ti = FakeTaskInstance({"flights": [{"origin": "EWR", "count": 5}]}, run_id="scheduled__2013-01-01",
+                          dag_id="flights_dag")
+    context = context_for(ti)
+    context["data_interval_start"], context["data_interval_end"] = START, START + dt.timedelta(days=1)
+    output = op.execute(context)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(f"SELECT * FROM {table}")).mappings().all()
+    published = {row["origin"]: row["value"] for row in output["aggregates"]["flights"]["rows"]}
+    assert len(rows) == 3 and {row["value"] for row in rows} == set(published.values())
