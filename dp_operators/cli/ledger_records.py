@@ -263,9 +263,16 @@ def ledger_verify(
         Optional[Path],
         typer.Option("--config", help="Also check that the accounts match this ledger configuration (ledgers.yaml)."),
     ] = None,
+    series_key_file: Annotated[
+        Optional[Path],
+        typer.Option("--series-key-file", help="Also open every series step's sealed noise with this series key "
+                     "(64 hex digits) and check each published total against it (docs/continual.md)."),
+    ] = None,
 ) -> None:
     """Replay every account's audit chain under the ledger's state machine and cross-check it with every charge,
-    every account row and the guard triggers; with the keys, check every event's MAC and signer.
+    every account row and the guard triggers; with the keys, check every event's MAC and signer. With
+    --series-key-file, also check every series step's published totals against its sealed noise (the key reveals
+    the true totals: run it where the series key may be).
 
     Authenticity needs the governor key (--governor-key-file or DP_LEDGER_GOVERNOR_KEY) and the spend keys
     (--audit-key-file or DP_LEDGER_AUDIT_KEY; retired keys on later lines of the key files, or in --keys). Without
@@ -307,7 +314,29 @@ def ledger_verify(
                 parsed,
                 governor_key_ids={key.key_id for key in governor_keys},
             )
+        series_problems = _audit_series(governor, series_key_file) if series_key_file is not None else []
     _print_verify_report(report, note)
+    if series_problems:
+        raise typer.Exit(EXIT_INCONSISTENT)
+
+
+def _audit_series(ledger, path: Path) -> list[str]:
+    """Check the series against their sealed noise (:func:`dp_operators.continual.audit.audit_series`); print
+    the steps checked, or each problem on stderr. Returns the problems."""
+    from dp_operators.continual.audit import audit_series
+    from dp_operators.continual.state import SeriesKey
+
+    try:
+        key = SeriesKey.from_text(path.read_text().splitlines()[0] if path.read_text().strip() else "")
+    except (OSError, ValueError) as error:
+        _fail(f"--series-key-file {path}: {error}")
+    checked, problems = audit_series(ledger, key)
+    if not problems:
+        console.print(f"series: {checked} step(s) match the noise sealed for them (key id {key.key_id})",
+                      highlight=False)
+    for problem in problems:
+        errors.print(f"series inconsistent: {visible(problem)}", highlight=False, soft_wrap=True)
+    return problems
 
 
 @ledger_app.command("reconcile")
