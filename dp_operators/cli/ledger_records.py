@@ -327,7 +327,7 @@ def _audit_series(ledger, path: Path) -> list[str]:
     from dp_operators.continual.state import SeriesKey
 
     try:
-        key = SeriesKey.from_text(path.read_text().splitlines()[0] if path.read_text().strip() else "")
+        key = SeriesKey.from_text(next(iter(path.read_text().splitlines()), ""))
     except (OSError, ValueError) as error:
         _fail(f"--series-key-file {path}: {error}")
     checked, problems = audit_series(ledger, key)

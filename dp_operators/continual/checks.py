@@ -29,37 +29,43 @@ def _integer_column(field_type: Any) -> bool:
             or (pa.types.is_decimal(field_type) and field_type.scale <= 0))
 
 
-def check_integer_sums(spec: ReleaseSpec, upstream: Any) -> None:
-    """Refuse, by type, a series sum whose upstream running sums are not integers, in every shape the engine reads:
-    a table's ``sum`` column must be an integer type (or a decimal of scale 0), each row's ``sum`` (a list of rows,
-    several ungrouped rows) and an ungrouped value an ``int`` or numpy integer (``None`` follows ``non_finite``). On
-    grid 1 they are then read exactly, never rounded. Types only: no value decides it.
+def check_integer_totals(spec: ReleaseSpec, upstream: Any) -> None:
+    """Refuse, by type, a series' running totals that are not integers, in every shape the engine reads: a table's
+    ``count`` or ``sum`` column must be an integer type (or a decimal of scale 0), each row's field (a list of rows,
+    several ungrouped rows) and an ungrouped value an ``int`` or numpy integer (``None`` follows ``non_finite``).
+    They are then read exactly, never rounded: rounding a running total (a float count near 2^53, a decimal sum)
+    does not commute with adding one unit's contribution, which would then move the totals at more steps than the
+    unit's. Types only: no value decides it.
 
     Raises:
-        ReleaseInputError: a sum's value of another type (the message names the aggregate and the type).
+        ReleaseInputError: a total of another type (the message names the aggregate and the type).
     """
     if not isinstance(upstream, Mapping):
         return  # prepare_inputs names the shape problem
 
-    def refuse(aggregate: str, found: str) -> ReleaseInputError:
+    def refuse(aggregate: str, kind: str, found: str) -> ReleaseInputError:
+        how = ("return the counts as integers (COUNT(*) is one; cast a float or decimal count upstream)"
+               if kind == "count" else
+               "round each value to an integer and keep it within the (integer) bounds before summing, e.g. "
+               "SUM(LEAST(GREATEST(ROUND(x), lo), hi)), and return the sums as integers")
         return ReleaseInputError(
-            f"aggregate {aggregate!r}: a series sum's running sum holds {found}, not an integer: a series reads its "
-            "sums exactly on grid 1. Round each value to an integer and keep it within the (integer) bounds before "
-            "summing, e.g. SUM(LEAST(GREATEST(ROUND(x), lo), hi)), and return the sums as integers (docs/continual.md)")
+            f"aggregate {aggregate!r}: a series' running {kind} holds {found}, not an integer: a series reads its "
+            f"running totals exactly. {how[0].upper()}{how[1:]} (docs/continual.md)")
 
     for aggregate in spec.aggregates:
-        if aggregate.kind != "sum" or aggregate.name not in upstream:
+        field = aggregate.kind  # a series releases counts and sums, one component each
+        if aggregate.name not in upstream:
             continue
         given = upstream[aggregate.name]
         if columns.is_table(given):
-            if "sum" in given.schema.names and not _integer_column(given.schema.field("sum").type):
-                raise refuse(aggregate.name, f"a column of type {given.schema.field('sum').type}")
+            if field in given.schema.names and not _integer_column(given.schema.field(field).type):
+                raise refuse(aggregate.name, field, f"a column of type {given.schema.field(field).type}")
         elif isinstance(given, Sequence) and not isinstance(given, (str, bytes)):
             for row in given:
-                if isinstance(row, Mapping) and not _is_integer(row.get("sum")):
-                    raise refuse(aggregate.name, f"a {type(row.get('sum')).__name__}")
+                if isinstance(row, Mapping) and not _is_integer(row.get(field)):
+                    raise refuse(aggregate.name, field, f"a {type(row.get(field)).__name__}")
         elif not isinstance(given, Mapping) and not _is_integer(given):
-            raise refuse(aggregate.name, f"a {type(given).__name__}")
+            raise refuse(aggregate.name, field, f"a {type(given).__name__}")
 
 
 #: The entry of the upstream's mapping saying where its running totals count from

@@ -49,7 +49,7 @@ from dp_operators.continual.plan import AggregateSeriesPlan, plan_spec_series, s
 from dp_operators.continual.state import SeriesKey, SeriesKeyError, open_sealed, seal, state_digest
 from dp_operators.ledger import BudgetExhaustedError, Ledger, ReleaseKey
 from dp_operators.ledger.chain import CanonicalOutput
-from dp_operators.ledger.store import SERIES_STATE_FIELD
+from dp_operators.ledger.store import SERIES_STATE_FIELD, published_form
 from dp_operators.mechanisms.vectorised import sample_discrete_gaussian_array
 from dp_operators.release.diagnostics import DiagnosticsReport
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
@@ -58,7 +58,12 @@ from dp_operators.release.upstream_types import SATURATION
 from dp_operators.release.publish import check_plain_json, in_key_order, release_header
 from dp_operators.release.run import ReleaseResult, check_privacy_unit, give_up
 from dp_operators.spec import ReleaseSpec
-from dp_operators.continual.checks import COUNTED_FROM_KEY, check_integer_sums, check_releasable, counted_as_declared
+from dp_operators.continual.checks import (
+    COUNTED_FROM_KEY,
+    check_integer_totals,
+    check_releasable,
+    counted_as_declared,
+)
 from dp_operators.continual.steps import (
     SeriesOrderError,
     SeriesSteps,
@@ -119,11 +124,6 @@ def series_parameters(spec: ReleaseSpec, plans: list[AggregateSeriesPlan], accou
         "keys": [[repr(k) for k in a.keys[column]] for column in a.group_by] if a.group_by else [],
     } for p, a in zip(plans, spec.aggregates)]}
     return hashlib.sha256(json.dumps(described, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def published_form(output: Mapping[str, Any]) -> dict[str, Any]:
-    """The committed output without its sealed state: what is published, returned and replayed."""
-    return {name: value for name, value in output.items() if name != STATE_FIELD}
 
 
 def wipe(history: dict[str, list[list[list[int]]]]) -> None:
@@ -196,7 +196,7 @@ def run_series_step(
         SeriesOrderError: the run is not the series' next step; nothing read or charged.
         SeriesKeyError: no series key, or not the series' (checked before anything is read or charged).
         ReleaseConfigError: a spec :func:`check_releasable` refuses.
-        ReleaseInputError: a sum's running sums not integers (:func:`check_integer_sums`), or as
+        ReleaseInputError: running totals that are not integers by type (:func:`check_integer_totals`), or as
             :func:`~dp_operators.release.run_release`.
         ReleaseInputError, IncompatibleAccountantError, ledger refusals, LeaseHeldError, ReleaseAbortedError,
             ChargeStateError: as :func:`~dp_operators.release.run_release`.
@@ -263,7 +263,7 @@ def _measure_step(spec, aggregates, ledger, base, run, plans, noise, account, ge
     report = DiagnosticsReport(spec.release)
     try:
         upstream = counted_as_declared(spec, aggregates(), counted_from)
-        check_integer_sums(spec, upstream)
+        check_integer_totals(spec, upstream)
         prepared = prepare_inputs(spec, upstream, diagnostics=report)
     finally:
         if diagnostics is not None:

@@ -62,11 +62,11 @@ from dp_operators.ledger.errors import LedgerNotInitialisedError, UnreadableValu
 from dp_operators.ledger.store import (
     ACCOUNT_READ_COLUMNS,
     SERIES_RUN_PREFIX,
-    SERIES_STATE_FIELD,
     SERIES_STEP_RUN_ID,
     LedgerBase,
     account_status,
     lenient_sqlite_text,
+    published_form,
     read_row,
     reserved_totals,
     sqlite_timestamp,
@@ -933,7 +933,8 @@ def release_detail(
     read = read_row(schema.charges, values)  # every column but the output, read below within bounds
     row = SimpleNamespace(**{name: None if name in read.unreadable else value for name, value in values.items()})
     output, problem, too_large = _release_output(text, row.state, limit)
-    sealed = isinstance(output, dict) and output.pop(SERIES_STATE_FIELD, None) is not None
+    shown = published_form(output)
+    sealed, output = shown is not output, shown
     problems = {error.column: error.detail for error in read.problems}
     if problem is not None:
         problems["output"] = f"output {problem}"

@@ -101,6 +101,14 @@ _DB_NOW = sa.select(sa.func.clock_timestamp())
 SERIES_RUN_PREFIX = "__dp_series__/"
 #: The field of a series step's committed output holding its sealed noise state (never published or shown).
 SERIES_STATE_FIELD = "series_state"
+
+
+def published_form(output: Any) -> Any:
+    """A committed output as it is published, returned, replayed and shown: a series step's without its sealed
+    noise state (:data:`SERIES_STATE_FIELD`); any other value as it is."""
+    if isinstance(output, Mapping) and SERIES_STATE_FIELD in output:
+        return {name: value for name, value in output.items() if name != SERIES_STATE_FIELD}
+    return output
 #: A series step's run id, canonical: the generation without leading zeros, the step in six digits (ASCII only).
 SERIES_STEP_RUN_ID = re.compile(r"__dp_series__/g(0|[1-9][0-9]{0,5})/step/([0-9]{6})")
 

@@ -36,8 +36,8 @@ from typing import Any
 
 from airflow.sdk import ObjectStoragePath
 
-from dp_operators.ledger.store import SERIES_STATE_FIELD
 from dp_operators.ledger import AmbiguousReleaseKeyError, ReleaseKey
+from dp_operators.ledger.store import published_form
 from dp_operators.operators.locations import SEPARATOR, encode_component, key_of, release_file, storage_path_of
 from dp_operators.operators.sinks import (
     FORMATS,
@@ -176,7 +176,7 @@ def verify_published(
         account = _json_account(group, contents)
         if key is not None and (key, account) not in outputs:
             try:
-                outputs[key, account] = _published_form(stored_output(key, account))
+                outputs[key, account] = published_form(stored_output(key, account))
             except AmbiguousReleaseKeyError as error:
                 outputs[key, account], ambiguous[key, account] = None, str(error)
         problem_of_key = ambiguous.get((key, account))
@@ -188,13 +188,6 @@ def verify_published(
                 path_checked=root is not None or problem is not None,
             ))
     return sorted(verdicts, key=lambda v: v.file)
-
-
-def _published_form(stored: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """A committed output as it was published: a series step's without its sealed noise state (never published)."""
-    if isinstance(stored, Mapping) and SERIES_STATE_FIELD in stored:
-        return {name: value for name, value in stored.items() if name != SERIES_STATE_FIELD}
-    return stored
 
 
 def _is_release_file(name: str) -> bool:
