@@ -356,7 +356,7 @@ def test_roles_execute_grants_on_postgresql(applied):
             assert may(tasks, "dp_charges", "SELECT") and not may(tasks, "dp_charges", "INSERT")
             assert not may(tasks, "dp_budget_accounts", "INSERT")
             assert conn.exec_driver_sql(
-                f"SELECT has_function_privilege('{tasks}', 'dp_reserve(bytea, text, text, text, text, integer, "
+                f"SELECT has_function_privilege('{tasks}', 'dp_reserve(bytea, text, text[], text, text, text, integer, "
                 "text, text, text, text, text, text, integer, text, text, double precision)', 'EXECUTE')"
             ).scalar()
             assert may(officer, "dp_budget_accounts", "INSERT")

@@ -4,6 +4,7 @@ read the ledger (show, history, verify, reconcile, export) are in :mod:`.ledger_
 from __future__ import annotations
 
 import contextlib
+import re
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -96,6 +97,7 @@ def ledger_apply(
     change of privacy unit once anything was charged are refused (exit 1) and nothing is changed.
     """
     from dp_operators.ledger.config import LedgerConfigError, declared_accountants, load_ledger_config
+    from dp_operators.ledger.structure import MEMBER_SEPARATOR
 
     with _ledger_errors():
         target = _locate(url, conn_id)
@@ -115,7 +117,12 @@ def ledger_apply(
                 governor.refuse_accountant_changes(declared_accountants(config))
             raise
         changes = governor.apply_config(parsed, new_governor_key=new_governor_key, dry_run=dry_run)
-        untouched = sorted({account.name for account in governor.accounts()} - set(parsed.accounts))
+        existing = {account.name for account in governor.accounts()}
+        untouched = sorted(  # an account's blocks and quotas go with it: noted once, by the account's name
+            name for name in existing - set(parsed.accounts)
+            if MEMBER_SEPARATOR not in name or name.split(MEMBER_SEPARATOR, 1)[0] not in existing | set(parsed.accounts)
+        )
+        changes = _members_summarised(changes)
         notes = _team_role_notes(governor, parsed, config)
     prefix = "would have " if dry_run else ""
     for line in changes or ["no change"]:  # changes quote the values the ledger held
@@ -131,6 +138,30 @@ def ledger_apply(
         )
     if dry_run:
         console.print("dry run: nothing was changed", highlight=False)
+
+
+def _members_summarised(changes: list[str]) -> list[str]:
+    """``apply``'s lines with the creation of an account's member accounts (blocks, quotas) in one line per
+    account: a year of daily blocks is 365 accounts."""
+    out: list[str] = []
+    created: dict[str, list[str]] = {}
+    for line in changes:
+        match = re.match(r"created account '([^'@]+)@([^']+)' \((.*)\)$", line)
+        if match is None:
+            out.append(line)
+            continue
+        if match.group(1) not in created:
+            out.append(match.group(1))  # placeholder, replaced below
+            created[match.group(1)] = []
+        created[match.group(1)].append(match.group(2))
+        created.setdefault("\0" + match.group(1), [match.group(3)])
+    for index, line in enumerate(out):
+        if line in created and not line.startswith("created"):
+            parts = created[line]
+            shown = parts[0] if len(parts) == 1 else f"{parts[0]} .. {parts[-1]}"
+            out[index] = (f"created {len(parts)} member account(s) of {line!r}: {line}@{shown} "
+                          f"({created[chr(0) + line][0]} each)")
+    return out
 
 
 #: How ledger notes name a database.
@@ -271,3 +302,4 @@ def ledger_roles(
 
 # Registered after the commands above, so that --help lists setting up before reading.
 from dp_operators.cli import ledger_records  # noqa: E402, F401  (registers show, history, verify, reconcile, export)
+from dp_operators.cli import ledger_approvals  # noqa: E402, F401  (registers approvals, approve)

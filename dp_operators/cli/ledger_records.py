@@ -17,7 +17,9 @@ import contextlib
 import csv
 import datetime as dt
 import itertools
+import hashlib
 import json
+from fractions import Fraction
 import sys
 from enum import Enum
 from pathlib import Path
@@ -68,13 +70,14 @@ def ledger_show(
     account (allowed_roles), or "any spender"; enforced on PostgreSQL only.
     """
     from dp_operators.ledger.errors import UnreadableValueError
+    from dp_operators.ledger.structure import MEMBER_SEPARATOR
     from dp_operators.ledger.team_roles import describe_allowed_roles, stored_allowed_roles
 
     with _ledger_errors():
         ledger = _ledger(url, conn_id)
         unreadable: dict[str, str] = {}  # account -> why (a value the ledger never writes: written around it)
         if account:
-            accounts = [ledger.account(account)]
+            accounts = [ledger.account(account), *ledger.members(account)]
         else:
             try:
                 accounts = ledger.accounts()
@@ -101,7 +104,18 @@ def ledger_show(
     for column in ("account", "accountant", "unit", "cap", "spent", "reserved", "remaining",
                    "as epsilon (spent / cap)", "allowed roles"):
         table.add_column(column, justify="right" if column in ("cap", "spent", "reserved", "remaining") else "left")
+    # an account's members (privacy blocks, team quotas) fold into one line each unless that account is asked for
+    names = {row["account"] for row in rows}
+    folded: dict[str, list[dict]] = {}
+    if not account:
+        for row in rows:
+            parent = row["account"].split(MEMBER_SEPARATOR, 1)[0]
+            if parent != row["account"] and parent in names:
+                folded.setdefault(parent, []).append(row)
+    hidden = {id(row) for members in folded.values() for row in members}
     for row in rows:
+        if id(row) in hidden:
+            continue
         if row["spent_epsilon"] is None:
             as_eps = "-"
         else:
@@ -120,6 +134,19 @@ def ledger_show(
     for name in unreadable:
         table.add_row(visible(name), *["unreadable"] * 7, "-")
     console.print(table)
+    if folded:
+        members = Table(title="Privacy blocks and team quotas (dpctl ledger show --account NAME lists them)")
+        for column in ("account", "members", "charged", "exhausted", "least remaining", "most spent"):
+            members.add_column(column, justify="left" if column == "account" else "right")
+        for parent, rows_of in sorted(folded.items()):
+            charged = sum(1 for r in rows_of if Fraction(r["spent"]) > 0)
+            exhausted = sum(1 for r in rows_of if Fraction(r["remaining"]) <= 0)
+            members.add_row(
+                visible(parent), str(len(rows_of)), str(charged), str(exhausted),
+                _decimal(str(min(Fraction(r["remaining"]) for r in rows_of))),
+                _decimal(str(max(Fraction(r["spent"]) for r in rows_of))),
+            )
+        console.print(members)
     if series:
         listed = Table(title="Series (one charge each; a step per run)")
         for column in ("account", "release", "DAG / task", "generation", "steps done", "steps left", "charged",
@@ -217,7 +244,7 @@ def ledger_history(
         errors.print(f"more: --after {last}", highlight=False)
 
 
-def _print_verify_report(report, note: str | None = None) -> None:
+def _print_verify_report(report, note: str | None = None, all_heads: bool = False) -> None:
     """A consistent ledger's summary and chain heads on stdout; an inconsistent one's problems on stderr (the first
     line names the first broken row), then exit 3. ``note`` (authenticity not checked) goes to stderr last. Each
     problem, hint, account name and head is one line :func:`~dp_operators.ledger.bounded.visible`: they name rows
@@ -228,8 +255,22 @@ def _print_verify_report(report, note: str | None = None) -> None:
             + ("; every event authenticated" if report.authenticated else ""),
             highlight=False,
         )
+        # an account's members (a year of daily blocks is 365 accounts) in one line: the SHA-256 of their names and
+        # heads in name order, which a recorded copy is compared with as well as each head (--all-heads prints each)
+        names = set(report.heads)
+        folded: dict[str, list[str]] = {}
+        for name in sorted(names):
+            parent = name.split("@", 1)[0]
+            if parent != name and parent in names and not all_heads:
+                folded.setdefault(parent, []).append(name)
         for name, head in sorted(report.heads.items()):
+            if name.split("@", 1)[0] in folded and name.split("@", 1)[0] != name and not all_heads:
+                continue
             console.print(f"  {visible(name)}: chain head {visible(head)}", highlight=False, soft_wrap=True)
+            if name in folded:
+                digest = hashlib.sha256("".join(f"{m}\0{report.heads[m]}\n" for m in folded[name]).encode()).hexdigest()
+                console.print(f"  {visible(name)}@*: {len(folded[name])} member accounts, chain heads digest "
+                              f"{digest}", highlight=False, soft_wrap=True)
         if note:
             errors.print(note, highlight=False, soft_wrap=True)
         return
@@ -268,6 +309,10 @@ def ledger_verify(
         typer.Option("--series-key-file", help="Also open every series step's sealed noise with this series key "
                      "(64 hex digits) and check each published total against it (docs/continual.md)."),
     ] = None,
+    all_heads: Annotated[
+        bool, typer.Option("--all-heads", help="Print the chain head of every member account (privacy blocks, team "
+                           "quotas) rather than one digest of them per account.")
+    ] = False,
 ) -> None:
     """Replay every account's audit chain under the ledger's state machine and cross-check it with every charge,
     every account row and the guard triggers; with the keys, check every event's MAC and signer. With
@@ -315,7 +360,7 @@ def ledger_verify(
                 governor_key_ids={key.key_id for key in governor_keys},
             )
         series_problems = _audit_series(governor, series_key_file) if series_key_file is not None else []
-    _print_verify_report(report, note)
+    _print_verify_report(report, note, all_heads)
     if series_problems:
         raise typer.Exit(EXIT_INCONSISTENT)
 

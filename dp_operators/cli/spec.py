@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import datetime as dt
 import os
 from enum import Enum
 from fractions import Fraction
@@ -70,11 +71,23 @@ def spec_plan(
         typer.Option("--rows", min=1, help="Show each mean's expected half-width for this many rows (a public "
                      "assumption: the true count stays private); default: as W / n, for n rows."),
     ] = None,
+    data_interval: Annotated[
+        Optional[str],
+        typer.Option("--data-interval", help="On an account with privacy blocks: the data interval of a run, "
+                     "START/END in ISO 8601 (e.g. 2013-01-05/2013-01-06), to show which blocks it would charge "
+                     "and what each has left."),
+    ] = None,
+    partition_key: Annotated[
+        Optional[str],
+        typer.Option("--partition-key", help="On an account with partition blocks: a run's partition key."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Show what a spec will do, before any data is read or budget spent: per noised step the mechanism, scale,
     charge (in the account's unit and as epsilon) and the half-width of each value's interval; with a ledger
-    (--url, --conn-id or DP_LEDGER_URL) also how many more runs the budget account can fund.
+    (--url, --conn-id or DP_LEDGER_URL) also how many more runs the budget account can fund. On an account with
+    privacy blocks, the blocks a run would charge (--data-interval or --partition-key) and each one's remaining
+    budget, or a summary of the blocks; on an account with team quotas, each team's remaining quota.
 
     `mechanism: auto` chooses by the cost on the account the release is charged to, so the plan needs its
     accountant: the ledger's account (--url, --conn-id), else the account in --ledger-config, else --accountant,
@@ -103,9 +116,11 @@ def spec_plan(
     # An explicit option wins over the environment: DP_LEDGER_URL (set by scripts/demo_env.sh, say) is the
     # ledger only when no --ledger-config or --accountant says which account to plan for.
     from_environment = ledger_config is None and accountant is None and bool(os.environ.get("DP_LEDGER_URL"))
+    ledger = None
     if url or conn_id or from_environment:
         with _ledger_errors():
-            account = _ledger(url, conn_id).account(loaded.budget_account)
+            ledger = _ledger(url, conn_id)
+            account = ledger.account(loaded.budget_account)
         if account.privacy_unit != loaded.privacy_unit:
             _fail(
                 f"budget account {account.name!r} is for privacy unit {account.privacy_unit!r} but the spec protects "
@@ -170,6 +185,12 @@ def spec_plan(
             delta_per_run = plan.delta()
             # the run's guarantee is (charge_per_run, delta_per_run): its delta, not the account's delta cap
             summary.update(delta=float(delta_per_run), delta_per_run=str(delta_per_run))
+    structure = None
+    if ledger is not None and chosen is not None:
+        with _ledger_errors():
+            structure = _structure_plan(ledger, loaded, total, data_interval, partition_key)
+        if structure is not None:
+            summary["structure"] = structure
     if account is not None:
         runs, limit = _runs_remaining(account, total, delta_per_run)
         summary.update(remaining=str(account.remaining))
@@ -260,7 +281,11 @@ def spec_plan(
         )
         if summary["runs_limited_by"] == "delta":
             line += " (limited by delta)"
+    if structure is not None and structure["kind"] == "blocks":
+        line = line.split("; account ")[0]  # the parent is never charged: its blocks say what is left
     console.print(line, highlight=False)
+    if structure is not None:
+        _print_structure(structure, unit)
 
 
 def _print_series_plan(loaded, as_json: bool) -> None:
@@ -312,6 +337,81 @@ def _print_series_plan(loaded, as_json: bool) -> None:
                   f"the first); a step measured again after its attempt died: rho {_decimal(str(redraw_charge(plans)))}"
                   " (leave room for it in the account's cap).", highlight=False)
     _refuse_unreleasable(loaded)
+
+
+def _structure_plan(ledger, loaded, charge: Fraction, data_interval: str | None,
+                    partition_key: str | None) -> dict | None:
+    """The plan's view of the budget account's structure (docs/ledger.md, "Privacy blocks and team quotas"):
+    for blocks, the windows a run with ``data_interval`` (or ``partition_key``) reads, each block's remaining
+    budget and whether the run is funded, or a summary without them; for quotas, each team's remaining quota.
+    ``None`` for a plain account."""
+    from dp_operators.ledger.structure import block_account, windows_read
+
+    kind, detail = ledger.structure(loaded.budget_account)
+    members = {member.name: member for member in ledger.members(loaded.budget_account)}
+    if kind == "quotas":
+        teams = []
+        for team, quota in sorted(detail.items()):
+            member = members.get(f"{loaded.budget_account}@quota:{team}")
+            teams.append({"team": team, "dags": quota.get("dags", []),
+                          "remaining": None if member is None else str(member.remaining),
+                          "funds_a_run": member is not None and member.remaining >= charge})
+        return {"kind": "quotas", "teams": teams}
+    if kind != "blocks":
+        if data_interval or partition_key:
+            _fail(f"budget account {loaded.budget_account!r} has no privacy blocks: drop --data-interval and "
+                  "--partition-key")
+        return None
+    out: dict = {"kind": "blocks", "window": detail, "blocks_open": len(members),
+                 "blocks_charged": sum(1 for m in members.values() if m.spent > 0),
+                 "blocks_that_fund_a_run": sum(1 for m in members.values() if m.remaining >= charge)}
+    if data_interval is None and partition_key is None:
+        return out
+    start = end = None
+    if data_interval is not None:
+        try:
+            first, last = data_interval.split("/")
+            start, end = (dt.datetime.fromisoformat(first), dt.datetime.fromisoformat(last))
+        except ValueError:
+            _fail(f"--data-interval {data_interval!r}: give START/END in ISO 8601, e.g. 2013-01-05/2013-01-06")
+        start, end = (v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc) for v in (start, end))
+    try:
+        windows = windows_read(detail, start, end, lookback=getattr(loaded, "lookback_windows", None) or 0,
+                               partition_key=partition_key)
+    except ValueError as error:
+        _fail(str(error))
+    blocks = []
+    for window in windows:
+        member = members.get(block_account(loaded.budget_account, window))
+        blocks.append({"window": window, "open": member is not None,
+                       "remaining": None if member is None else str(member.remaining),
+                       "funds_a_run": member is not None and member.remaining >= charge})
+    out.update(run_charges=blocks, run_funded=all(block["funds_a_run"] for block in blocks))
+    return out
+
+
+def _print_structure(structure: dict, unit: str) -> None:
+    if structure["kind"] == "quotas":
+        for team in structure["teams"]:
+            left = "not open" if team["remaining"] is None else f"{unit} {_decimal(team['remaining'])} left"
+            console.print(f"team {team['team']!r} quota: {left}" + ("" if team["funds_a_run"] else
+                          " (cannot fund a run)"), highlight=False)
+        return
+    console.print(
+        f"privacy blocks ({structure['window']}): {structure['blocks_open']} open, {structure['blocks_charged']} "
+        f"charged, {structure['blocks_that_fund_a_run']} can fund a run; a run is charged on every block it reads",
+        highlight=False,
+    )
+    if "run_charges" not in structure:
+        console.print("give --data-interval START/END (or --partition-key) to see the blocks a run would charge",
+                      highlight=False)
+        return
+    for block in structure["run_charges"]:
+        state = ("not open: refused" if not block["open"] else
+                 f"{unit} {_decimal(block['remaining'])} left" + ("" if block["funds_a_run"] else ": refused"))
+        console.print(f"  block {block['window']}: {state}", highlight=False)
+    console.print("this run would be " + ("charged on every block above" if structure["run_funded"] else
+                  "refused before anything is reserved"), highlight=False)
 
 
 def _refuse_unreleasable(loaded) -> None:

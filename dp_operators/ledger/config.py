@@ -6,6 +6,7 @@ here, and reach the ledger only through ``dpctl ledger apply``. A spec cannot ra
 
 from __future__ import annotations
 
+import datetime as dt
 from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Literal
@@ -13,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dp_operators.accounting import exact_number
+from dp_operators.ledger import structure
 from dp_operators.ledger.team_roles import role_name_problem
 from dp_operators.spec.yaml12 import YAMLDocumentError, document_kind, load_yaml
 
@@ -29,6 +31,126 @@ def _delta(value: object) -> Fraction:
     if not 0 < number < 1:
         raise ValueError(f"delta must be in (0, 1), got {value!r}")
     return number
+
+
+class BlockOpening(BaseModel):
+    """Which blocks ``dpctl ledger apply`` opens: calendar windows ``from`` a date ``until`` a date (inclusive), or
+    ``ahead`` windows past today (the policy "open blocks for windows not yet started": run apply on a schedule),
+    or the ``partitions`` named."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    from_: dt.date | None = Field(default=None, alias="from")
+    until: dt.date | None = None
+    ahead: int | None = Field(default=None, ge=0, le=structure.MAX_OPEN_BLOCKS)
+    partitions: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_way(self) -> BlockOpening:
+        if self.partitions is not None:
+            if self.from_ is not None or self.until is not None or self.ahead is not None:
+                raise ValueError("give either 'partitions' or calendar windows ('from' with 'until' or 'ahead')")
+            for key in self.partitions:
+                if not structure.PARTITION_KEY.fullmatch(key):
+                    raise ValueError(f"partition key {key!r} cannot name a block: 1-64 letters, digits, '_', '.', '-'")
+            return self
+        if self.from_ is None or (self.until is None) == (self.ahead is None):
+            raise ValueError("give 'from' (the first window's date) and exactly one of 'until' (a date) or 'ahead' "
+                             "(windows past today)")
+        if self.until is not None and self.until < self.from_:
+            raise ValueError(f"'until' {self.until} is before 'from' {self.from_}")
+        return self
+
+    def windows(self, granularity: str, today: dt.date | None = None) -> list[str]:
+        """The windows whose blocks are open under this policy (``today`` defaults to the UTC date)."""
+        if granularity == "partition":
+            if self.partitions is None:
+                raise ValueError("partition blocks are opened by naming them: open: {partitions: [...]}")
+            return sorted(set(self.partitions))
+        if self.partitions is not None:
+            raise ValueError(f"{granularity} blocks are opened by dates ('from', 'until' or 'ahead'), not partitions")
+        assert self.from_ is not None
+        if self.until is not None:
+            return structure.windows_between(granularity, self.from_, self.until)
+        today = today or dt.datetime.now(dt.timezone.utc).date()
+        windows = structure.windows_between(granularity, self.from_, today)
+        for _ in range(self.ahead or 0):
+            windows.append(structure._next_window(granularity, windows[-1]))
+        return windows
+
+
+class Blocks(BaseModel):
+    """Privacy blocks of an account (:mod:`dp_operators.ledger.structure`): one member account per data window,
+    each with the account's ``cap``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window: Literal["day", "week", "month", "partition"]
+    open: BlockOpening
+
+    def as_record(self) -> dict:
+        return {"window": self.window}
+
+
+class Quota(BaseModel):
+    """A team's quota within an account's cap: the DAGs it covers and, on PostgreSQL, the team role its workers
+    log in with (checked by the database)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cap: Annotated[Fraction, BeforeValidator(_positive)]
+    dags: list[str] = Field(min_length=1)
+    role: str | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _plain_role(cls, role: str | None) -> str | None:
+        if role is not None and (problem := role_name_problem(role)) is not None:
+            raise ValueError(f"role {role!r} {problem}")
+        return role
+
+    def as_record(self) -> dict:
+        return {"cap": str(self.cap), "dags": sorted(self.dags), **({} if self.role is None else {"role": self.role})}
+
+
+class Approval(BaseModel):
+    """An officer's approval before a large charge (docs/ledger.md, "Approval before a large charge"): a charge
+    above ``above`` (in the account's unit), or above ``above_fraction_of_remaining`` of the budget left before it,
+    or (``on_mechanism_change``) whose mechanisms differ from the last committed charge of the same DAG, task, map
+    index and release name on the account, is reserved only once a privacy officer granted it (``dpctl ledger
+    approve``, signed with the governor key). A request left undecided ``timeout_hours`` after it was filed counts
+    as rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    above: Annotated[Fraction, BeforeValidator(_positive)] | None = None
+    above_fraction_of_remaining: Annotated[Fraction, BeforeValidator(_positive)] | None = None
+    on_mechanism_change: bool = False
+    timeout_hours: Annotated[Fraction, BeforeValidator(_positive)] = Fraction(24)
+
+    @model_validator(mode="after")
+    def _some_trigger(self) -> Approval:
+        if self.above is None and self.above_fraction_of_remaining is None and not self.on_mechanism_change:
+            raise ValueError("give at least one of 'above', 'above_fraction_of_remaining' or "
+                             "'on_mechanism_change: true'")
+        if self.above_fraction_of_remaining is not None and self.above_fraction_of_remaining > 1:
+            raise ValueError("'above_fraction_of_remaining' is a fraction in (0, 1]")
+        if self.timeout_hours > 24 * 90:
+            raise ValueError("'timeout_hours' is at most 2160 (90 days)")
+        for name in ("above", "above_fraction_of_remaining", "timeout_hours"):
+            value = getattr(self, name)
+            if value is not None and (value.denominator > 10**18 or value.numerator >= 10**40):
+                raise ValueError(f"'{name}' has too many digits")
+        return self
+
+    def as_record(self) -> dict:
+        return {
+            **({} if self.above is None else {"above": str(self.above)}),
+            **({} if self.above_fraction_of_remaining is None
+               else {"above_fraction_of_remaining": str(self.above_fraction_of_remaining)}),
+            "on_mechanism_change": self.on_mechanism_change,
+            "timeout_hours": str(self.timeout_hours),
+        }
 
 
 class AccountConfig(BaseModel):
@@ -67,6 +189,8 @@ class AccountConfig(BaseModel):
             letter or an underscore (case-sensitive, as quoted identifiers); not ``public``, ``none``,
             ``current_user``, ``session_user``, ``current_role`` or ``pg_*``. On SQLite the list is recorded and
             signed but not enforced: whoever can write the ledger file governs it (docs/ledger.md, "Team roles").
+        approval: an officer's approval before a large charge (:class:`Approval`; docs/ledger.md, "Approval before
+            a large charge"); recorded only when set.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -80,6 +204,9 @@ class AccountConfig(BaseModel):
     allowed_roles: list[str] | None = None
     owner: str | None = None
     description: str | None = None
+    blocks: Blocks | None = None
+    quotas: dict[str, Quota] | None = None
+    approval: Approval | None = None
 
     @field_validator("allowed_roles")
     @classmethod
@@ -110,7 +237,56 @@ class AccountConfig(BaseModel):
             raise ValueError("an approx_dp account needs 'delta': the total delta it may spend")
         if self.epsilon is not None and self.accountant in ("zcdp", "gaussian_dp") and self.delta is None:
             raise ValueError(f"a {self.accountant} cap given as 'epsilon' needs the 'delta' it holds at")
+        if self.blocks is not None and getattr(self, "approval", None) is not None:
+            raise ValueError("an account with privacy blocks cannot require approval (yet): its blocks are charged, "
+                             "not the account")
+        if self.blocks is not None and self.quotas is not None:
+            raise ValueError("an account has privacy blocks or team quotas, not both (yet): split it in two accounts")
+        if self.quotas is not None:
+            if not self.quotas:
+                raise ValueError("'quotas' names at least one team")
+            listed: dict[str, str] = {}
+            for team, quota in sorted(self.quotas.items()):
+                if not structure.PARTITION_KEY.fullmatch(team):
+                    raise ValueError(f"team name {team!r}: 1-64 letters, digits, '_', '.', '-'")
+                if self.cap is not None and quota.cap > self.cap:
+                    raise ValueError(f"quota of team {team!r} ({quota.cap}) is above the account's cap ({self.cap})")
+                for dag in quota.dags:
+                    if dag in listed:
+                        raise ValueError(f"DAG {dag!r} is in the quotas of both {listed[dag]!r} and {team!r}: a DAG "
+                                         "spends one team's quota")
+                    listed[dag] = team
+            if sorted(listed) != sorted(set(self.allowed_dags)):
+                missing = sorted(set(self.allowed_dags) - set(listed)) or sorted(set(listed) - set(self.allowed_dags))
+                raise ValueError(f"with quotas, allowed_dags must be exactly the DAGs of the teams' quotas (differs "
+                                 f"in {missing[:5]})")
         return self
+
+    def members(self, name: str, today: dt.date | None = None) -> dict[str, AccountConfig]:
+        """The member accounts this account stands for (``{name: config}``): a block per open window, or a quota
+        per team; each records which account and part it is (``part_of``)."""
+        base = {
+            "accountant": self.accountant, "cap": self.cap, "epsilon": self.epsilon, "delta": self.delta,
+            "privacy_unit": self.privacy_unit, "allowed_dags": self.allowed_dags, "allowed_roles": self.allowed_roles,
+            "owner": self.owner,
+        }
+        out: dict[str, AccountConfig] = {}
+        if self.blocks is not None:
+            for window in self.blocks.open.windows(self.blocks.window, today):
+                out[structure.block_account(name, window)] = MemberAccountConfig(
+                    **base, description=f"privacy block {window} ({self.blocks.window}) of account {name}",
+                    part_of={"account": name, "block": window, "window": self.blocks.window},
+                )
+        for team, quota in sorted((self.quotas or {}).items()):
+            member = {**base, "cap": quota.cap, "epsilon": None, "allowed_dags": quota.dags,
+                      "allowed_roles": [quota.role] if quota.role else self.allowed_roles}
+            if self.accountant == "gaussian_dp":  # cap is mu; the quota is given in the same unit
+                member["cap"] = quota.cap
+            out[structure.quota_account(name, team)] = MemberAccountConfig(
+                **member, description=f"quota of team {team} in account {name}",
+                part_of={"account": name, "quota": team},
+            )
+        return out
 
     def cap_in_unit(self) -> Fraction:
         """The cap in the account's unit (epsilon, rho or mu^2), converted as the class docstring says."""
@@ -141,7 +317,21 @@ class AccountConfig(BaseModel):
             **({} if self.allowed_roles is None else {"allowed_roles": sorted(set(self.allowed_roles))}),
             "owner": self.owner,
             "description": self.description,
+            **({} if self.blocks is None else {"blocks": self.blocks.as_record()}),
+            **({} if self.quotas is None else {"quotas": {t: q.as_record() for t, q in sorted(self.quotas.items())}}),
+            # only when set, so the record of an account without an approval policy is unchanged
+            **({} if self.approval is None else {"approval": self.approval.as_record()}),
         }
+
+
+class MemberAccountConfig(AccountConfig):
+    """A member account (a privacy block or a team quota) as :meth:`AccountConfig.members` makes it; never written
+    in ``ledgers.yaml``."""
+
+    part_of: dict[str, str]
+
+    def as_record(self) -> dict:
+        return {**super().as_record(), "part_of": dict(sorted(self.part_of.items()))}
 
 
 class LedgerConfig(BaseModel):
@@ -151,6 +341,23 @@ class LedgerConfig(BaseModel):
 
     version: Literal[1]
     accounts: dict[str, AccountConfig] = Field(min_length=1)
+
+    @field_validator("accounts")
+    @classmethod
+    def _names(cls, accounts: dict[str, AccountConfig]) -> dict[str, AccountConfig]:
+        for name in accounts:
+            if structure.MEMBER_SEPARATOR in name:
+                raise ValueError(f"account name {name!r}: {structure.MEMBER_SEPARATOR!r} is kept for the members "
+                                 "(blocks and quotas) the ledger makes of an account")
+        return accounts
+
+    def all_accounts(self, today: dt.date | None = None) -> dict[str, AccountConfig]:
+        """Every account the configuration stands for: each account, then its members (blocks, quotas)."""
+        out: dict[str, AccountConfig] = {}
+        for name, account in self.accounts.items():
+            out[name] = account
+            out.update(account.members(name, today))
+        return out
 
 
 class LedgerConfigError(ValueError):

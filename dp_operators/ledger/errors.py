@@ -172,3 +172,38 @@ def stored_fraction(text: object, what: str) -> Fraction:
             f"{what} is {shown(text)}, not a number the ledger writes: it {error} (edited outside the ledger); "
             "nothing was changed. A privacy officer runs 'dpctl ledger verify'"
         ) from None
+
+
+class ApprovalRequiredError(LedgerError):
+    """The account's approval policy (``approval`` in ``ledgers.yaml``) requires a privacy officer's approval of
+    this charge, and there is none yet: nothing was reserved. Transient: the release operator files a request
+    (:meth:`~dp_operators.ledger.spend.Ledger.request_approval`, once per release key) and waits for the decision
+    (``dpctl ledger approve``).
+
+    Attributes:
+        account: the account whose policy requires it; amount: the charge; reasons: why (``above``,
+        ``above_fraction_of_remaining``, ``mechanism_change``); remaining: the account's remaining budget before the
+        charge (text); request: the pending request (``{"request": seq, "requested_at": iso, "expires_at": iso}``)
+        or ``None`` when none was filed yet.
+    """
+
+    def __init__(self, message: str, *, account: str, amount: object, reasons: list, remaining: object = None,
+                 request: dict | None = None) -> None:
+        super().__init__(message)
+        self.account, self.amount, self.reasons = account, amount, list(reasons)
+        self.remaining, self.request = remaining, request
+
+
+class ApprovalRejectedError(LedgerError):
+    """A privacy officer rejected the charge (or its request timed out, ``reason == "timeout"``): nothing was
+    reserved. Permanent for this release key and spec.
+
+    Attributes:
+        account; request: the request's sequence number on the account; reason: ``"rejected"`` or ``"timeout"``;
+        note: the officer's reason, if any.
+    """
+
+    def __init__(self, message: str, *, account: str, request: object = None, reason: str = "rejected",
+                 note: str | None = None) -> None:
+        super().__init__(message)
+        self.account, self.request, self.reason, self.note = account, request, reason, note

@@ -8,6 +8,7 @@ it. On PostgreSQL the spender's database role has no privilege on the governed c
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -225,7 +226,7 @@ class LedgerGovernor(LedgerBase):
         key = self._governor_key()
         context = audit_context({"user": user_name(), "command": "apply", **(audit or {})})
         spend_key_id = None if self._spend_key is None else self._spend_key.key_id
-        prepared = {name: (account, account_values(account)) for name, account in sorted(config.accounts.items())}
+        prepared = {name: (account, account_values(account)) for name, account in sorted(config.all_accounts().items())}
 
         def work(conn: Connection) -> list[str]:
             self._check_governor_key(conn, key, new_governor_key)
@@ -405,6 +406,116 @@ class LedgerGovernor(LedgerBase):
         if governor_ids is None and self._key is not None:
             governor_ids = {self._key.key_id}
         return verify_ledger(self, keyring if len(keyring) else None, config, governor_key_ids=governor_ids)
+
+
+    # -- approval before a large charge (dp_operators.ledger.approvals) -------------------------------------------
+    def approval_requests(self, account: str | None = None, *, pending: bool = False) -> list[dict[str, Any]]:
+        """The approval requests (oldest first, by account) with their plan and decision (see
+        :func:`dp_operators.ledger.approvals.requests`), each with ``expires_at`` and ``timed_out`` (undecided past
+        its account's ``timeout_hours``, on the database's clock); ``pending``: only those still to decide."""
+        from dp_operators.ledger import approvals
+
+        self.check_schema()
+        with self._read() as conn:
+            found = approvals.requests(conn, account)
+            now = self._db_now(conn)
+            policies = {row.name: approvals.policy_of(row.config) for row in conn.execute(
+                sa.select(schema.accounts.c.name, schema.accounts.c.config))}
+        for request in found:
+            requested = dt.datetime.fromisoformat(request["requested_at"])
+            if requested.tzinfo is None:
+                requested = requested.replace(tzinfo=dt.timezone.utc)
+            expires = requested + approvals.timeout_of(policies.get(request["account"]))
+            request["expires_at"] = expires.isoformat()
+            request["timed_out"] = request["decision"] is None and now >= expires
+        if pending:
+            found = [r for r in found if r["decision"] is None and not r["timed_out"]]
+        return found
+
+    def decide_approval(
+        self,
+        account: str,
+        request: int,
+        *,
+        approve: bool,
+        reason: str | None = None,
+        user: str | None = None,
+        audit: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Grant or reject approval request ``request`` (its sequence number on ``account``): an
+        ``approval_granted`` or ``approval_rejected`` event signed with the governor key, naming the request and
+        copying its release key, amount, spec hash and mechanisms, with ``details.reason`` and
+        ``details.decided_by`` (``user``, default this login's name); its ``created_at`` is when. A request is
+        decided once; one past its timeout may only be rejected (it already counts as rejected).
+
+        Raises:
+            LedgerKeyError: no governor key, or not one this ledger knows (as :meth:`apply_config`).
+            AccountNotFoundError: no such account.
+            ValueError: no such request on the account, not signed by the account's spend key, already decided,
+                timed out (to grant), or a reason longer than 1000 characters.
+        """
+        from dp_operators.ledger import approvals
+        from dp_operators.ledger.errors import AccountNotFoundError
+        from dp_operators.ledger.store import not_found
+
+        self.check_schema()
+        key = self._governor_key()
+        if reason is not None and len(reason) > approvals.MAX_REASON_CHARS:
+            raise ValueError(f"a decision's reason is at most {approvals.MAX_REASON_CHARS} characters")
+        decided_by = user or user_name()
+        context = audit_context({"user": decided_by, "command": "approve", **(audit or {})})
+        events = schema.audit_events.c
+
+        def work(conn: Connection) -> dict[str, Any]:
+            self._check_governor_key(conn, key, False)
+            chain = AccountChain.lock(conn, account, key)
+            if chain is None:
+                raise AccountNotFoundError(not_found(account))
+            asked = conn.execute(sa.select(schema.audit_events).where(
+                events.account == account, events.account_seq == request)).first()
+            if asked is None or asked.event != approvals.APPROVAL_REQUESTED:
+                raise ValueError(f"account {account!r} has no approval request {request} (see 'dpctl ledger "
+                                 "approvals')")
+            if asked.key_id is None or asked.key_id != chain.row.spend_key_id:
+                raise ValueError(f"approval request {request} of account {account!r} is not signed by the account's "
+                                 f"spend key (key id {asked.key_id!r}): not a worker's request; run 'dpctl ledger "
+                                 "verify'")
+            if self._spend_key is not None and self._spend_key.key_id == asked.key_id:
+                from dp_operators.ledger.chain import audit_row_mac
+
+                if audit_row_mac(asked._mapping, self._spend_key) != asked.row_hash:
+                    raise ValueError(f"approval request {request} of account {account!r} does not carry a valid "
+                                     "MAC: the ledger was altered; run 'dpctl ledger verify'")
+            for row in conn.execute(sa.select(events.details, events.event).where(
+                    events.account == account, events.event.in_(sorted(approvals.APPROVAL_DECISIONS)))):
+                try:
+                    named = json.loads(row.details or "{}").get("request")
+                except (ValueError, AttributeError):
+                    named = None
+                if named == request:
+                    raise ValueError(f"approval request {request} of account {account!r} was already decided "
+                                     f"({row.event})")
+            now = self._db_now(conn)
+            requested = dt.datetime.fromisoformat(asked.created_at)
+            if requested.tzinfo is None:
+                requested = requested.replace(tzinfo=dt.timezone.utc)
+            expires = requested + approvals.timeout_of(approvals.policy_of(chain.row.config))
+            if approve and now >= expires:
+                raise ValueError(f"approval request {request} of account {account!r} timed out at "
+                                 f"{expires.isoformat()}: it counts as rejected and cannot be granted (the release "
+                                 "files a new request when it runs again under another release key)")
+            event = approvals.APPROVAL_GRANTED if approve else approvals.APPROVAL_REJECTED
+            row = chain.append(
+                conn, event, context, dag_id=asked.dag_id, run_id=asked.run_id, task_id=asked.task_id,
+                map_index=asked.map_index, release_name=asked.release_name, amount=asked.amount,
+                delta_amount=asked.delta_amount, spec_hash=asked.spec_hash, mechanisms=asked.mechanisms,
+                details={"request": request, "reason": reason, "decided_by": decided_by},
+            )
+            chain.flush(conn)
+            return {"account": account, "request": request, "decision": "granted" if approve else "rejected",
+                    "event_seq": row["account_seq"], "decided_at": row["created_at"], "decided_by": decided_by}
+
+        return self._write(work)
 
 
 def _owner_only(database: str | None) -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dp_operators.accounting import ACCOUNTANTS, MAX_DENOMINATOR
-from dp_operators.ledger import schema
+from dp_operators.ledger import schema, structure
 from dp_operators.ledger.bounded import MAX_DIGITS, MAX_OUTPUT_CHARS
 from dp_operators.ledger.bounded import MAX_JSON_DEPTH as READER_JSON_DEPTH
 from dp_operators.ledger.chain import AUDIT_CONTEXT_KEYS, GENESIS_HASH
@@ -937,10 +937,18 @@ END
 )
 
 
-_RESERVE = Function(
-    "dp_reserve",
-    f"p_key bytea, p_account text, {_RELEASE_KEY_ARGS}, p_amount text, p_takeover text, p_delta text, "
-    "p_mechanisms text, p_spec_hash text, p_try_number integer, p_context text, p_token_hash text, p_lease_seconds double precision",
+_RESERVE_ARGS = (
+    f"{_RELEASE_KEY_ARGS}, p_amount text, p_takeover text, p_delta text, p_mechanisms text, p_spec_hash text, "
+    "p_try_number integer, p_context text, p_token_hash text, p_lease_seconds double precision"
+)
+_RESERVE_PASS = ("p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, p_amount, p_takeover, p_delta, "
+                 "p_mechanisms, p_spec_hash, p_try_number, p_context, p_token_hash, p_lease_seconds")
+
+#: The charge of one account (the spender's dp_reserve decides which accounts a charge touches, then calls this on
+#: each; the spender may not call it: a block or a quota is never charged alone).
+_RESERVE_MEMBER = Function(
+    "dp_reserve_member",
+    f"p_key bytea, p_account text, {_RESERVE_ARGS}",
     "jsonb",
     f"""
 DECLARE
@@ -967,6 +975,7 @@ DECLARE
   v_charge_id bigint;
   v_taken bigint;
   v_refused dp_audit_events;
+  v_approval jsonb;
   a dp_budget_accounts;
   c dp_charges;
   e dp_audit_events;{_CHECK_JSON_VARS}{_LEASE_VARS}{_LOCK_VARS}
@@ -1093,6 +1102,19 @@ BEGIN
                               'requested', v_amount_text);
   END IF;
 
+  -- the account's approval policy (dp_operators.ledger.approvals): held back, nothing reserved or refused-logged
+  IF a.config IS NOT NULL AND jsonb_typeof(a.config::jsonb -> 'approval') = 'object' THEN
+    {_account_number("v_limit", "cap")}
+    {_q_sum("v_remaining", "v_limit", "v_spent", "-", "false")}
+    v_approval := dp_approval_check(a, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, p_spec_hash,
+                                    v_amount, v_remaining, p_mechanisms, clock_timestamp());
+    IF v_approval IS NOT NULL THEN
+      IF v_reserved THEN{_FLUSH}
+      END IF;
+      RETURN v_approval || jsonb_build_object('requested', v_amount_text, 'remaining',
+                                              CASE WHEN v_remaining[1] < 0 THEN '0' ELSE {_q_text("v_remaining")} END);
+    END IF;
+  END IF;
   v_created := clock_timestamp();
   v_lease := v_now + make_interval(secs => p_lease_seconds);
   INSERT INTO dp_charges (account, dag_id, run_id, task_id, map_index, release_name, attempt, state, amount,
@@ -1114,6 +1136,94 @@ BEGIN
   e.created_at := {_ts_text("v_created")};{_append_and_flush("e", "v_key_id")}
   RETURN jsonb_build_object('status', 'reserved', 'charge_id', v_charge_id, 'attempt', v_attempt,
                             'lease_expires_at', {_ts_text("v_lease")}, 'amount', v_amount_text);
+END
+""",
+)
+
+_WINDOW_PATTERNS = " ".join(
+    f"WHEN '{name}' THEN '^{pattern.pattern}$'" for name, pattern in sorted(structure.WINDOW_PATTERNS.items())
+)
+_MEMBER_RETRY = "DPL99"  # raised inside dp_reserve to undo its members' reservations; never leaves it
+
+_RESERVE = Function(
+    "dp_reserve",
+    f"p_key bytea, p_account text, p_windows text[], {_RESERVE_ARGS}",
+    "jsonb",
+    f"""
+DECLARE
+  v_config jsonb;
+  v_members text[];
+  v_member text;
+  v_window text;
+  v_pattern text;
+  v_team text;
+  v_result jsonb;
+  v_parts jsonb := '[]';
+  v_stopped text;
+  v_stopped_at text;
+BEGIN
+  -- which accounts the charge touches (dp_operators.ledger.structure.members_charged), from the account's stored
+  -- configuration, which only the governor writes
+  IF cardinality(p_windows) > {structure.MAX_WINDOWS} THEN
+    {_fail(BAD_VALUE, "format('a release reads at most {structure.MAX_WINDOWS} windows; this one names %s', cardinality(p_windows))", "jsonb_build_object('kind', 'windows')")}
+  END IF;
+  SELECT x.config::jsonb INTO v_config FROM dp_budget_accounts AS x WHERE x.name = p_account;
+  IF jsonb_typeof(v_config -> 'part_of') = 'object' THEN
+    {_fail(BAD_VALUE, "format('account %L is a member of account %L (a block or a team quota): a release names %L and the ledger charges its members', p_account, v_config -> 'part_of' ->> 'account', v_config -> 'part_of' ->> 'account')", "jsonb_build_object('kind', 'member')")}
+  ELSIF jsonb_typeof(v_config -> 'blocks') = 'object' THEN
+    IF coalesce(cardinality(p_windows), 0) = 0 THEN
+      {_fail(BAD_VALUE, "format('account %L has privacy blocks (%s windows): a release on it names the windows of data it reads (from its run''s data interval or partition key)', p_account, v_config -> 'blocks' ->> 'window')", "jsonb_build_object('kind', 'windows')")}
+    END IF;
+    v_pattern := CASE v_config -> 'blocks' ->> 'window' {_WINDOW_PATTERNS} END;
+    FOREACH v_window IN ARRAY p_windows LOOP
+      IF v_window IS NULL OR v_pattern IS NULL OR v_window !~ v_pattern THEN
+        {_fail(BAD_VALUE, "format('window %L is not a %s window of account %L', left(v_window, 70), v_config -> 'blocks' ->> 'window', p_account)", "jsonb_build_object('kind', 'windows')")}
+      END IF;
+    END LOOP;
+    v_members := ARRAY(SELECT DISTINCT p_account || '{structure.MEMBER_SEPARATOR}' || w FROM unnest(p_windows) AS w ORDER BY 1);
+  ELSE
+    IF coalesce(cardinality(p_windows), 0) > 0 THEN
+      {_fail(BAD_VALUE, "format('account %L has no privacy blocks: a release on it names no windows', p_account)", "jsonb_build_object('kind', 'windows')")}
+    END IF;
+    IF jsonb_typeof(v_config -> 'quotas') = 'object' THEN
+      SELECT min(t.key) INTO v_team FROM jsonb_each(v_config -> 'quotas') AS t
+        WHERE jsonb_typeof(t.value -> 'dags') = 'array' AND (t.value -> 'dags') ? p_dag_id;
+    END IF;
+    IF v_team IS NULL THEN
+      -- a plain account, or a DAG no team lists (the account's allowlist, which lists the same DAGs, refuses it)
+      RETURN dp_reserve_member(p_key, p_account, {_RESERVE_PASS});
+    END IF;
+    v_members := ARRAY(SELECT m FROM unnest(ARRAY[p_account, p_account || '{structure.MEMBER_SEPARATOR}{structure.QUOTA_PREFIX}' || v_team]) AS m ORDER BY 1);
+  END IF;
+  FOREACH v_member IN ARRAY v_members LOOP
+    IF NOT EXISTS (SELECT FROM dp_budget_accounts AS x WHERE x.name = v_member) THEN
+      {_fail(ACCOUNT_NOT_FOUND, "format('account %L has no member %L', p_account, v_member)", "jsonb_build_object('account', v_member, 'parent', p_account)")}
+    END IF;
+  END LOOP;
+  -- all or nothing: a member that does not reserve undoes the others (the block is a subtransaction)
+  BEGIN
+    FOREACH v_member IN ARRAY v_members LOOP
+      v_result := dp_reserve_member(p_key, v_member, {_RESERVE_PASS});
+      IF v_result ->> 'status' <> 'reserved' THEN
+        v_stopped := v_result::text;
+        v_stopped_at := v_member;
+        RAISE EXCEPTION USING ERRCODE = '{_MEMBER_RETRY}';
+      END IF;
+      v_parts := v_parts || jsonb_build_array(v_result || jsonb_build_object('account', v_member));
+    END LOOP;
+  EXCEPTION WHEN SQLSTATE '{_MEMBER_RETRY}' THEN
+    v_result := v_stopped::jsonb;
+    IF v_result ->> 'status' = 'replay' THEN
+      RETURN v_result;
+    END IF;
+    -- a refusal, recorded on its member alone: the members are as they were before this call, so it refuses again
+    v_result := dp_reserve_member(p_key, v_stopped_at, {_RESERVE_PASS});
+    IF v_result ->> 'status' = 'reserved' THEN
+      RAISE EXCEPTION 'a member account changed while it was charged; retried' USING ERRCODE = '40001';
+    END IF;
+    RETURN v_result || jsonb_build_object('account', v_stopped_at);
+  END;
+  RETURN jsonb_build_object('status', 'reserved', 'members', v_parts);
 END
 """,
     definer=True,
@@ -1301,11 +1411,205 @@ END
     definer=True,
 )
 
+# -- approval before a large charge (dp_operators.ledger.approvals; docs/ledger.md) -----------------------------
+_APPROVAL_KEY = (
+    "x.account = a.name AND x.dag_id = p_dag_id AND x.run_id = p_run_id AND x.task_id = p_task_id "
+    "AND x.map_index = p_map_index AND x.release_name = p_release_name AND x.spec_hash = p_spec_hash"
+)
+#: An amount in an approval event, when it is one the ledger writes (else it covers nothing).
+_EVENT_AMOUNT = (f"CASE WHEN length(e.amount) <= {MAX_DIGITS} AND e.amount ~ '{_CANONICAL_NUMBER}' "
+                 f"AND left(e.amount, 1) <> '-' THEN {_fraction_of('e.amount')} END")
+_COVERS = "(v_q IS NOT NULL AND v_q[1] * p_amount[2] >= p_amount[1] * v_q[2])"
+
+APPROVAL_HELPERS: tuple[Function, ...] = (
+    # approvals.timeout_of: the policy's timeout_hours (default 24) as an interval
+    Function("dp_approval_timeout", "a dp_budget_accounts", "interval", """
+DECLARE
+  v_q numeric[];
+BEGIN
+  v_q := dp_stored_number(coalesce(a.config::jsonb -> 'approval' ->> 'timeout_hours', '24'),
+    jsonb_build_object('what', format('budget account %L: approval timeout_hours', a.name), 'account', a.name,
+                       'column', 'config'));
+  RETURN make_interval(secs => (v_q[1] * 3600 / v_q[2])::double precision);
+END
+"""),
+    # approvals.mechanism_kinds
+    Function("dp_mechanism_kinds", "p_mechanisms text", "text[]", """
+BEGIN
+  RETURN ARRAY(SELECT k FROM (SELECT coalesce(CASE WHEN jsonb_typeof(m) = 'object' THEN m ->> 'mechanism' END, '')
+                                AS k FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_mechanisms::jsonb) = 'array'
+                                     THEN p_mechanisms::jsonb ELSE '[]'::jsonb END) AS m) AS x
+               ORDER BY k COLLATE "C");
+END
+""", volatility="IMMUTABLE"),
+    # approvals.approval_state: the approval events of the release key and spec hash on the account a
+    Function("dp_approval_state",
+             f"a dp_budget_accounts, {_RELEASE_KEY_ARGS}, p_spec_hash text, p_amount numeric[], "
+             "p_now timestamp with time zone", "jsonb", f"""
+DECLARE
+  e dp_audit_events;
+  v_q numeric[];
+  v_granted dp_audit_events;
+  v_rejected dp_audit_events;
+  v_request dp_audit_events;
+  v_requested timestamp with time zone;
+  v_expires timestamp with time zone;
+BEGIN
+  FOR e IN SELECT * FROM dp_audit_events AS x WHERE {_APPROVAL_KEY}
+      AND x.event IN ('approval_requested', 'approval_granted', 'approval_rejected') ORDER BY x.account_seq LOOP
+    v_q := {_EVENT_AMOUNT};
+    IF e.event = 'approval_granted' THEN
+      IF v_granted.id IS NULL AND e.key_id IS NOT NULL AND e.key_id IS DISTINCT FROM a.spend_key_id AND {_COVERS} THEN
+        v_granted := e;
+      END IF;
+    ELSIF e.event = 'approval_rejected' THEN
+      IF v_rejected.id IS NULL AND e.key_id IS DISTINCT FROM a.spend_key_id THEN
+        v_rejected := e;
+      END IF;
+    ELSIF {_COVERS} THEN
+      v_request := e;
+    END IF;
+  END LOOP;
+  IF v_granted.id IS NOT NULL THEN
+    RETURN jsonb_build_object('state', 'granted', 'request', v_granted.details::jsonb -> 'request',
+                              'decision', v_granted.account_seq);
+  END IF;
+  IF v_rejected.id IS NOT NULL THEN
+    RETURN jsonb_build_object('state', 'rejected', 'reason', 'rejected',
+                              'request', v_rejected.details::jsonb -> 'request',
+                              'note', v_rejected.details::jsonb -> 'reason');
+  END IF;
+  IF v_request.id IS NULL THEN
+    RETURN jsonb_build_object('state', 'none');
+  END IF;
+  v_requested := v_request.created_at::timestamp with time zone;
+  v_expires := v_requested + dp_approval_timeout(a);
+  RETURN jsonb_build_object('state', CASE WHEN p_now >= v_expires THEN 'rejected' ELSE 'pending' END,
+                            'request', v_request.account_seq, 'requested_at', dp_ts_text(v_requested),
+                            'expires_at', dp_ts_text(v_expires))
+    || CASE WHEN p_now >= v_expires THEN jsonb_build_object('reason', 'timeout', 'note', NULL) ELSE '{{}}' END;
+END
+"""),
+    # approvals.check_charge: NULL when the account's policy lets the charge through (not needed, or granted),
+    # else dp_reserve's status approval_required / approval_rejected
+    Function("dp_approval_check",
+             f"a dp_budget_accounts, {_RELEASE_KEY_ARGS}, p_spec_hash text, p_amount numeric[], "
+             "p_remaining numeric[], p_mechanisms text, p_now timestamp with time zone", "jsonb", f"""
+DECLARE
+  v_policy jsonb;
+  v_reasons jsonb := '[]'::jsonb;
+  v_q numeric[];
+  v_last text;
+  v_state jsonb;
+BEGIN
+  v_policy := a.config::jsonb -> 'approval';
+  IF jsonb_typeof(v_policy) IS DISTINCT FROM 'object' THEN
+    RETURN NULL;
+  END IF;
+  IF v_policy ->> 'above' IS NOT NULL THEN
+    v_q := dp_stored_number(v_policy ->> 'above', jsonb_build_object('what', format('budget account %L: approval '
+      'above', a.name), 'account', a.name, 'column', 'config'));
+    IF p_amount[1] * v_q[2] > v_q[1] * p_amount[2] THEN
+      v_reasons := v_reasons || '["above"]'::jsonb;
+    END IF;
+  END IF;
+  IF v_policy ->> 'above_fraction_of_remaining' IS NOT NULL THEN
+    v_q := dp_stored_number(v_policy ->> 'above_fraction_of_remaining', jsonb_build_object('what',
+      format('budget account %L: approval above_fraction_of_remaining', a.name), 'account', a.name,
+      'column', 'config'));
+    IF p_amount[1] * v_q[2] * p_remaining[2] > v_q[1] * greatest(p_remaining[1], 0) * p_amount[2] THEN
+      v_reasons := v_reasons || '["above_fraction_of_remaining"]'::jsonb;
+    END IF;
+  END IF;
+  IF jsonb_typeof(v_policy -> 'on_mechanism_change') = 'boolean' AND (v_policy ->> 'on_mechanism_change')::boolean THEN
+    SELECT x.mechanisms INTO v_last FROM dp_charges AS x
+      WHERE x.account = a.name AND x.dag_id = p_dag_id AND x.task_id = p_task_id AND x.map_index = p_map_index
+        AND x.release_name = p_release_name AND x.state = 'committed'
+      ORDER BY x.id DESC LIMIT 1;
+    IF FOUND AND dp_mechanism_kinds(p_mechanisms) IS DISTINCT FROM dp_mechanism_kinds(v_last) THEN
+      v_reasons := v_reasons || '["mechanism_change"]'::jsonb;
+    END IF;
+  END IF;
+  IF jsonb_array_length(v_reasons) = 0 THEN
+    RETURN NULL;
+  END IF;
+  v_state := dp_approval_state(a, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, p_spec_hash,
+                               p_amount, p_now);
+  IF v_state ->> 'state' = 'granted' THEN
+    RETURN NULL;
+  END IF;
+  RETURN jsonb_build_object('status', CASE WHEN v_state ->> 'state' = 'rejected' THEN 'approval_rejected'
+                                      ELSE 'approval_required' END, 'reasons', v_reasons, 'approval', v_state);
+END
+"""),
+)
+HELPERS = HELPERS + APPROVAL_HELPERS
+
+#: The spender's request for an officer's approval (Ledger.request_approval): an ``approval_requested`` event with
+#: the plan, or the request already filed for the key and spec hash, or its decision. It writes no decision: only
+#: the governor role (which may insert audit events) does, signed with the governor key.
+_REQUEST_APPROVAL = Function(
+    "dp_request_approval",
+    f"p_key bytea, p_account text, {_RELEASE_KEY_ARGS}, p_amount text, p_delta text, p_mechanisms text, "
+    "p_spec_hash text, p_plan text, p_context text",
+    "jsonb",
+    f"""
+DECLARE
+  v_key_id text;
+  v_amount numeric[];
+  v_delta numeric[];
+  v_context text;
+  v_state jsonb;
+  v_taken bigint;
+  a dp_budget_accounts;
+  e dp_audit_events;{_CHECK_JSON_VARS}{_LOCK_VARS}
+BEGIN
+{_SPEND_KEY_ID}{_RELEASE_KEY_CHECK}
+  {_amount("v_amount", "p_amount", "amount", True)}
+  {_amount("v_delta", "p_delta", "delta", False)}{_check_json("p_mechanisms", "'mechanisms'", str(MAX_MECHANISMS_CHARS),
+                                                          str(MAX_JSON_DEPTH), "'array'")}{_check_json("p_plan", "'plan'", str(MAX_MECHANISMS_CHARS), str(MAX_JSON_DEPTH), "'object'")}
+  IF p_spec_hash IS NULL OR length(p_spec_hash) > 64 THEN
+    {_fail(BAD_VALUE, "'spec_hash must be text of at most 64 characters'", "jsonb_build_object('kind', 'spec_hash')")}
+  END IF;
+  v_context := dp_context_text(dp_context(p_context) || jsonb_build_object('db_role', session_user));
+{_spendable("p_account", "v_unlocked")}
+{_lock("p_account", "v_key_id")}{_key_check("v_key_id")}
+  IF NOT coalesce(a.allowed_dags::jsonb ? p_dag_id, false) THEN
+    RETURN jsonb_build_object('state', 'dag_not_allowed', 'allowed', a.allowed_dags::jsonb);
+  END IF;
+  IF a.config IS NULL OR jsonb_typeof(a.config::jsonb -> 'approval') IS DISTINCT FROM 'object' THEN
+    RETURN jsonb_build_object('state', 'no_policy');
+  END IF;
+  v_state := dp_approval_state(a, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, p_spec_hash,
+                               v_amount, clock_timestamp());
+  IF v_state ->> 'state' <> 'none' THEN
+    RETURN v_state;
+  END IF;
+  e.event := 'approval_requested';
+  e.dag_id := p_dag_id;
+  e.run_id := p_run_id;
+  e.task_id := p_task_id;
+  e.map_index := p_map_index;
+  e.release_name := p_release_name;
+  e.spec_hash := p_spec_hash;
+  e.amount := p_amount;
+  e.delta_amount := p_delta;
+  e.mechanisms := p_mechanisms;
+  e.context := v_context;
+  e.details := '{{"plan":' || p_plan || '}}';{_append_and_flush("e", "v_key_id")}
+  RETURN jsonb_build_object('state', 'pending', 'request', e.account_seq, 'requested_at', e.created_at,
+                            'expires_at', dp_ts_text(e.created_at::timestamp with time zone + dp_approval_timeout(a)));
+END
+""",
+    definer=True,
+)
+
 #: The functions the spender executes (one per spend call of :class:`~dp_operators.ledger.spend.Ledger`).
-SPEND_FUNCTIONS: tuple[Function, ...] = (_RESERVE, _COMMIT, _RELEASE, _ABANDON, _RENEW, _RECONCILE)
+SPEND_FUNCTIONS: tuple[Function, ...] = (_RESERVE, _COMMIT, _RELEASE, _ABANDON, _RENEW, _RECONCILE,
+                                         _REQUEST_APPROVAL)
 
 #: Every function of the ledger's (helpers first: a SQL function's body is checked when it is created).
-FUNCTIONS: tuple[Function, ...] = HELPERS + SPEND_FUNCTIONS
+FUNCTIONS: tuple[Function, ...] = HELPERS + (_RESERVE_MEMBER,) + SPEND_FUNCTIONS
 
 #: Install pgcrypto once per database: where it already is, else in ``public`` if the caller may create there (so
 #: it outlives any one ledger schema), else in the ledger's schema.

@@ -34,7 +34,7 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from dp_operators.accounting import exact_number, round_down, round_up, unit_of
-from dp_operators.ledger import pg_functions, schema
+from dp_operators.ledger import approvals, pg_functions, schema
 from dp_operators.ledger.chain import (
     AccountChain,
     CanonicalOutput,
@@ -67,6 +67,7 @@ from dp_operators.ledger.errors import (
     stored_fraction,
 )
 from dp_operators.ledger.keys import AuditKey, Keyring, as_key
+from dp_operators.ledger.structure import MEMBER_SEPARATOR, QUOTA_PREFIX, members_charged
 from dp_operators.ledger.store import (
     KEY_MATCHES,
     LedgerBase,
@@ -90,6 +91,9 @@ DEFAULT_LEASE_SECONDS = 120
 # compiled form on every call (SQLAlchemy docs, "SQL Compilation Caching"); see also ``chain`` and ``store``.
 _c = schema.charges.c
 _CHARGE = sa.select(schema.charges).where(_c.id == sa.bindparam("charge_id"))
+_ACCOUNT_CONFIG = sa.select(schema.accounts.c.name, schema.accounts.c.config).where(
+    schema.accounts.c.name == sa.bindparam("name")
+)
 _CHARGES_OF_KEY = sa.select(schema.charges).where(*KEY_MATCHES).order_by(_c.attempt)
 _RESERVATIONS_OF_KEY = sa.select(_c.state, _c.attempt, _c.lease_expires_at).where(
     *KEY_MATCHES, _c.account == sa.bindparam("account"), _c.state == "reserved"
@@ -130,6 +134,19 @@ def _function_call(function: pg_functions.Function) -> str:
 _DRIVER_CALLS = {function.name: _function_call(function) for function in pg_functions.SPEND_FUNCTIONS}
 
 
+@functools.lru_cache(maxsize=64)
+def _many_calls(name: str, count: int) -> str:
+    """``SELECT f(args_0), f(args_1), ...``: spend function ``name`` on ``count`` member accounts in one statement,
+    so in one transaction (a charge on privacy blocks commits on all of them or on none)."""
+    function = next(f for f in pg_functions.SPEND_FUNCTIONS if f.name == name)
+    arguments = [arg.strip().split(" ", 1) for arg in function.args.split(",")]
+    calls = [
+        f"{name}(" + ", ".join(f"CAST(%({n.removeprefix('p_')}_{i})s AS {kind})" for n, kind in arguments) + ")"
+        for i in range(count)
+    ]
+    return "SELECT " + ", ".join(calls)
+
+
 def series_step_problem(conn: Connection, key: ReleaseKey, account: str, charged: Fraction) -> str | None:
     """Why the ledger refuses to reserve ``charged`` for ``key`` on ``account`` as a series step (ADR 33), or
     ``None``: a run id under the series prefix must be a step's; a step after step 0 needs its predecessor committed
@@ -155,6 +172,28 @@ def series_step_problem(conn: Connection, key: ReleaseKey, account: str, charged
         return (f"series step {step} of generation {generation} reserves nothing, but its step 0 was not committed "
                 f"with a charge on account {account!r}")
     return None
+
+
+def _member_missing(account: str, member: str) -> str:
+    """The refusal of a charge whose member account does not exist: a block not opened (yet)."""
+    part = member[len(account) + 1:]
+    if part.startswith(QUOTA_PREFIX):
+        return (f"account {account!r} has no member {member!r} (team quota {part[len(QUOTA_PREFIX):]!r}): a privacy "
+                "officer runs 'dpctl ledger apply' with the configuration that declares it")
+    return (f"the privacy block of window {part!r} of account {account!r} is not open: blocks open as the ledger "
+            "configuration's 'blocks.open' says, when a privacy officer runs 'dpctl ledger apply'; a window past "
+            "them cannot be charged (and a block never gets budget back)")
+
+
+def _combined(key: ReleaseKey, account: str, parts: list[Reservation]) -> Reservation:
+    """One reservation of ``account`` made of its members' (:attr:`Reservation.members`)."""
+    first = parts[0]
+    leases = [part.lease_expires_at for part in parts if part.lease_expires_at is not None]
+    return Reservation(
+        charge_id=first.charge_id, key=key, account=account, amount=max(part.amount for part in parts),
+        attempt=first.attempt, delta=first.delta, token=first.token, lease_expires_at=min(leases, default=None),
+        members=tuple(parts),
+    )
 
 
 def token_hash(token: str) -> str:
@@ -330,7 +369,8 @@ class Ledger(LedgerBase):
         """The committed output of ``key`` (parsed JSON), or ``None``, once it is shown to be what the attempt that
         committed it wrote: a replay publishes it, so a row edited or inserted in the database must not pass.
         ``account``: only a charge on that account counts (a release replays only what its own account paid for:
-        another team whose DAG id is allowed on an account of its own cannot choose what this release publishes).
+        another team whose DAG id is allowed on an account of its own cannot choose what this release publishes);
+        on an account with privacy blocks, the charge of its first member block.
 
         Checked against the charge's own audit events, with this connection's spend key (or a retired one it was
         given): exactly one committed charge of ``key``; its ``reserved`` and ``committed`` events name this
@@ -349,8 +389,14 @@ class Ledger(LedgerBase):
         """
         self.check_schema()
         with self._read() as conn:
-            charges = [dict(row) for row in conn.execute(_COMMITTED_CHARGES, key.as_dict()).mappings()
-                       if account is None or row["account"] == account]
+            charges = [dict(row) for row in conn.execute(_COMMITTED_CHARGES, key.as_dict()).mappings()]
+            if account is not None:
+                own = [charge for charge in charges if charge["account"] == account]
+                if not own:  # an account with privacy blocks: its members hold the charge, each the same output
+                    members = sorted({charge["account"] for charge in charges
+                                      if str(charge["account"]).startswith(account + MEMBER_SEPARATOR)})
+                    own = [charge for charge in charges if members and charge["account"] == members[0]]
+                charges = own
             if not charges:
                 return None
             events = [dict(row) for row in
@@ -465,6 +511,7 @@ class Ledger(LedgerBase):
         delta: Fraction | int = 0,
         audit: Mapping[str, Any] | None = None,
         takeover_amount: Fraction | int | None = None,
+        windows: Sequence[str] | None = None,
     ) -> Reservation | dict:
         """Atomically check the budget and reserve ``amount`` (and ``delta`` on an ``approx_dp`` account) for the
         release ``key``, under a lease of ``lease_seconds``; a later attempt of ``key`` (an earlier one was
@@ -483,10 +530,19 @@ class Ledger(LedgerBase):
             delta: the delta part of the charge; must be 0 unless the account is ``approx_dp``.
             audit: who/where context for the audit log: ``run_type``, ``triggering_user`` (and optionally
                 ``host``, ``user``); see :func:`~dp_operators.ledger.chain.audit_context`.
+            windows: the data windows the release reads, on an account with privacy blocks (ids as
+                :func:`~dp_operators.ledger.structure.windows_read` gives them); each window's block is charged the
+                full amount, all or nothing. ``None`` on any other account.
+
+        On an account with privacy blocks or team quotas the ledger charges its member accounts
+        (:func:`~dp_operators.ledger.structure.members_charged`) in one transaction: the returned reservation holds
+        one per member (:attr:`Reservation.members`), or nothing is reserved and the refusing member's ``refused``
+        event is the only write.
 
         Raises:
             AccountNotFoundError, DagNotAllowedError, BudgetExhaustedError: refusals; nothing is reserved (a
-                ``refused`` audit event is recorded for the last two).
+                ``refused`` audit event is recorded for the last two). A block not opened yet is an
+                :class:`AccountNotFoundError` naming the window.
             LeaseHeldError: another attempt of ``key`` holds a live lease; nothing is charged (transient).
             LedgerKeyError: no audit key, or not the key the account accepts.
             ValueError: a non-positive amount, a delta on an account that is not ``approx_dp``, or a bad ``audit``.
@@ -509,13 +565,45 @@ class Ledger(LedgerBase):
         mechanisms_text = canonical_json(mechanisms)
         key_fields = {**key.as_dict(), "try_number": try_number, "spec_hash": spec_hash}
         token = secrets.token_urlsafe(32)
+        if windows is not None and (isinstance(windows, str) or not all(isinstance(w, str) for w in windows)):
+            raise TypeError(f"windows is a list of window ids (text), got {type(windows).__name__}")
         if self._in_database:
             return self._reserve_in_database(
                 key, account, amount, takeover, delta, mechanisms_text, spec_hash, try_number, context, signing_key,
-                token,
+                token, list(windows or ()),
             )
 
         def work(conn: Connection) -> Reservation | dict | Refusal:
+            parent = conn.execute(_ACCOUNT_CONFIG, {"name": account}).first()
+            if parent is None:
+                raise AccountNotFoundError(not_found(account))
+            try:
+                config = json.loads(parent.config) if parent.config else None
+            except ValueError:
+                config = None
+            members = members_charged(account, config, windows, key.dag_id)
+            if isinstance(members, str):
+                raise ValueError(members)
+            if members == [account]:
+                return reserve_on(conn, account)
+            for member in members:
+                if conn.execute(_ACCOUNT_CONFIG, {"name": member}).first() is None:
+                    raise AccountNotFoundError(_member_missing(account, member))
+            conn.savepoint("dp_members")
+            parts: list[Reservation] = []
+            for member in members:
+                result = reserve_on(conn, member)
+                if isinstance(result, Reservation):
+                    parts.append(result)
+                    continue
+                # all or nothing: undo the members reserved so far; a refusal is then recorded on its member alone
+                conn.savepoint("dp_members", "ROLLBACK TO")
+                conn.savepoint("dp_members", "RELEASE")
+                return reserve_on(conn, member) if isinstance(result, Refusal) else result
+            conn.savepoint("dp_members", "RELEASE")
+            return _combined(key, account, parts)
+
+        def reserve_on(conn: Connection, account: str) -> Reservation | dict | Refusal:
             chain = AccountChain.lock(conn, account, signing_key)
             if chain is None:
                 raise AccountNotFoundError(not_found(account))
@@ -567,6 +655,11 @@ class Ledger(LedgerBase):
                 )
                 chain.flush(conn)
                 return Refusal(refusal)
+            held = approvals.check_charge(conn, row, key, spec_hash, charged, max(remaining, Fraction(0)),
+                                          mechanisms_text, now)
+            if held is not None:  # the account's approval policy: nothing reserved, nothing else written
+                chain.flush(conn)
+                return Refusal(held)
             created = _utcnow()
             lease_end = now + dt.timedelta(seconds=self.lease_seconds)
             hashed = token_hash(token)
@@ -601,7 +694,7 @@ class Ledger(LedgerBase):
                 token=token, lease_expires_at=lease_end,
             )
 
-        return self._write_driver(work, before=lambda conn: self._refuse_live_lease(conn, key, account))
+        return self._write_driver(work, before=None if windows else lambda conn: self._refuse_live_lease(conn, key, account))
 
     def _refuse_live_lease(self, conn: Any, key: ReleaseKey, account: str) -> None:
         """Raise :class:`LeaseHeldError` if another attempt of ``key`` on ``account`` holds a live lease, read
@@ -659,29 +752,31 @@ class Ledger(LedgerBase):
                             f"{type(canonical).__name__}: pass the output alone and the ledger encodes it")
         text = canonical_json(output) if canonical is None else str(canonical)
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        parts = reservation.parts()
         if self._in_database:
             try:
                 self._call_owned("dp_commit", reservation, "committed", output=text, **self._audit_params(audit))
             except ChargeStateError:
                 # a call retried after its connection was lost may find its own commit landed: that is success
-                if not self._committed_as(reservation, digest):
+                if not all(self._committed_as(part, digest) for part in parts):
                     raise
             return digest
 
         def work(conn: Connection) -> str:
-            chain, charge = self._owned_charge(conn, reservation, "committed")
-            conn.execute(
-                _UPDATE_CHARGE,
-                {
-                    "state": "committed", "output": text, "output_digest": digest, "updated_at": _utcnow(),
-                    "charge_id": charge.id,
-                },
-            )
-            chain.append(
-                conn, "committed", audit_context(audit, _stored_context(charge)), output_digest=digest,
-                proof=reservation.token, **charge_event_fields(charge),
-            )
-            chain.flush(conn)
+            for part in parts:  # every member in one transaction
+                chain, charge = self._owned_charge(conn, part, "committed")
+                conn.execute(
+                    _UPDATE_CHARGE,
+                    {
+                        "state": "committed", "output": text, "output_digest": digest, "updated_at": _utcnow(),
+                        "charge_id": charge.id,
+                    },
+                )
+                chain.append(
+                    conn, "committed", audit_context(audit, _stored_context(charge)), output_digest=digest,
+                    proof=part.token, **charge_event_fields(charge),
+                )
+                chain.flush(conn)
             return digest
 
         return self._write_driver(work)
@@ -712,18 +807,19 @@ class Ledger(LedgerBase):
             return
 
         def work(conn: Connection) -> None:
-            chain, charge = self._owned_charge(conn, reservation, "released")
-            conn.execute(_UPDATE_CHARGE, {"state": "released", "updated_at": _utcnow(), "charge_id": charge.id})
-            # rounded up to the ledger's resolution, as every total is: subtracting exact amounts one after another
-            # would multiply their denominators past what a stored number holds (never below the true total)
-            chain.spent = round_up(chain.spent - stored_fraction(charge.amount, f"charge {charge.id}: amount"))
-            chain.delta_spent = round_up(
-                chain.delta_spent - stored_fraction(charge.delta_amount, f"charge {charge.id}: delta_amount"))
-            chain.append(
-                conn, "released", audit_context(audit, _stored_context(charge)), proof=reservation.token,
-                **charge_event_fields(charge), details={"reason": "no noise was drawn"},
-            )
-            chain.flush(conn)
+            for part in reservation.parts():
+                chain, charge = self._owned_charge(conn, part, "released")
+                conn.execute(_UPDATE_CHARGE, {"state": "released", "updated_at": _utcnow(), "charge_id": charge.id})
+                # rounded up to the ledger's resolution, as every total is: subtracting exact amounts one after
+                # another would multiply their denominators past what a stored number holds (never below the truth)
+                chain.spent = round_up(chain.spent - stored_fraction(charge.amount, f"charge {charge.id}: amount"))
+                chain.delta_spent = round_up(
+                    chain.delta_spent - stored_fraction(charge.delta_amount, f"charge {charge.id}: delta_amount"))
+                chain.append(
+                    conn, "released", audit_context(audit, _stored_context(charge)), proof=part.token,
+                    **charge_event_fields(charge), details={"reason": "no noise was drawn"},
+                )
+                chain.flush(conn)
 
         self._write_driver(work)
 
@@ -740,10 +836,11 @@ class Ledger(LedgerBase):
             return
 
         def work(conn: Connection) -> None:
-            chain, charge = self._owned_charge(conn, reservation, "abandoned")
-            abandon(conn, chain, charge, audit_context(audit, _stored_context(charge)),
-                    "its attempt failed after noise may have been drawn")
-            chain.flush(conn)
+            for part in reservation.parts():
+                chain, charge = self._owned_charge(conn, part, "abandoned")
+                abandon(conn, chain, charge, audit_context(audit, _stored_context(charge)),
+                        "its attempt failed after noise may have been drawn")
+                chain.flush(conn)
 
         self._write_driver(work)
 
@@ -761,22 +858,24 @@ class Ledger(LedgerBase):
             result = self._call_owned(
                 "dp_renew", reservation, "renewed", retries=3, lease_seconds=float(self.lease_seconds)
             )
-            return dt.datetime.fromisoformat(result["lease_expires_at"])
+            results = result if reservation.members else [result]
+            return min(dt.datetime.fromisoformat(r["lease_expires_at"]) for r in results)
 
         def work(conn: Connection) -> dt.datetime:
-            _, charge = self._owned_charge(conn, reservation, "renewed")
             now = self._db_now(conn)
-            created = charge.created_at
-            if created.tzinfo is None:  # SQLite's DateTime holds UTC without its zone
-                created = created.replace(tzinfo=dt.timezone.utc)
-            if now - created > dt.timedelta(seconds=schema.MAX_RESERVATION_HOLD_SECONDS):
-                raise ChargeStateError(
-                    f"charge {charge.id} has held its release key since {created.isoformat()}, longer than the ledger "
-                    f"allows ({schema.MAX_RESERVATION_HOLD_SECONDS} s): its lease is not renewed, and another attempt "
-                    "may take the release over once it runs out"
-                )
             end = now + dt.timedelta(seconds=self.lease_seconds)
-            conn.execute(_UPDATE_CHARGE, {"lease_expires_at": end, "charge_id": charge.id})
+            for part in reservation.parts():
+                _, charge = self._owned_charge(conn, part, "renewed")
+                created = charge.created_at
+                if created.tzinfo is None:  # SQLite's DateTime holds UTC without its zone
+                    created = created.replace(tzinfo=dt.timezone.utc)
+                if now - created > dt.timedelta(seconds=schema.MAX_RESERVATION_HOLD_SECONDS):
+                    raise ChargeStateError(
+                        f"charge {charge.id} has held its release key since {created.isoformat()}, longer than the "
+                        f"ledger allows ({schema.MAX_RESERVATION_HOLD_SECONDS} s): its lease is not renewed, and "
+                        "another attempt may take the release over once it runs out"
+                    )
+                conn.execute(_UPDATE_CHARGE, {"lease_expires_at": end, "charge_id": charge.id})
             return end
 
         # Few retries: the keeper tries again a moment later rather than waiting out a long backoff.
@@ -824,6 +923,81 @@ class Ledger(LedgerBase):
             charge["lease_expires_at"] = None if lease is None else dt.datetime.fromisoformat(lease)
         return done
 
+    # -- approval before a large charge (dp_operators.ledger.approvals) -------------------------------------------
+    def request_approval(
+        self,
+        key: ReleaseKey,
+        *,
+        account: str,
+        amount: Fraction,
+        mechanisms: list[dict],
+        spec_hash: str,
+        plan: Mapping[str, Any],
+        delta: Fraction | int = 0,
+        audit: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """File a request for a privacy officer's approval of a charge of ``amount`` for ``key`` on ``account``
+        (an ``approval_requested`` event signed with the spend key, ``details.plan`` = ``plan``: what the officer
+        sees), or return the request already filed for the key and spec hash (idempotent), or its decision.
+
+        Returns ``{"state": "pending" | "granted" | "rejected", "request": seq, "requested_at", "expires_at", ...}``
+        (``reason`` ``rejected`` or ``timeout`` when rejected). Times are the database's (PostgreSQL) or this
+        machine's (SQLite).
+
+        Raises:
+            AccountNotFoundError, LedgerKeyError, DagNotAllowedError; ValueError: the account has no approval
+                policy, or a bad amount, plan or audit.
+        """
+        self.check_schema()
+        amount = round_up(exact_number(amount, name="amount"))
+        delta = round_up(exact_number(delta, name="delta"))
+        if amount <= 0 or delta < 0:
+            raise ValueError(f"an approval request is for a charge > 0, got {amount} (delta {delta})")
+        plan_text = approvals.check_plan(dict(plan))
+        signing_key = self._spend_key()
+        context = audit_context(audit)
+        mechanisms_text = canonical_json(mechanisms)
+        if self._in_database:
+            result = self._call("dp_request_approval", {
+                "key": signing_key.secret, "account": account, **key.as_dict(), "amount": str(amount),
+                "delta": str(delta), "mechanisms": mechanisms_text, "spec_hash": spec_hash, "plan": plan_text,
+                "context": canonical_json(dict(context)),
+            }, key=key)
+            if result.get("state") == "dag_not_allowed":
+                raise DagNotAllowedError.of(key.dag_id, account, result["allowed"])
+            if result.get("state") == "no_policy":
+                raise ValueError(f"budget account {account!r} requires no approval: nothing to request")
+            return result
+
+        def work(conn: Connection) -> dict[str, Any]:
+            chain = AccountChain.lock(conn, account, signing_key)
+            if chain is None:
+                raise AccountNotFoundError(not_found(account))
+            row = chain.row
+            self._check_key(row)
+            allowed = json.loads(row.allowed_dags)
+            if key.dag_id not in allowed:
+                raise DagNotAllowedError.of(key.dag_id, account, allowed)
+            policy = approvals.policy_of(row.config)
+            if policy is None:
+                raise ValueError(f"budget account {account!r} requires no approval: nothing to request")
+            now = self._db_now(conn)
+            state = approvals.approval_state(approvals._key_events(conn, account, key, spec_hash),
+                                             row.spend_key_id, amount, approvals.timeout_of(policy), now)
+            if state["state"] != "none":
+                return state
+            event = chain.append(
+                conn, approvals.APPROVAL_REQUESTED, context, amount=amount, delta_amount=delta,
+                mechanisms=mechanisms_text, spec_hash=spec_hash, details={"plan": json.loads(plan_text)},
+                **key.as_dict(),
+            )
+            chain.flush(conn)
+            requested = dt.datetime.fromisoformat(event["created_at"])
+            return {"state": "pending", "request": event["account_seq"], "requested_at": requested.isoformat(),
+                    "expires_at": (requested + approvals.timeout_of(policy)).isoformat()}
+
+        return self._write_driver(work)
+
     # -- PostgreSQL: the spend functions (docs/adr/0029) ----------------------------------------------------------
     @property
     def _in_database(self) -> bool:
@@ -833,11 +1007,12 @@ class Ledger(LedgerBase):
     def _reserve_in_database(
         self, key: ReleaseKey, account: str, amount: Fraction, takeover: Fraction, delta: Fraction, mechanisms: str,
         spec_hash: str, try_number: int | None, context: Mapping[str, Any], signing_key: AuditKey, token: str,
+        windows: list[str],
     ) -> Reservation | dict:
         result = self._call(
             "dp_reserve",
             {
-                "key": signing_key.secret, "account": account, **key.as_dict(), "amount": str(amount),
+                "key": signing_key.secret, "account": account, "windows": windows, **key.as_dict(), "amount": str(amount),
                 "takeover": str(takeover), "delta": str(delta), "mechanisms": mechanisms, "spec_hash": spec_hash, "try_number": try_number,
                 "context": canonical_json(dict(context)), "token_hash": token_hash(token),
                 "lease_seconds": float(self.lease_seconds),
@@ -845,6 +1020,17 @@ class Ledger(LedgerBase):
             key=key,
         )
         status = result["status"]
+        if status == "reserved" and "members" in result:
+            parts = [
+                Reservation(
+                    charge_id=part["charge_id"], key=key, account=part["account"], amount=Fraction(part["amount"]),
+                    attempt=part["attempt"], delta=delta, token=token,
+                    lease_expires_at=dt.datetime.fromisoformat(part["lease_expires_at"]),
+                )
+                for part in result["members"]
+            ]
+            return _combined(key, account, parts)
+        account = result.get("account", account)  # a member's refusal names the member
         if status == "reserved":
             return Reservation(
                 charge_id=result["charge_id"], key=key, account=account,
@@ -858,9 +1044,11 @@ class Ledger(LedgerBase):
         if status == "budget_exhausted":
             requested = delta if result["unit"] == "delta" else Fraction(result["requested"])
             raise BudgetExhaustedError(account, result["unit"], requested, Fraction(result["remaining"]))
+        if status in ("approval_required", "approval_rejected"):
+            raise approvals.from_status({**result, "account": account}, key)
         raise AssertionError(f"dp_reserve returned an unknown status {status!r}")  # pragma: no cover
 
-    def _driver_call(self, name: str, params: Mapping[str, Any]) -> Any:
+    def _driver_call(self, name: str, params: Mapping[str, Any] | list[Mapping[str, Any]]) -> Any:
         """Send ``SELECT name(...)`` on a pooled connection in autocommit and return its one value. The statement
         goes to the driver directly (SQLAlchemy's "Working with Driver SQL and Raw DBAPI Connections", the way its
         docs call stored procedures): it is fixed text, compiled once (:data:`_DRIVER_CALLS`), so SQLAlchemy's
@@ -870,7 +1058,12 @@ class Ledger(LedgerBase):
 
         The connection goes back to the pool as it came (``autocommit`` off), so the governor's transactions on the
         same pool stay transactions."""
-        sql = _DRIVER_CALLS[name]
+        many = isinstance(params, list)
+        if many:  # one call per member account, in one statement (one transaction), in the members' lock order
+            sql = _many_calls(name, len(params))
+            params = {f"{k}_{i}": v for i, call in enumerate(params) for k, v in call.items()}
+        else:
+            sql = _DRIVER_CALLS[name]
         pooled = self.engine.raw_connection()
         dbapi = pooled.driver_connection
         try:
@@ -878,8 +1071,8 @@ class Ledger(LedgerBase):
             try:
                 with dbapi.cursor() as cursor:
                     cursor.execute(sql, params)
-                    (result,) = cursor.fetchone()
-                    return result
+                    row = cursor.fetchone()
+                    return list(row) if many else row[0]
             finally:
                 if not dbapi.closed:
                     dbapi.autocommit = False
@@ -910,12 +1103,18 @@ class Ledger(LedgerBase):
                     **params: Any) -> Any:
         """Call spend function ``name`` on ``reservation``'s charge (its owner's proof: account, key, attempt,
         token)."""
-        owner = {
-            "key": self._spend_key().secret, "charge_id": reservation.charge_id, "account": reservation.account,
-            **reservation.key.as_dict(), "attempt": reservation.attempt, "token": reservation.token,
-        }
+        def owner(part: Reservation) -> dict[str, Any]:
+            return {
+                "key": self._spend_key().secret, "charge_id": part.charge_id, "account": part.account,
+                **part.key.as_dict(), "attempt": part.attempt, "token": part.token,
+            }
+
         where = f"charge {reservation.charge_id} for {reservation.key}"
-        return self._call(name, {**owner, **params}, retries=retries, where=where, action=action)
+        if not reservation.members:
+            return self._call(name, {**owner(reservation), **params}, retries=retries, where=where, action=action)
+        # the members' calls in one statement: one transaction, all or none (a block's commit with the others')
+        calls = [{**owner(part), **params} for part in reservation.members]
+        return self._call(name, calls, retries=retries, where=where, action=action)
 
     def _call(self, name: str, params: Mapping[str, Any], *, retries: int | None = None, **about: Any) -> Any:
         """One call of spend function ``name``: one statement, one round trip, its own transaction (autocommit: the
@@ -972,6 +1171,8 @@ def _refusal(
         detail = {}
     kind = detail.get("kind")
     if code == pg_functions.ACCOUNT_NOT_FOUND:
+        if "parent" in detail:
+            return AccountNotFoundError(_member_missing(detail["parent"], detail["account"]))
         return AccountNotFoundError(not_found(detail["account"]))
     if code == pg_functions.KEY_REFUSED:
         if kind == "spend_key":

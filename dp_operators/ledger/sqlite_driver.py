@@ -107,6 +107,16 @@ class DriverConnection:
         self._dialect = dialect
         self._plans = plans
 
+    def savepoint(self, name: str, action: str = "SAVEPOINT") -> None:
+        """``SAVEPOINT name``, ``ROLLBACK TO name`` or ``RELEASE name`` (``action``) inside the open transaction: a
+        charge on several member accounts (privacy blocks, quotas) is undone whole when one of them refuses."""
+        if action not in ("SAVEPOINT", "ROLLBACK TO", "RELEASE") or not name.isidentifier():
+            raise ValueError(f"bad savepoint statement {action} {name}")
+        try:
+            self._connection.execute(f"{action} {name}")
+        except sqlite3.Error as error:
+            raise driver_error(error, self._dialect, f"{action} {name}", ()) from error
+
     def execute(self, statement: ClauseElement, parameters: Mapping[str, Any] | None = None) -> DriverResult:
         parameters = parameters or {}
         key = (id(statement), tuple(parameters))

@@ -22,6 +22,7 @@ import datetime as dt
 import functools
 import getpass
 import os
+import json
 import random
 import sqlite3
 import re
@@ -173,11 +174,19 @@ class Reservation:
     delta: Fraction = Fraction(0)
     token: str = ""
     lease_expires_at: dt.datetime | None = None
+    #: A charge on an account with privacy blocks or team quotas: one reservation per member account charged, all
+    #: under one token (``account`` is then the account the release named, ``charge_id`` its first member's).
+    members: tuple[Reservation, ...] = ()
+
+    def parts(self) -> tuple[Reservation, ...]:
+        """The single-account reservations this one is made of (itself, or its members)."""
+        return self.members or (self,)
 
     def __repr__(self) -> str:
+        members = f", members={[m.account for m in self.members]}" if self.members else ""
         return (
             f"Reservation(charge_id={self.charge_id}, key={self.key!r}, account={self.account!r}, "
-            f"amount={self.amount}, attempt={self.attempt}, delta={self.delta})"
+            f"amount={self.amount}, attempt={self.attempt}, delta={self.delta}{members})"
         )
 
 
@@ -556,6 +565,35 @@ class LedgerBase:
                 raise AccountNotFoundError(not_found(name))
             return account_status(row, *reserved_totals(conn, name))
 
+    def structure(self, name: str) -> tuple[str, Any]:
+        """The budget structure of account ``name`` (:func:`~dp_operators.ledger.structure.structure_of`):
+        ``("blocks", "day")``, ``("quotas", {team: {...}})``, ``("member", parent)`` or ``("plain", None)``, read
+        from its stored configuration (which only ``dpctl ledger apply`` writes).
+
+        Raises:
+            AccountNotFoundError: no such account.
+        """
+        from dp_operators.ledger.structure import structure_of
+
+        self.check_schema()
+        with self._read() as conn:
+            config = conn.execute(
+                sa.select(schema.accounts.c.config).where(schema.accounts.c.name == name)
+            ).first()
+        if config is None:
+            raise AccountNotFoundError(not_found(name))
+        try:
+            parsed = json.loads(config[0]) if isinstance(config[0], str) and len(config[0]) < 1_000_000 else None
+        except ValueError:
+            parsed = None
+        return structure_of(parsed)
+
+    def members(self, name: str) -> list[AccountStatus]:
+        """The member accounts of ``name`` (its privacy blocks or team quotas), by name."""
+        from dp_operators.ledger.structure import MEMBER_SEPARATOR
+
+        return [a for a in self.accounts() if a.name.startswith(name + MEMBER_SEPARATOR)]
+
     def account_names(self) -> list[str]:
         """The names of all accounts, sorted (read even where an account's other values are unreadable)."""
         self.check_schema()
@@ -625,7 +663,8 @@ class LedgerBase:
         return summaries
 
     def stored_output(self, key: ReleaseKey, account: str | None = None) -> dict | None:
-        """The committed output of ``key`` on ``account`` (parsed JSON), or ``None`` if it has none. Without
+        """The committed output of ``key`` on ``account`` (parsed JSON), or ``None`` if it has none (on an account
+        with privacy blocks: on its first block charged, which holds the same output as the others). Without
         ``account``, the key's committed output on whichever account holds one: a DAG id allowed on accounts of two
         teams lets each commit the same release key on its own account, and one team's must never stand for the
         other's, so a key committed on several accounts is refused rather than one picked.
@@ -638,8 +677,11 @@ class LedgerBase:
         """
         self.check_schema()
         with self._read() as conn:
-            rows = [row for row in conn.execute(_COMMITTED_ACCOUNTS, key.as_dict())
-                    if account is None or row.account == account]
+            committed = list(conn.execute(_COMMITTED_ACCOUNTS, key.as_dict()))
+            rows = [row for row in committed if account is None or row.account == account]
+            if account is not None and not rows:  # privacy blocks: the charge, and its output, is on each block
+                blocks = sorted({row.account for row in committed if str(row.account).startswith(account + "@")})
+                rows = [row for row in committed if blocks and row.account == blocks[0]]
             if len({row.account for row in rows}) > 1:
                 raise AmbiguousReleaseKeyError(
                     f"release {key} is committed on accounts {', '.join(sorted(repr(r.account) for r in rows))}: "

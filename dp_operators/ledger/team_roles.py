@@ -60,7 +60,7 @@ def role_name_problem(name: object) -> str | None:
 def team_roles(config: LedgerConfig) -> dict[str, tuple[str, ...]]:
     """``{team role: the accounts whose allowed_roles name it}`` of a ledger configuration, both sorted."""
     found: dict[str, set[str]] = {}
-    for account, settings in config.accounts.items():
+    for account, settings in config.all_accounts().items():
         for role in settings.allowed_roles or ():
             found.setdefault(role, set()).add(account)
     return {role: tuple(sorted(found[role])) for role in sorted(found)}

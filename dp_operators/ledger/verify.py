@@ -67,10 +67,12 @@ from dp_operators.ledger.chain import (
     legacy_row_hash,
     timestamp_text,
 )
+from dp_operators.ledger.approvals import APPROVAL_EVENTS
 from dp_operators.ledger.bounded import BoundsError, read_json, read_number, shown, visible
 from dp_operators.ledger.config import LedgerConfig
 from dp_operators.ledger.errors import UnreadableValueError
 from dp_operators.ledger.keys import Keyring
+from dp_operators.ledger.structure import MEMBER_SEPARATOR, QUOTA_PREFIX, structure_of
 from dp_operators.ledger.store import (
     JSON_COLUMNS,
     NUMBER_COLUMNS,
@@ -102,7 +104,7 @@ _HASH_SLICE = 2**20
 
 _TERMINAL = ("committed", "released", "abandoned")
 _CHARGE_EVENTS = frozenset({"reserved", *_TERMINAL})
-_KNOWN_EVENTS = GOVERNANCE_EVENTS | SPEND_EVENTS
+_KNOWN_EVENTS = GOVERNANCE_EVENTS | SPEND_EVENTS | APPROVAL_EVENTS
 
 #: Columns every event about a charge copies from it (:func:`~dp_operators.ledger.chain.charge_event_fields`).
 _EVENT_CHARGE_COLUMNS = (
@@ -515,6 +517,8 @@ class _Verifier:
                 else:
                     flag(f"details.last_charge_id {shown(last)} is not an integer")
 
+        self._check_approvals(chain, row, read.values, flag)
+
         # running totals: what the events before imply, against what the row states
         spent, delta = chain.spent, chain.delta
         if event == "reserved":
@@ -557,6 +561,59 @@ class _Verifier:
                 f"it, which add up to {_show(spent)} (delta {_show(delta)})"
             )
         chain.spent, chain.delta = spent_after, delta_after
+
+    def _check_approvals(self, chain: _Chain, row: Mapping[str, Any], values: Mapping[str, Any], flag: Any) -> None:
+        """Approval before a large charge (:mod:`dp_operators.ledger.approvals`): a decision must be signed with a
+        governor key (with the governor key ids known; else at least not with the account's spend key), a request
+        with the account's spend key; a ``reserved`` charge its account's policy (as the governance events before
+        it set it) holds back needs an earlier grant of its release key and spec hash covering its amount."""
+        from dp_operators.ledger import approvals
+
+        states = self.__dict__.setdefault("_approvals", {})
+        mine = states.setdefault(row["account"], {"policy": None, "grants": [], "last": {}})
+        event, key_id = row["event"], row["key_id"]
+        details = values.get("details")
+        spend_key_id = (chain.stored or {}).get("spend_key_id")
+        if event in ("account_created", "account_updated") and isinstance(details, dict):
+            mine["policy"] = approvals.policy_of(details.get("config"))
+        release = (row["dag_id"], row["run_id"], row["task_id"], row["map_index"], row["release_name"])
+        if event in approvals.APPROVAL_DECISIONS:
+            if self.governor_ids is not None:
+                legit = key_id in self.governor_ids
+            else:
+                legit = key_id is not None and key_id != spend_key_id
+            if not legit:
+                flag(f"an {shown(event)} event signed with key id {shown(key_id)}, which is not a governor key: only "
+                     "a privacy officer decides approvals (forged by a worker?)")
+            elif event == approvals.APPROVAL_GRANTED and values.get("amount") is not None:
+                mine["grants"].append((release, row["spec_hash"], values["amount"]))
+        elif event == approvals.APPROVAL_REQUESTED and self.governor_ids is not None:
+            if key_id != spend_key_id and key_id not in self.governor_ids:
+                flag(f"an approval request signed with key id {shown(key_id)}, but the account accepts spend key id "
+                     f"{shown(spend_key_id)} at this point")
+        family = (row["dag_id"], row["task_id"], row["map_index"], row["release_name"])
+        if event == "committed":
+            last = mine["last"].get(family)
+            charge_id = row["charge_id"] if isinstance(row["charge_id"], int) else -1
+            if last is None or charge_id > last[0]:
+                mine["last"][family] = (charge_id, approvals.mechanism_kinds(row["mechanisms"]))
+        if event != "reserved" or not mine["policy"] or values.get("amount") is None:
+            return
+        try:
+            cap = _number((chain.stored or {}).get("cap"), "the cap")
+            reasons = approvals.approval_reasons(
+                mine["policy"], values["amount"], max(round_down(cap - chain.spent), Fraction(0)),
+                approvals.mechanism_kinds(row["mechanisms"]),
+                None if family not in mine["last"] else mine["last"][family][1],
+            )
+        except (_BadValue, UnreadableValueError, TypeError, ValueError, ZeroDivisionError):
+            return  # an unreadable cap or policy is reported where it is read
+        granted = any(release == g[0] and row["spec_hash"] == g[1] and g[2] >= values["amount"]
+                      for g in mine["grants"])
+        if reasons and not granted:
+            flag(f"reserves {_show(values['amount'])} without the privacy officer's approval its account's policy "
+                 f"requires ({', '.join(reasons)}): no 'approval_granted' of its release key and spec hash, signed "
+                 "with a governor key, covers it")
 
     def _check_signature(self, chain: _Chain, row: Mapping[str, Any], flag: Any) -> None:
         key_id, event = row["key_id"], row["event"]
@@ -853,10 +910,49 @@ class _Verifier:
             return timestamp_text(value)
         return value
 
+    # -- pass 4: budget structure (privacy blocks, team quotas) ---------------------------------------------------
+    def check_structure(self, conn: Connection) -> None:
+        """What the spend functions enforce on structured accounts (dp_operators.ledger.structure), replayed: no
+        charge on an account with privacy blocks (its members are charged); every charge on an account with team
+        quotas has a twin on its team's quota member, and every charge on a quota member one on its account (the
+        two of one reservation share its token's hash). Memory: the structured accounts and one token's charges."""
+        c, a = schema.charges.c, schema.accounts.c
+        parents: dict[str, str] = {}
+        for row in conn.execute(sa.select(a.name, a.config).where(a.config.is_not(None))):
+            try:
+                config = _json(row.config, "config")
+            except _BadValue:
+                continue  # named by pass 3
+            kind, _ = structure_of(config if isinstance(config, dict) else None)
+            if kind in ("blocks", "quotas"):
+                parents[row.name] = kind
+        for name, kind in sorted(parents.items()):
+            if kind == "blocks":
+                for charge in conn.execute(sa.select(c.id, c.account).where(c.account == name).limit(MAX_PROBLEMS)):
+                    self.problems.add(f"charge id={charge.id} is on account {shown(name)}, which has privacy blocks: "
+                                      "a charge there is on its blocks (written outside the spend functions)")
+                continue
+            members = sa.or_(c.account == name, c.account.startswith(name + MEMBER_SEPARATOR + QUOTA_PREFIX,
+                                                                      autoescape=True))
+            rows = _stream(conn, sa.select(c.id, c.account, c.token_hash).where(members).order_by(c.token_hash, c.id))
+            for token, group in itertools.groupby(rows, key=lambda row: row["token_hash"]):
+                accounts = [(row["id"], row["account"]) for row in itertools.islice(group, 3)]
+                on_parent = [i for i, account in accounts if account == name]
+                on_quota = [i for i, account in accounts if account != name]
+                if token is None or len(on_parent) != 1 or len(on_quota) != 1:
+                    ids = ", ".join(str(i) for i, _ in accounts)
+                    self.problems.add(
+                        f"charges id={ids} of account {shown(name)} (team quotas): a charge is on the account and on "
+                        "its team's quota member, one each, under one reservation token; these are not"
+                    )
+
     # -- pass 3: accounts -------------------------------------------------------------------------------------
     def check_accounts(self, accounts: Iterable[Mapping[str, Any]]) -> None:
         seen: set[Any] = set()
-        configured = dict(self.config.accounts) if self.config is not None else {}
+        # members (blocks, quotas) are checked against the configuration where they exist; blocks opened 'ahead'
+        # of today may not be yet, so only the accounts themselves must all be in the ledger
+        configured = self.config.all_accounts() if self.config is not None else {}
+        required = set(self.config.accounts) if self.config is not None else set()
         for account in accounts:
             self.report.accounts += 1
             name = account["name"]
@@ -872,7 +968,7 @@ class _Verifier:
                 self._check_account(account, read.values, chain, label)
             if name in configured:
                 self._check_configured(account, configured[name], label)
-        for name in sorted(set(configured) - seen):
+        for name in sorted(required - seen):
             self.problems.add(f"account {shown(name)} is in the given configuration but not in the ledger ('dpctl ledger apply')")
 
     def _check_account(
@@ -1026,6 +1122,7 @@ def _verify(
                 ),
             )
             verifier.check_accounts(_stream(conn, sa.select(*account_columns).order_by(a.name)))
+            verifier.check_structure(conn)
             for problem in schema.trigger_problems(conn):
                 verifier.problems.add(problem)
     return verifier

@@ -115,7 +115,8 @@ class DPBudgetGateOperator(ShortCircuitOperator):
             )
         ledger = DPLedgerHook(ledger_conn_id=self.ledger_conn_id).get_ledger()
         try:
-            check = check_budget(self.release_spec, ledger, ti.dag_id, release_key=release_key)
+            check = check_budget(self.release_spec, ledger, ti.dag_id, release_key=release_key,
+                                 windows=_windows(self.release_spec, ledger))
         except (LedgerError, ReleaseConfigError, IncompatibleAccountantError) as error:
             raise AirflowFailException(str(error)) from None
         except SQLAlchemyError as error:  # the ledger's database: retryable, and its text holds no data values
@@ -124,6 +125,20 @@ class DPBudgetGateOperator(ShortCircuitOperator):
         if not check and self.do_xcom_push:
             ti.xcom_push(key=_RETURN_VALUE, value=check.as_dict())
         return check
+
+
+def _windows(spec: ReleaseSpec, ledger: Any) -> list[str] | None:
+    """The windows a release of ``spec`` in this task's DAG run reads, on an account with privacy blocks (from the
+    run's data interval or partition key, as the release operator takes them)."""
+    from airflow.sdk import get_current_context
+
+    from dp_operators.operators.release import _data_interval, _partition_key
+    from dp_operators.release.run import block_windows
+
+    if ledger.structure(spec.budget_account)[0] != "blocks":
+        return block_windows(spec, ledger)  # None (or the refusal of a lookback on an account without blocks)
+    context = get_current_context()
+    return block_windows(spec, ledger, data_interval=_data_interval(context), partition_key=_partition_key(context))
 
 
 def load_planned_spec(spec_path: str) -> tuple[ReleaseSpec, str]:

@@ -37,6 +37,8 @@ from dp_operators.operators.assets import (
     release_outlets,
 )
 from dp_operators.operators.gate import load_planned_spec
+from dp_operators.ledger.errors import ApprovalRequiredError
+from dp_operators.operators.approval_wait import wait_for_approval
 from dp_operators.operators.lease_wait import (
     LEASE_WAIT_MARGIN,
     LEASE_WAIT_MIN,
@@ -137,6 +139,11 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             retry. A holder that keeps renewing that long is hung (its keeper thread alive, its work not) or is not
             one of this task's tries.
 
+    On a budget account with privacy blocks (``blocks:`` in ``config/ledgers.yaml``) the release is charged on the
+    block of every data window its run reads: those its data interval (``data_interval_start``,
+    ``data_interval_end``) overlaps and the spec's ``lookback_windows`` earlier ones, or, for ``partition`` blocks,
+    the run's ``partition_key``; never windows taken from the data (:func:`dp_operators.release.run.block_windows`).
+
     Returns (XCom ``return_value``): the published release, plain JSON; identical, byte for byte, on every replay.
     Also pushes XCom ``release_location``: the JSON file's URI (the "DP release" extra link), as every published
     location, an RFC 3986 URI whose path percent-decoded once is the file's
@@ -146,8 +153,10 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         ValueError: at construction, neither or both of ``aggregates_task_id`` and ``aggregates_uri``, or an unknown
             output format.
         AirflowFailException: budget exhausted, DAG not allowed, unknown account, ledger not initialised, a
-            missing or rotated spend key, missing or malformed upstream aggregates: refusals that retrying cannot
-            fix; and any failure after the budget was reserved (:class:`~dp_operators.release.ReleaseAbortedError`),
+            missing or rotated spend key, missing or malformed upstream aggregates, on an account with privacy blocks
+            a spent or unopened block or a run without a data interval (or partition key), ``lookback_windows`` on
+            an account without blocks, a series on an account with blocks: refusals that retrying cannot fix;
+            and any failure after the budget was reserved (:class:`~dp_operators.release.ReleaseAbortedError`),
             which a retry would repeat while charging again.
         AirflowRescheduleException: another try of this release is still running and holds the ledger's lease on
             its reservation (Airflow can start try 2 while try 1 still runs): nothing was charged, and the task waits
@@ -271,6 +280,8 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             if self.release_spec.series is not None:  # one step of a series (dp_operators.continual.run)
                 from dp_operators.continual.run import run_series_step
 
+                _refuse_series_on_blocks(self.release_spec, ledger)
+
                 result = run_series_step(
                     self.release_spec, lambda: self.read_aggregates(context), ledger, key, _step_run(context),
                     series_key=series_key, spec_hash=self.spec_sha256, try_number=getattr(ti, "try_number", None),
@@ -289,6 +300,9 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                     diagnostics=self._diagnostics_writer(key) if self.diagnostics_uri else None,
                     rows_store=self._rows_store(key),
                     inline_rows_limit=self.inline_rows_limit,
+                    # public: the windows of an account with privacy blocks come from these, never from the data
+                    data_interval=_data_interval(context),
+                    partition_key=_partition_key(context),
                 )
         except ReleaseAbortedError as error:
             # the original exception's text is not audited for data: it stays out of the task log
@@ -298,6 +312,8 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             until = lease_wait_until(error, ledger.lease_seconds)
             self.log.warning("%s", lease_held_message(key, error, until))
             raise AirflowRescheduleException(until) from None
+        except ApprovalRequiredError as error:  # before _PERMANENT: waits for an officer's decision, no try spent
+            wait_for_approval(self, ledger, key, error, _audit_context(context))
         except _PERMANENT as error:
             # the messages are self-contained; the chain's frames hold the true aggregates in their locals, which
             # error reporters (Sentry) capture
@@ -567,6 +583,41 @@ def _step_run(context: Context) -> Any:
             f"run {ti.run_id!r} has no data interval: a series step is the run's data interval (give the DAG a "
             "schedule; a manual run of a scheduled DAG gets one from its logical date)")
     return StepRun(ti.run_id, start, end)
+
+
+def _data_interval(context: Context) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """The run's data interval ``(start, end)`` (timezone-aware; ``None`` where the run has none): what a release on
+    an account with privacy blocks is charged for (:func:`~dp_operators.release.run.block_windows`)."""
+    dag_run = context.get("dag_run")
+    start = context.get("data_interval_start") or getattr(dag_run, "data_interval_start", None)
+    end = context.get("data_interval_end") or getattr(dag_run, "data_interval_end", None)
+    return start, end
+
+
+def _partition_key(context: Context) -> str | None:
+    """The run's partition key (Airflow's ``partition_key`` of a partitioned asset-triggered run), or ``None``: the
+    one window of an account with ``partition`` blocks."""
+    key = context.get("partition_key")
+    if key is None:
+        key = getattr(context.get("dag_run"), "partition_key", None)
+    return key if isinstance(key, str) else None
+
+
+def _refuse_series_on_blocks(spec: Any, ledger: Any) -> None:
+    """A series is charged once for all its steps, which privacy blocks (a charge per window of data) cannot hold
+    yet: refuse it before anything is charged.
+
+    Raises:
+        ReleaseConfigError: the series' budget account has privacy blocks.
+    """
+    kind, granularity = ledger.structure(spec.budget_account)
+    if kind == "blocks":
+        raise ReleaseConfigError(
+            f"series {spec.release!r}: its budget account {spec.budget_account!r} has privacy blocks ({granularity} "
+            "windows), and a series on privacy blocks is not supported yet (a series is charged once for all its "
+            "steps, a block per window of data). Name an account without blocks in the spec's budget_account, or "
+            "release each window as an ordinary release (no 'series'). Nothing was charged"
+        )
 
 
 def _audit_context(context: Context) -> dict[str, Any]:

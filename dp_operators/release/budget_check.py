@@ -27,6 +27,8 @@ from dp_operators.spec import ReleaseSpec
 
 #: Why a :class:`BudgetCheck` came out as it did.
 FITS, EXHAUSTED, DELTA_EXHAUSTED, REPLAY = "fits", "budget_exhausted", "delta_exhausted", "replay"
+#: A run over a window whose privacy block is not open (docs/ledger.md, "Privacy blocks and team quotas").
+BLOCK_NOT_OPEN = "block_not_open"
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,8 @@ class BudgetCheck:
 
 
 def check_budget(
-    spec: ReleaseSpec, ledger: LedgerBase, dag_id: str, *, release_key: ReleaseKey | None = None
+    spec: ReleaseSpec, ledger: LedgerBase, dag_id: str, *, release_key: ReleaseKey | None = None,
+    windows: list[str] | None = None,
 ) -> BudgetCheck:
     """Whether one run of ``spec`` by DAG ``dag_id`` fits its budget account now. Reads the ledger, writes nothing
     (no spend key needed).
@@ -99,6 +102,11 @@ def check_budget(
         release_key: optional: the key the release will run under. If it already has a committed output, the
             release is a replay (it spends nothing), and the check says it fits whatever the budget, as
             :func:`~dp_operators.release.run.run_release` replays before it looks at the account.
+        windows: on an account with privacy blocks, the windows the run reads
+            (:func:`~dp_operators.release.run.block_windows`): the check is then against the block with the least
+            left (``account`` names it), and a window whose block is not open does not fit (``block_not_open``).
+            On an account with team quotas the check is against the account's cap and the DAG's team quota,
+            whichever has less left.
 
     Raises:
         AccountNotFoundError: the ledger has no account ``spec.budget_account``.
@@ -117,8 +125,16 @@ def check_budget(
     plan = plan_release(spec, accountant=account.accountant)
     # rounded as Ledger.reserve rounds the amounts run_release passes it
     charge = round_up(plan.charge(account.accountant))
+    charged = _charged_accounts(spec, ledger, account, dag_id, windows)
+    if charged is None:
+        return BudgetCheck(
+            fits=False, reason=BLOCK_NOT_OPEN, release=spec.release, account=spec.budget_account, unit=account.unit,
+            charge=charge, remaining=Fraction(0),
+        )
+    account = min(charged, key=lambda member: member.remaining)  # the one that decides whether the run fits
     remaining = account.remaining
-    remaining_delta = account.remaining_delta  # None unless approx_dp: only there is delta spent
+    remaining_delta = min((member.remaining_delta for member in charged if member.remaining_delta is not None),
+                          default=None)  # None unless approx_dp: only there is delta spent
     delta_charge = None if remaining_delta is None else round_up(plan.delta(account.accountant))
     if charge > remaining:
         reason = EXHAUSTED
@@ -130,6 +146,37 @@ def check_budget(
         fits=reason == FITS, reason=reason, release=spec.release, account=account.name, unit=account.unit,
         charge=charge, remaining=remaining, delta_charge=delta_charge, delta_remaining=remaining_delta,
     )
+
+
+def _charged_accounts(
+    spec: ReleaseSpec, ledger: LedgerBase, account: AccountStatus, dag_id: str, windows: list[str] | None
+) -> list[AccountStatus] | None:
+    """The accounts a run's charge would touch (docs/ledger.md, "Privacy blocks and team quotas"): the account; or
+    the blocks of ``windows`` (``None`` if one is not open); or the account and the DAG's team quota.
+
+    Raises:
+        ReleaseConfigError: the account has privacy blocks and no ``windows`` were given.
+    """
+    from dp_operators.ledger.errors import AccountNotFoundError
+    from dp_operators.ledger.structure import block_account, quota_account
+    from dp_operators.release.errors import ReleaseConfigError
+
+    kind, detail = ledger.structure(account.name)
+    if kind == "blocks":
+        if not windows:
+            raise ReleaseConfigError(
+                f"budget account {account.name!r} has privacy blocks: the check needs the windows the run reads "
+                "(from its data interval or partition key)"
+            )
+        try:
+            return [ledger.account(block_account(account.name, window)) for window in windows]
+        except AccountNotFoundError:
+            return None
+    if kind == "quotas":
+        teams = sorted(team for team, quota in detail.items() if dag_id in (quota or {}).get("dags", ()))
+        if teams:
+            return [account, ledger.account(quota_account(account.name, teams[0]))]
+    return [account]
 
 
 def _check_account(spec: ReleaseSpec, account: AccountStatus, dag_id: str) -> None:

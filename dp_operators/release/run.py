@@ -5,7 +5,8 @@ Order of one release (DESIGN.md section 2, invariant 1):
 1. replay: if the release key already has a committed output, return it (nothing charged, nothing drawn), once
    authenticated against its signed audit events (:meth:`Ledger.authenticated_output
    <dp_operators.ledger.Ledger.authenticated_output>`: an output edited in the database is never republished);
-2. plan from public parameters only (spec, account): mechanisms, scales, charge;
+2. plan from public parameters only (spec, account): mechanisms, scales, charge; on an account with privacy
+   blocks, the windows of data charged, from the run's data interval or partition key (:func:`block_windows`);
 3. validate the *structure* of the upstream aggregates (missing aggregate, wrong shape, refused type) and
    normalise every key and value to a plain, exact form — errors here spend nothing. Data *values* never raise:
    NaN/inf follow the spec's ``non_finite`` policy, negative counts are clamped to 0, keys outside the public
@@ -86,6 +87,54 @@ def check_privacy_unit(spec: ReleaseSpec, account: AccountStatus) -> None:
             f"the spec protects privacy unit {spec.privacy_unit!r} but budget account {account.name!r} is for "
             f"{account.privacy_unit!r}; a budget only composes over one privacy unit"
         )
+
+
+def block_windows(
+    spec: ReleaseSpec,
+    ledger: Ledger,
+    *,
+    data_interval: tuple[dt.datetime | None, dt.datetime | None] | None = None,
+    partition_key: str | None = None,
+) -> list[str] | None:
+    """The data windows a release of ``spec`` reads, when its budget account has privacy blocks; ``None`` when it
+    has none (a plain account, or team quotas). Decided from the run's schedule (public), never from the data:
+    the windows of ``day``/``week``/``month`` blocks that the run's data interval ``[start, end)`` overlaps, and
+    ``spec.lookback_windows`` earlier ones (:func:`~dp_operators.ledger.structure.windows_read`); for
+    ``partition`` blocks, the run's partition key alone. Window ids as the ledger names its blocks:
+    ``2013-01-05``, ``2013-W01``, ``2013-01``, or the partition key.
+
+    Args:
+        data_interval: the run's data interval, two timezone-aware datetimes (Airflow's ``data_interval_start``
+            and ``data_interval_end``, UTC), or ``None`` / ``(None, None)`` for a run without one.
+        partition_key: the run's partition key (Airflow's ``dag_run.partition_key``), or ``None``.
+
+    Raises:
+        ReleaseConfigError: ``spec.lookback_windows`` is given but the account has no calendar blocks; the account
+            has blocks and the run has no data interval (or partition key), an empty or naive interval, or more
+            windows than a release may read. Raised before anything is reserved; the message says how to fix it.
+        AccountNotFoundError: the account does not exist.
+    """
+    from dp_operators.ledger.structure import windows_read
+
+    kind, granularity = ledger.structure(spec.budget_account)
+    lookback = spec.lookback_windows
+    if kind != "blocks":
+        if lookback is not None:
+            raise ReleaseConfigError(
+                f"release {spec.release!r} declares lookback_windows: {lookback}, but its budget account "
+                f"{spec.budget_account!r} has no privacy blocks, so there are no windows to look back over: drop "
+                "lookback_windows from the spec, or name an account with calendar blocks (blocks: {window: day}) "
+                "in config/ledgers.yaml. Nothing was charged"
+            )
+        return None
+    start, end = data_interval if data_interval is not None else (None, None)
+    try:
+        return windows_read(granularity, start, end, lookback=lookback or 0, partition_key=partition_key)
+    except ValueError as error:
+        raise ReleaseConfigError(
+            f"release {spec.release!r} on account {spec.budget_account!r} ({granularity} privacy blocks): {error}. "
+            "Nothing was charged"
+        ) from None
 
 
 def add_exactly(values: np.ndarray, noise: np.ndarray) -> np.ndarray:
@@ -174,6 +223,8 @@ def run_release(
     diagnostics: Callable[[DiagnosticsReport], None] | None = None,
     rows_store: RowsStore | None = None,
     inline_rows_limit: int | None = INLINE_ROWS_LIMIT,
+    data_interval: tuple[dt.datetime | None, dt.datetime | None] | None = None,
+    partition_key: str | None = None,
 ) -> ReleaseResult:
     """Run one release end to end (see the module docstring for the order of steps).
 
@@ -194,16 +245,26 @@ def run_release(
         rows_store: where the rows of counts and sums of more than ``inline_rows_limit`` public cells go, as
             Parquet files the ledger records by SHA-256 and location (:mod:`dp_operators.release.rows_file`);
             a replay checks them. ``inline_rows_limit=None`` keeps every row in the output.
+        data_interval: the run's data interval ``(start, end)``, timezone-aware (Airflow's, UTC). On a budget
+            account with privacy blocks it decides the windows charged (:func:`block_windows`): every block the
+            interval overlaps, and ``spec.lookback_windows`` earlier ones, each charged the full amount, all or
+            nothing. Ignored on an account without blocks.
+        partition_key: the run's partition key, the one window of an account with ``partition`` blocks.
 
     Returns:
         :class:`ReleaseResult`. On a replay the stored output is returned unchanged and nothing is charged.
 
     Raises:
         ReleaseInputError, ReleaseConfigError, IncompatibleAccountantError: before anything is reserved (a spec
-            with more than ``inline_rows_limit`` public cells in a count or sum and no ``rows_store`` included).
+            with more than ``inline_rows_limit`` public cells in a count or sum and no ``rows_store`` included; on
+            an account with privacy blocks, a run without a data interval or partition key; ``lookback_windows``
+            on an account without calendar blocks).
         RowsFileError: on a replay, a rows file is missing or altered (nothing is charged or redrawn).
         AuditChainError: on a replay, the stored output or its audit events were altered (nothing is published).
         AccountNotFoundError, DagNotAllowedError, BudgetExhaustedError: refusals from the ledger; nothing reserved.
+            On an account with privacy blocks: a window whose block is not open is an ``AccountNotFoundError``
+            naming it, a spent block a ``BudgetExhaustedError`` naming its member account (``X@2013-01-05``); no
+            other block is charged.
         LeaseHeldError: another attempt of ``key`` is still running and holds the lease on its reservation
             (``.attempt``, ``.expires_at``, UTC); nothing was charged and no aggregate was noised. Transient: a
             retry replays that attempt's output once it commits, or takes the release over (charging again,
@@ -237,6 +298,8 @@ def run_release(
 
     account = ledger.account(spec.budget_account)
     check_privacy_unit(spec, account)
+    # which blocks are charged: from the run's schedule, before the data is read and anything is reserved
+    windows = block_windows(spec, ledger, data_interval=data_interval, partition_key=partition_key)
     plan = plan_release(spec, accountant=account.accountant)
     charge = plan.charge(account.accountant)
     delta_spent = plan.delta(account.accountant)
@@ -274,6 +337,7 @@ def run_release(
         spec_hash=spec_hash,
         try_number=try_number,
         audit=audit,
+        **({} if windows is None else {"windows": windows}),
     )
     if isinstance(reservation, dict):  # committed meanwhile by another attempt: authenticated like any replay
         authenticated = ledger.authenticated_output(key, spec.budget_account)
@@ -292,7 +356,7 @@ def run_release(
         with ledger.lease(reservation):
             output, text = _noised_output(plan, prepared, drawn, key, account, charge, delta_spent, mechanisms,
                                           spec_hash, _rows_writer(rows_store, set(filed), spec.confidence,
-                                                                     _family_members(spec)), families)
+                                                                     _family_members(spec)), families, windows)
     except Exception as error:
         returned = give_up(ledger, reservation, drawn)
         raise ReleaseAbortedError(error, budget_returned=returned) from error
@@ -386,9 +450,11 @@ def _noised_output(
     spec_hash: str,
     rows_writers: Mapping[str, Callable] | None = None,
     families: list[Any] | None = None,
+    windows: list[str] | None = None,
 ) -> tuple[dict[str, Any], CanonicalOutput]:
     """Draw the noise and build the published release, checked to be plain JSON (steps 5 and 6). ``families``:
-    the spec's consistent families, planned (:func:`~dp_operators.release.consistent.plan_families`).
+    the spec's consistent families, planned (:func:`~dp_operators.release.consistent.plan_families`); ``windows``:
+    the privacy blocks charged (:func:`block_windows`), published as ``privacy_blocks`` (absent without blocks).
 
     Returns ``(output, text)``: ``text`` is the output's canonical JSON
     (:class:`~dp_operators.ledger.chain.CanonicalOutput`), encoded once here for the ledger's row and digest and for
@@ -407,6 +473,7 @@ def _noised_output(
 
     output = {
         **release_header(spec, key, account),
+        **({} if windows is None else {"privacy_blocks": list(windows)}),
         "charge": {
             account.unit: float(charge),
             f"{account.unit}_exact": str(charge),

@@ -599,6 +599,11 @@ class Postprocess(_Strict):
         return self
 
 
+#: The largest ``lookback_windows``: a release reads at most 400 windows
+#: (``dp_operators.ledger.structure.MAX_WINDOWS``), its own one included.
+MAX_LOOKBACK_WINDOWS = 399
+
+
 class ReleaseSpec(_Strict):
     """A release spec document (``version: 1``).
 
@@ -619,6 +624,11 @@ class ReleaseSpec(_Strict):
     postprocess: Postprocess = Postprocess()
     sampler: Sampler = "vectorised"
     series: Series | None = None
+    #: A sliding window over the budget account's privacy blocks: the release reads (and is charged on) the
+    #: windows of its run's data interval and this many earlier windows (a 7-day window over daily blocks: 6).
+    #: ``None`` (not given): the run's own windows only. Only for an account with calendar blocks (day, week,
+    #: month); checked against the account before anything is charged. At most :data:`MAX_LOOKBACK_WINDOWS`.
+    lookback_windows: int | None = Field(default=None, ge=0, le=MAX_LOOKBACK_WINDOWS, strict=True)
 
     @field_validator("release")
     @classmethod
@@ -711,6 +721,9 @@ class ReleaseSpec(_Strict):
         if self.postprocess.consistent:
             problem(("postprocess", "consistent"), "a series' running totals are not made consistent across "
                     "aggregates: drop postprocess.consistent", self.postprocess.consistent)
+        if self.lookback_windows is not None:
+            problem(("lookback_windows",), "a series on privacy blocks is not supported yet: drop lookback_windows "
+                    "(a series is charged once on a plain account)", self.lookback_windows)
         if problems:
             raise ValidationError.from_exception_data(type(self).__name__, problems)
         return self

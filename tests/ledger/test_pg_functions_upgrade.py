@@ -330,7 +330,7 @@ def _key() -> ReleaseKey:
 
 
 def _reserve_params(account: str, key: ReleaseKey, token: str) -> dict:
-    return {"key": SPEND_KEY.secret, "account": account, **key.as_dict(), "amount": "1/100", "takeover": "1/100", "delta": "0",
+    return {"key": SPEND_KEY.secret, "account": account, "windows": [], **key.as_dict(), "amount": "1/100", "takeover": "1/100", "delta": "0",
             "mechanisms": "[]", "spec_hash": "0" * 64, "try_number": None, "context": "{}",
             "token_hash": hashlib.sha256(token.encode()).hexdigest(), "lease_seconds": 120.0}
 

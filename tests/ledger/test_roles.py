@@ -471,7 +471,7 @@ def test_roles_are_refused_on_sqlite(tmp_path):
 
 
 def test_the_spender_is_granted_reads_and_the_spend_functions_only():
-    """The spender's grants: SELECT on the tables and EXECUTE on the six spend functions; no write, no sequence."""
+    """The spender's grants: SELECT on the tables and EXECUTE on the seven spend functions; no write, no sequence."""
     statements = role_statements("s", "g")
     spender_grants = [s for s in statements if s.startswith("GRANT") and s.endswith('TO "s"')]
     assert spender_grants == [
@@ -479,7 +479,7 @@ def test_the_spender_is_granted_reads_and_the_spend_functions_only():
         f"GRANT EXECUTE ON FUNCTION {', '.join(SPEND_FUNCTIONS)} TO \"s\"",
     ]
     assert [signature.split("(")[0] for signature in SPEND_FUNCTIONS] == [
-        "dp_reserve", "dp_commit", "dp_release", "dp_abandon", "dp_renew", "dp_reconcile"]
+        "dp_reserve", "dp_commit", "dp_release", "dp_abandon", "dp_renew", "dp_reconcile", "dp_request_approval"]
     assert not [s for s in statements if "OWNER" in s or "DELETE" in s or "TRUNCATE" in s or "TRIGGER" in s]
     assert f"REVOKE ALL ON FUNCTION {', '.join(LEDGER_FUNCTIONS)} FROM PUBLIC, \"s\", \"g\"" in statements
 

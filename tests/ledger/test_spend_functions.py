@@ -202,7 +202,7 @@ def sha256(text: str) -> str:
 
 def reserve_params(run: str, **changes) -> dict:
     """Valid arguments of ``dp_reserve`` (account ``a``, 1/10), with ``changes``."""
-    return {"key": SPEND_KEY.secret, "account": "a", **key(run).as_dict(), "amount": "1/10", "takeover": "1/10", "delta": "0",
+    return {"key": SPEND_KEY.secret, "account": "a", "windows": [], **key(run).as_dict(), "amount": "1/10", "takeover": "1/10", "delta": "0",
             "mechanisms": "[]", "spec_hash": "0" * 64, "try_number": None, "context": "{}",
             "token_hash": sha256("token"), "lease_seconds": 120.0, **changes}
 

@@ -72,7 +72,7 @@ def _call(name: str) -> str:
 
 def _raw_reserve(teams: Teams, role: str, key: ReleaseKey, account: str, token: str, **changes) -> dict:
     """dp_reserve called by hand as ``role`` (no client-side check), returning the function's JSON."""
-    params = {"key": SPEND_KEY.secret, "account": account, **key.as_dict(), "amount": "1/100", "takeover": "1/100", "delta": "0",
+    params = {"key": SPEND_KEY.secret, "account": account, "windows": [], **key.as_dict(), "amount": "1/100", "takeover": "1/100", "delta": "0",
               "mechanisms": "[]", "spec_hash": "0" * 64, "try_number": None, "context": "{}",
               "token_hash": hashlib.sha256(token.encode()).hexdigest(), "lease_seconds": 120.0, **changes}
     with teams.raw(role).connect() as conn:

@@ -1,0 +1,216 @@
+"""Budget structure inside an account: privacy blocks over data windows, and team quotas on a shared cap.
+
+Both are made of **member accounts** that ``dpctl ledger apply`` creates from the parent account's configuration
+(``config/ledgers.yaml``), each an ordinary account of the ledger with its own cap, totals and audit chain:
+
+* **Privacy blocks** (Sage, Lécuyer et al., SOSP 2019; PrivateKube, Luo et al., OSDI 2021): an account with
+  ``blocks: {window: day}`` is split into one member per data window, ``<account>@2013-01-01``, each with the
+  account's ``cap``. A release names the windows of data it reads (from its DAG run's data interval or partition
+  key, never from the data) and is charged its full amount on every one of them, all or nothing, in one
+  transaction. The parent itself is never charged. Windows are disjoint sets of records, so a unit's record in one
+  window is protected by that window's cap (event-level); a person present in many windows accumulates loss across
+  them (docs/ledger.md, "Privacy blocks").
+* **Team quotas** (Big Bird: per-querier budgets are unsound under adaptivity, a global budget with per-tenant
+  quotas is not): an account with ``quotas: {team: {cap, dags, role}}`` keeps its ``cap`` as the one guarantee for
+  the people in it; member ``<account>@quota:<team>`` holds the team's quota. A release of a DAG listed under a team
+  is charged on the account and on its team's member, all or nothing: refused when either is exhausted.
+
+Which members a charge touches is decided by the ledger (the spend function on PostgreSQL, :mod:`.spend` on
+SQLite) from the parent's stored configuration, the windows the release names and its DAG id; a spender cannot
+charge a member or a structured parent on its own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+#: Granularities of a privacy block's data window.
+WINDOWS = ("day", "week", "month", "partition")
+#: A charge names at most this many windows (a year of days and then some).
+MAX_WINDOWS = 400
+#: An account opens at most this many blocks at once (apply).
+MAX_OPEN_BLOCKS = 5000
+#: What separates a parent's name from its member's suffix.
+MEMBER_SEPARATOR = "@"
+QUOTA_PREFIX = "quota:"
+#: A partition key that may name a block: letters, digits, ``_ . -``; 1-64 characters.
+PARTITION_KEY = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+WINDOW_PATTERNS = {
+    "day": re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}"),
+    "week": re.compile(r"[0-9]{4}-W[0-9]{2}"),
+    "month": re.compile(r"[0-9]{4}-[0-9]{2}"),
+    "partition": PARTITION_KEY,
+}
+
+Window = Literal["day", "week", "month", "partition"]
+
+
+def block_account(account: str, window: str) -> str:
+    """The member account of ``account`` holding the block of data window ``window`` (e.g. ``2013-01-01``)."""
+    return f"{account}{MEMBER_SEPARATOR}{window}"
+
+
+def quota_account(account: str, team: str) -> str:
+    """The member account of ``account`` holding team ``team``'s quota."""
+    return f"{account}{MEMBER_SEPARATOR}{QUOTA_PREFIX}{team}"
+
+
+def window_of(granularity: str, day: dt.date) -> str:
+    """The id of the window of ``granularity`` (``day``, ``week``, ``month``) holding ``day``: ``2013-01-07``,
+    ``2013-W02`` (ISO 8601 week), ``2013-01``."""
+    if granularity == "day":
+        return day.isoformat()
+    if granularity == "week":
+        year, week, _ = day.isocalendar()
+        return f"{year:04d}-W{week:02d}"
+    if granularity == "month":
+        return f"{day.year:04d}-{day.month:02d}"
+    raise ValueError(f"no calendar window {granularity!r}: one of day, week, month (partition keys name themselves)")
+
+
+def _start_of(granularity: str, window: str) -> dt.date:
+    if granularity == "day":
+        return dt.date.fromisoformat(window)
+    if granularity == "week":
+        return dt.date.fromisocalendar(int(window[:4]), int(window[6:]), 1)
+    return dt.date(int(window[:4]), int(window[5:]), 1)
+
+
+def _next_window(granularity: str, window: str) -> str:
+    start = _start_of(granularity, window)
+    if granularity == "day":
+        return window_of("day", start + dt.timedelta(days=1))
+    if granularity == "week":
+        return window_of("week", start + dt.timedelta(days=7))
+    return window_of("month", (start.replace(day=28) + dt.timedelta(days=4)).replace(day=1))
+
+
+def windows_between(granularity: str, first: dt.date, last: dt.date) -> list[str]:
+    """Every window of ``granularity`` from the one holding ``first`` to the one holding ``last``, in order."""
+    if last < first:
+        return []
+    out = [window_of(granularity, first)]
+    end = window_of(granularity, last)
+    while out[-1] != end:
+        out.append(_next_window(granularity, out[-1]))
+        if len(out) > MAX_OPEN_BLOCKS:
+            raise ValueError(f"more than {MAX_OPEN_BLOCKS} {granularity} windows from {first} to {last}")
+    return out
+
+
+def _utc_date(value: dt.datetime | dt.date) -> dt.date:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"a data interval bound must be timezone-aware (Airflow's are UTC), got {value!r}")
+        return value.astimezone(dt.timezone.utc).date()
+    return value
+
+
+def windows_read(
+    granularity: str,
+    start: dt.datetime | dt.date | None,
+    end: dt.datetime | dt.date | None,
+    *,
+    lookback: int = 0,
+    partition_key: str | None = None,
+) -> list[str]:
+    """The windows of data a release reads: every window of ``granularity`` that the data interval
+    ``[start, end)`` overlaps, and the ``lookback`` windows before the first (a 7-day sliding window over daily
+    blocks: ``lookback=6``); for ``partition`` blocks, the run's ``partition_key`` alone. Decided from the run's
+    schedule, never from the data.
+
+    Raises:
+        ValueError: no data interval (or no partition key), an empty or reversed interval, naive datetimes, a
+            negative lookback, a partition key that cannot name a block, or more than :data:`MAX_WINDOWS` windows.
+    """
+    if lookback < 0:
+        raise ValueError(f"lookback must be >= 0 windows, got {lookback}")
+    if granularity == "partition":
+        if partition_key is None or not PARTITION_KEY.fullmatch(partition_key):
+            raise ValueError(
+                f"this release's account has partition blocks, so its run needs a partition key of 1-64 letters, "
+                f"digits, '_', '.' or '-' (Airflow asset partitions); got {partition_key!r}"
+            )
+        if lookback:
+            raise ValueError("a lookback needs calendar blocks (day, week, month), not partition blocks")
+        return [partition_key]
+    if start is None or end is None:
+        raise ValueError(
+            "this release's account has privacy blocks, so its run needs a data interval (a timetable with data "
+            "intervals, e.g. CronDataIntervalTimetable or @daily); a manual or asset-triggered run without one "
+            "cannot say which data it reads"
+        )
+    first, last_exclusive = _utc_date(start), end
+    if isinstance(end, dt.datetime):
+        if end.tzinfo is None:
+            raise ValueError(f"a data interval bound must be timezone-aware (Airflow's are UTC), got {end!r}")
+        if not start < end:  # type: ignore[operator]
+            raise ValueError(f"the data interval [{start}, {end}) is empty: it reads no window")
+        last = (end - dt.timedelta(microseconds=1)).astimezone(dt.timezone.utc).date()
+    else:
+        if not first < last_exclusive:
+            raise ValueError(f"the data interval [{start}, {end}) is empty: it reads no window")
+        last = last_exclusive - dt.timedelta(days=1)
+    windows = windows_between(granularity, first, last)
+    for _ in range(lookback):
+        windows.insert(0, window_of(granularity, _start_of(granularity, windows[0]) - dt.timedelta(days=1)))
+    if len(windows) > MAX_WINDOWS:
+        raise ValueError(f"a release reads at most {MAX_WINDOWS} windows; this one would read {len(windows)}")
+    return windows
+
+
+def structure_of(config: Mapping[str, Any] | None) -> tuple[str, Any]:
+    """``("blocks", granularity)``, ``("quotas", {team: {"dags": [...], ...}})``, ``("member", parent)`` or
+    ``("plain", None)`` for an account's stored configuration record (``details.config`` of its ``account_*``
+    events, the ``config`` column)."""
+    if not isinstance(config, Mapping):
+        return "plain", None
+    if isinstance(config.get("part_of"), Mapping):
+        return "member", config["part_of"].get("account")
+    if isinstance(config.get("blocks"), Mapping):
+        return "blocks", config["blocks"].get("window")
+    if isinstance(config.get("quotas"), Mapping):
+        return "quotas", config["quotas"]
+    return "plain", None
+
+
+def members_charged(
+    account: str, config: Mapping[str, Any] | None, windows: Sequence[str] | None, dag_id: str
+) -> list[str] | str:
+    """The accounts one charge of ``dag_id`` on ``account`` touches, sorted (the order their locks are taken in),
+    or why the ledger refuses it (a message). What ``dp_reserve`` decides on PostgreSQL.
+
+    * a plain account: itself; no windows may be named;
+    * an account with blocks: one member per distinct window named (at least one, at most :data:`MAX_WINDOWS`);
+    * an account with quotas: itself and the quota member of the team whose ``dags`` list ``dag_id`` (a DAG in no
+      team's list is refused as not allowed, by the parent's allowlist);
+    * a member account: refused (charge its parent).
+    """
+    kind, detail = structure_of(config)
+    named = sorted(set(windows or ()))
+    if kind == "member":
+        return (f"account {account!r} is a member of account {detail!r} (a block or a team quota): a release "
+                f"names {detail!r} and the ledger charges its members")
+    if kind == "blocks":
+        if not named:
+            return (f"account {account!r} has privacy blocks ({detail} windows): a release on it names the windows "
+                    "of data it reads (from its run's data interval or partition key)")
+        if len(named) > MAX_WINDOWS:
+            return f"a release reads at most {MAX_WINDOWS} windows; this one names {len(named)}"
+        pattern = WINDOW_PATTERNS.get(detail)
+        bad = [w for w in named if pattern is None or not pattern.fullmatch(w)]
+        if bad:
+            return f"window {bad[0][:70]!r} is not a {detail} window of account {account!r}"
+        return [block_account(account, w) for w in named]
+    if named:
+        return (f"account {account!r} has no privacy blocks: a release on it names no windows (the windows "
+                f"{named[:3]} were given)")
+    if kind == "quotas":
+        teams = sorted(team for team, quota in detail.items() if dag_id in (quota or {}).get("dags", ()))
+        if not teams:
+            return [account]  # no team lists the DAG: nor does the parent's allowlist (config), which refuses it
+        return sorted([account, quota_account(account, teams[0])])
+    return [account]

@@ -1,0 +1,86 @@
+"""How a release task waits for a privacy officer's approval of a large charge (docs/ledger.md, "Approval before a
+large charge"): on :class:`~dp_operators.ledger.errors.ApprovalRequiredError` it files the request once per release
+key (idempotent: :meth:`~dp_operators.ledger.spend.Ledger.request_approval`, with the plan the officer sees) and
+waits by Airflow's reschedule, as a held lease does (ADR 31): no try spent, no triggerer. The ledger decides: a
+grant lets the next run reserve; a rejection, or the request's timeout (``timeout_hours`` from the request, on the
+ledger's clock), makes the next reserve raise :class:`~dp_operators.ledger.errors.ApprovalRejectedError`, which the
+operator fails without a retry. Public parameters only."""
+
+from __future__ import annotations
+
+import datetime as dt
+from fractions import Fraction
+from typing import Any, NoReturn
+
+from dp_operators.ledger import ReleaseKey
+from dp_operators.ledger.errors import ApprovalRequiredError
+from dp_operators.operators.lease_wait import LEASE_WAIT_MARGIN, LEASE_WAIT_MIN
+
+#: How often a waiting task looks again (at most: it wakes at the request's timeout if that comes first).
+APPROVAL_POLL = dt.timedelta(minutes=5)
+
+
+def approval_plan(spec: Any, accountant: str, error: ApprovalRequiredError) -> tuple[dict[str, Any], list[dict]]:
+    """The plan a request shows the officer (mechanisms with their expected half-widths at the spec's confidence,
+    the charge, the budget left after it) and the mechanisms as the reservation records them. Public parameters
+    only: the plan is the spec's, no data is read."""
+    from dp_operators.release.plan import plan_release
+
+    plan = plan_release(spec, accountant=accountant)
+    alpha = 1 - float(spec.confidence)
+    steps = []
+    for step in plan.steps:
+        steps.append({"aggregate": step.aggregate, "component": step.component, "mechanism": step.mechanism,
+                      "half_width": step.half_width(alpha)})
+    remaining = Fraction(str(error.remaining)) if error.remaining is not None else None
+    shown = {
+        "release": spec.release,
+        "account": error.account,
+        "charge": str(error.amount),
+        "remaining_after": None if remaining is None else str(max(remaining - Fraction(str(error.amount)), 0)),
+        "confidence": float(spec.confidence),
+        "reasons": list(error.reasons),
+        "mechanisms": steps,
+    }
+    return shown, [step.describe() for step in plan.steps]
+
+
+def wait_for_approval(operator: Any, ledger: Any, key: ReleaseKey, error: ApprovalRequiredError,
+                      audit: dict[str, Any], now: dt.datetime | None = None) -> NoReturn:
+    """File the request (once per release key and spec) and reschedule the task; raise
+    ``AirflowFailException`` if the request is already rejected (or timed out)."""
+    from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
+
+    spec = operator.release_spec
+    if spec.series is not None:
+        raise AirflowFailException(
+            f"budget account {error.account!r} requires approval of this charge, but a series step cannot wait for "
+            "one yet: raise the account's approval threshold, or release the step outside a series")
+    accountant = ledger.account(error.account).accountant
+    plan, mechanisms = approval_plan(spec, accountant, error)
+    state = ledger.request_approval(key, account=error.account, amount=error.amount, mechanisms=mechanisms,
+                                    spec_hash=operator.spec_sha256, plan=plan, audit=audit)
+    if state["state"] == "rejected":
+        how = "rejected by timeout" if state.get("reason") == "timeout" else "rejected by a privacy officer"
+        raise AirflowFailException(f"the charge of {error.amount} on budget account {error.account!r} for release "
+                                   f"{key.release_name!r} was {how} (request {state.get('request')}); nothing was "
+                                   "reserved")
+    now = now or dt.datetime.now(dt.timezone.utc)
+    wake = now + APPROVAL_POLL
+    if state["state"] == "granted":
+        wake = now + LEASE_WAIT_MIN
+    elif state.get("expires_at"):
+        expires = dt.datetime.fromisoformat(state["expires_at"])
+        expires = expires if expires.tzinfo else expires.replace(tzinfo=dt.timezone.utc)
+        wake = min(wake, expires + LEASE_WAIT_MARGIN)
+    wake = max(wake, now + LEASE_WAIT_MIN)
+    operator.log.warning(
+        "budget account %r requires a privacy officer's approval of the charge of %s for release %r (%s); nothing "
+        "was reserved. Request %s waits until %s ('dpctl ledger approvals', 'dpctl ledger approve %s %s'); this "
+        "task looks again at %s (rescheduled, no try spent)", error.account, error.amount, key.release_name,
+        ", ".join(error.reasons), state.get("request"), state.get("expires_at"), error.account, state.get("request"),
+        wake.isoformat(timespec="seconds"))
+    raise AirflowRescheduleException(wake)
+
+
+__all__ = ["APPROVAL_POLL", "approval_plan", "wait_for_approval"]
