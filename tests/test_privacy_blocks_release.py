@@ -51,8 +51,11 @@ def midnight(day: dt.date) -> dt.datetime:
 
 
 def example_accounts() -> dict:
-    """The example ledger configuration's block account (its 365 daily blocks are opened by apply)."""
-    return {ACCOUNT: load_ledger_config(REPO / "config" / "ledgers.yaml").accounts[ACCOUNT]}
+    """The example ledger configuration's block account (its 365 daily blocks are opened by apply), with a cap of
+    one release of the example spec per block (the example's own funds two, the second above its approval
+    threshold: test_the_example_account_...)."""
+    account = load_ledger_config(REPO / "config" / "ledgers.yaml").accounts[ACCOUNT]
+    return {ACCOUNT: account.model_copy(update={"cap": CHARGE})}
 
 
 @pytest.fixture
@@ -368,13 +371,15 @@ def test_the_dag_runs_once_a_day_of_2013_each_run_reading_its_own_day(blocks_dag
     assert release.release_spec.budget_account == ACCOUNT
 
 
-def test_the_example_account_funds_exactly_one_release_of_the_example_spec_per_day():
-    """The example block account's cap is the spec's charge, and it opens a block for every day of 2013."""
+def test_the_example_account_funds_two_releases_of_the_example_spec_per_day_and_approves_larger_ones():
+    """The example block account's cap is twice the spec's charge, a charge above one release's waits for an
+    officer, and it opens a block for every day of 2013."""
     from dp_operators.release import plan_release
 
-    account = example_accounts()[ACCOUNT]
+    account = load_ledger_config(REPO / "config" / "ledgers.yaml").accounts[ACCOUNT]
     spec = load_spec(SPEC)
-    assert plan_release(spec, accountant="zcdp").charge("zcdp") == account.cap == CHARGE
+    assert plan_release(spec, accountant="zcdp").charge("zcdp") == account.cap / 2 == CHARGE
+    assert account.approval is not None and account.approval.above == CHARGE
     assert spec.budget_account == ACCOUNT and account.allowed_dags == [DAG_ID]
     assert sorted(account.members(ACCOUNT)) == [block(day) for day in days_from(JANUARY_1, 365)]
 
@@ -397,3 +402,39 @@ def test_the_budget_check_on_blocks_is_decided_by_the_block_with_least_left_and_
     assert not unopened.fits and unopened.reason == "block_not_open"
     with pytest.raises(Exception, match="has privacy blocks: the check needs the windows"):
         check_budget(spec, ledger, DAG_ID)
+
+
+@pytest.mark.parametrize("approve", [True, False])
+def test_a_charge_above_the_example_approval_threshold_waits_then_is_charged_on_its_block_or_refused(
+        ledger_url, tmp_path, monkeypatch, approve):  # noqa: F811  (the ledger_url fixture)
+    """On the example account (cap rho 1/4 a block, approval above 1/8): a release charging 1/4 waits, rescheduled
+    with nothing reserved; the officer's one decision on the account covers the day's block; a grant releases,
+    charged on that block alone; a rejection fails the task, nothing reserved."""
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    officer = governor(ledger_url)
+    officer.init_schema()
+    officer.apply_config(LedgerConfig(version=1, accounts={
+        ACCOUNT: load_ledger_config(REPO / "config" / "ledgers.yaml").accounts[ACCOUNT]}))
+    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_TEST", json.dumps(
+        {"conn_type": "dp_ledger", "extra": {"url": ledger_url, "audit_key": SPEND_KEY.text}}))
+    ledger = spender(ledger_url)
+    large = tmp_path / "large.yaml"
+    large.write_text(SPEC.read_text().replace("budget: {rho: 0.125}", "budget: {rho: 0.25}"))
+    day = dt.date(2013, 1, 5)
+    with pytest.raises(AirflowRescheduleException):
+        run_day(tmp_path, day, large)
+    assert list(ledger.charges()) == []
+    (request,) = officer.approval_requests(pending=True)
+    assert request["account"] == ACCOUNT and Fraction(request["amount"]) == 2 * CHARGE
+    officer.decide_approval(ACCOUNT, request["request"], approve=approve, reason="one-off backfill")
+    if approve:
+        output = run_day(tmp_path, day, large)
+        assert output["privacy_blocks"] == ["2013-01-05"]
+        assert block_totals(ledger, [day, day + dt.timedelta(days=1)]) == {
+            block(day): (2 * CHARGE, 0), block(day + dt.timedelta(days=1)): (0, 0)}
+    else:
+        with pytest.raises(AirflowFailException, match="rejected"):
+            run_day(tmp_path, day, large)
+        assert list(ledger.charges()) == []
+    assert officer.verify().ok, officer.verify().problems

@@ -62,6 +62,20 @@ def policy_of(config: Any) -> dict | None:
     return policy if isinstance(policy, dict) else None
 
 
+def approval_account(name: str, config: Any) -> str:
+    """The account whose chain holds the approvals of a charge on account ``name``: a privacy block's are on its
+    account (one request and one grant for every block a release reads), any other account's on itself."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError:
+            return name
+    part_of = config.get("part_of") if isinstance(config, dict) else None
+    if isinstance(part_of, dict) and "block" in part_of and isinstance(part_of.get("account"), str):
+        return part_of["account"]
+    return name
+
+
 def mechanism_kinds(mechanisms: Any) -> list[str]:
     """The sorted ``mechanism`` names of a charge's mechanisms (a list or its JSON text): what
     ``on_mechanism_change`` compares."""
@@ -208,17 +222,18 @@ def check_charge(conn: Connection, row: Any, key: Any, spec_hash: str, charged: 
     reasons = approval_reasons(policy, charged, remaining, mechanism_kinds(mechanisms), last)
     if not reasons:
         return None
-    state = approval_state(_key_events(conn, row.name, key, spec_hash), row.spend_key_id, charged,
+    where = approval_account(row.name, row.config)
+    state = approval_state(_key_events(conn, where, key, spec_hash), row.spend_key_id, charged,
                            timeout_of(policy), now)
     if state["state"] == "granted":
         return None
-    return refusal(row.name, key, charged, remaining, reasons, state)
+    return refusal(where, key, charged, remaining, reasons, state)
 
 
 def from_status(result: Mapping[str, Any], key: Any) -> ApprovalRequiredError | ApprovalRejectedError:
     """PostgreSQL: the exception of ``dp_reserve``'s ``approval_required`` / ``approval_rejected`` status."""
     state = dict(result.get("approval") or {})
-    return refusal(result["account"], key, Fraction(result["requested"]), Fraction(result["remaining"]),
+    return refusal(state.get("account") or result["account"], key, Fraction(result["requested"]), Fraction(result["remaining"]),
                    list(result.get("reasons") or []), state)
 
 

@@ -237,9 +237,6 @@ class AccountConfig(BaseModel):
             raise ValueError("an approx_dp account needs 'delta': the total delta it may spend")
         if self.epsilon is not None and self.accountant in ("zcdp", "gaussian_dp") and self.delta is None:
             raise ValueError(f"a {self.accountant} cap given as 'epsilon' needs the 'delta' it holds at")
-        if self.blocks is not None and getattr(self, "approval", None) is not None:
-            raise ValueError("an account with privacy blocks cannot require approval (yet): its blocks are charged, "
-                             "not the account")
         if self.blocks is not None and self.quotas is not None:
             raise ValueError("an account has privacy blocks or team quotas, not both (yet): split it in two accounts")
         if self.quotas is not None:
@@ -274,14 +271,13 @@ class AccountConfig(BaseModel):
         if self.blocks is not None:
             for window in self.blocks.open.windows(self.blocks.window, today):
                 out[structure.block_account(name, window)] = MemberAccountConfig(
-                    **base, description=f"privacy block {window} ({self.blocks.window}) of account {name}",
+                    **base, approval=getattr(self, "approval", None),  # each block checks it; grants on the account
+                    description=f"privacy block {window} ({self.blocks.window}) of account {name}",
                     part_of={"account": name, "block": window, "window": self.blocks.window},
                 )
         for team, quota in sorted((self.quotas or {}).items()):
             member = {**base, "cap": quota.cap, "epsilon": None, "allowed_dags": quota.dags,
                       "allowed_roles": [quota.role] if quota.role else self.allowed_roles}
-            if self.accountant == "gaussian_dp":  # cap is mu; the quota is given in the same unit
-                member["cap"] = quota.cap
             out[structure.quota_account(name, team)] = MemberAccountConfig(
                 **member, description=f"quota of team {team} in account {name}",
                 part_of={"account": name, "quota": team},

@@ -1413,7 +1413,7 @@ END
 
 # -- approval before a large charge (dp_operators.ledger.approvals; docs/ledger.md) -----------------------------
 _APPROVAL_KEY = (
-    "x.account = a.name AND x.dag_id = p_dag_id AND x.run_id = p_run_id AND x.task_id = p_task_id "
+    "x.account = v_where AND x.dag_id = p_dag_id AND x.run_id = p_run_id AND x.task_id = p_task_id "
     "AND x.map_index = p_map_index AND x.release_name = p_release_name AND x.spec_hash = p_spec_hash"
 )
 #: An amount in an approval event, when it is one the ledger writes (else it covers nothing).
@@ -1454,7 +1454,13 @@ DECLARE
   v_request dp_audit_events;
   v_requested timestamp with time zone;
   v_expires timestamp with time zone;
+  v_where text;
 BEGIN
+  -- approvals.approval_account: a privacy block's approvals are on its account's chain
+  v_where := a.name;
+  IF jsonb_typeof(a.config::jsonb -> 'part_of') = 'object' AND (a.config::jsonb -> 'part_of') ? 'block' THEN
+    v_where := a.config::jsonb -> 'part_of' ->> 'account';
+  END IF;
   FOR e IN SELECT * FROM dp_audit_events AS x WHERE {_APPROVAL_KEY}
       AND x.event IN ('approval_requested', 'approval_granted', 'approval_rejected') ORDER BY x.account_seq LOOP
     v_q := {_EVENT_AMOUNT};
@@ -1472,21 +1478,21 @@ BEGIN
   END LOOP;
   IF v_granted.id IS NOT NULL THEN
     RETURN jsonb_build_object('state', 'granted', 'request', v_granted.details::jsonb -> 'request',
-                              'decision', v_granted.account_seq);
+                              'decision', v_granted.account_seq, 'account', v_where);
   END IF;
   IF v_rejected.id IS NOT NULL THEN
     RETURN jsonb_build_object('state', 'rejected', 'reason', 'rejected',
                               'request', v_rejected.details::jsonb -> 'request',
-                              'note', v_rejected.details::jsonb -> 'reason');
+                              'note', v_rejected.details::jsonb -> 'reason', 'account', v_where);
   END IF;
   IF v_request.id IS NULL THEN
-    RETURN jsonb_build_object('state', 'none');
+    RETURN jsonb_build_object('state', 'none', 'account', v_where);
   END IF;
   v_requested := v_request.created_at::timestamp with time zone;
   v_expires := v_requested + dp_approval_timeout(a);
   RETURN jsonb_build_object('state', CASE WHEN p_now >= v_expires THEN 'rejected' ELSE 'pending' END,
                             'request', v_request.account_seq, 'requested_at', dp_ts_text(v_requested),
-                            'expires_at', dp_ts_text(v_expires))
+                            'expires_at', dp_ts_text(v_expires), 'account', v_where)
     || CASE WHEN p_now >= v_expires THEN jsonb_build_object('reason', 'timeout', 'note', NULL) ELSE '{{}}' END;
 END
 """),

@@ -576,6 +576,7 @@ class _Verifier:
         spend_key_id = (chain.stored or {}).get("spend_key_id")
         if event in ("account_created", "account_updated") and isinstance(details, dict):
             mine["policy"] = approvals.policy_of(details.get("config"))
+            mine["where"] = approvals.approval_account(row["account"], details.get("config"))
         release = (row["dag_id"], row["run_id"], row["task_id"], row["map_index"], row["release_name"])
         if event in approvals.APPROVAL_DECISIONS:
             if self.governor_ids is not None:
@@ -608,8 +609,10 @@ class _Verifier:
             )
         except (_BadValue, UnreadableValueError, TypeError, ValueError, ZeroDivisionError):
             return  # an unreadable cap or policy is reported where it is read
-        granted = any(release == g[0] and row["spec_hash"] == g[1] and g[2] >= values["amount"]
-                      for g in mine["grants"])
+        # a block's charge is approved on its account (the parent's chain, replayed before its members': name order)
+        parent = mine.get("where", row["account"])
+        grants = mine["grants"] if parent == row["account"] else states.get(parent, {}).get("grants", [])
+        granted = any(release == g[0] and row["spec_hash"] == g[1] and g[2] >= values["amount"] for g in grants)
         if reasons and not granted:
             flag(f"reserves {_show(values['amount'])} without the privacy officer's approval its account's policy "
                  f"requires ({', '.join(reasons)}): no 'approval_granted' of its release key and spec hash, signed "
