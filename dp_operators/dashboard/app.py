@@ -2,8 +2,10 @@
 
 Routes (all ``GET``; there are no write routes, so any other method gets 405):
 
-* ``/api/accounts``: every budget account (:func:`~dp_operators.dashboard.queries.accounts_overview`).
-* ``/api/accounts/{name}``: one account, 404 if unknown (:func:`~dp_operators.dashboard.queries.account_detail`).
+* ``/api/accounts``: every budget account but member accounts, which their parent's row counts (privacy blocks,
+  team quotas; :func:`~dp_operators.dashboard.queries.accounts_overview`).
+* ``/api/accounts/{name}``: one account, 404 if unknown (:func:`~dp_operators.dashboard.queries.account_detail`):
+  with its blocks (the latest page) or team quotas, refused attempts and ``cannot_fund_next_run``.
   ``name`` may hold ``/``, as is or percent-encoded (``%2F``): ``/api/accounts/a/b`` is account ``a/b``. A path
   ending in ``/charges`` is always the charges route: ``/api/accounts/x/charges`` is account ``x``'s charges, so
   an account literally named ``x/charges`` has its charges at ``/api/accounts/x/charges/charges`` but no detail

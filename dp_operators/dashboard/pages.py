@@ -2,13 +2,20 @@
 
 Routes (all ``GET``, all behind the app's :func:`~dp_operators.dashboard.app.require_dashboard_user`):
 
-* ``/``: every account (cap, spent, reserved, remaining, unit, epsilon at the account's delta) with a bar chart,
-  and the audit-chain status in one line (the details are on each account's page).
-* ``/accounts/{name}``: one account: summary, burn-down chart, forecast, charge counts, the audit-chain status and
+* ``/``: every account (cap, spent, reserved, remaining, unit, epsilon at the account's delta, its structure and
+  whether it cannot fund another run) with a bar chart, and the audit-chain status in one line (the details are on
+  each account's page). Member accounts (privacy blocks, team quotas) are not rows of their own: their parent's
+  row counts them.
+* ``/accounts/{name}``: one account: summary (with "cannot fund another run" when the last committed charge of one
+  of its releases is more than what remains), burn-down chart, forecast, its privacy blocks (spent, remaining, cap
+  per block, the latest windows first, :data:`~dp_operators.dashboard.queries.BLOCKS_PAGE` a page, paged by
+  ``blocks_before``) or its team quotas (quota, spent, remaining per team next to the shared cap), what one more
+  run of each release costs, its refused attempts with their reasons, charge counts, the audit-chain status and
   a filtered, keyset-paged charges table (``dag_id``, ``state``, ``since``, ``until``, ``after``, ``limit``,
   validated as the JSON route validates them; an empty form field means no filter). 404 page if unknown.
   Invalid values get a 422 page (the JSON routes keep FastAPI's JSON answer).
-* ``/releases/{charge_id}``: one charge and what it published, with the confidence intervals as charts: the first
+* ``/releases/{charge_id}``: one charge (its amount in the account's unit, split per aggregate from the recorded
+  mechanisms) and what it published, with the confidence intervals as charts: the first
   :data:`MAX_SHOWN_AGGREGATES` aggregates drawn, each with its first :data:`MAX_SHOWN_VALUES` values in a chart and
   a table; the others named, each linking to ``?aggregate=NAME``, which shows that aggregate alone (404 page for a
   name the release does not have). A committed output too large to show here (``output_too_large``) gets a page
@@ -83,8 +90,12 @@ FILTER_FORMATS = {
     "after": "give the previous page's next_after id (the id of its last charge, which its Next page link carries), "
              "or leave it out for the first page",
     "limit": f"give a whole number from 1 to {MAX_PAGE}, or leave it empty for {DEFAULT_LIMIT}",
+    "blocks_before": "give the window of the last block of the previous page (its Older blocks link carries it), or "
+                     "leave it out for the latest blocks",
 }
 _FORM_FIELDS = ("dag_id", "state", "since", "until", "limit")
+#: The account page's cursor in its privacy blocks: the window of the previous page's last block.
+BlocksCursor = Annotated[str | None, Query(min_length=1, max_length=100, pattern=r"^[^\x00]*$")]
 
 _HERE = FilePath(__file__).parent
 # plotly.js draws with inline styles; everything else comes from this app
@@ -250,7 +261,9 @@ router = APIRouter()
 def overview_page(request: Request) -> Response:
     """Every budget account with its bar."""
     rows = queries.accounts_overview(_ledger(request))
-    return _page(request, "overview.html", accounts=rows, figure=charts.overview_figure(rows),
+    # a parent with privacy blocks is never charged: its bar would say 0 % whatever its blocks spent
+    charted = [row for row in rows if row.get("structure") != "blocks"]
+    return _page(request, "overview.html", accounts=rows, figure=charts.overview_figure(charted),
                  audit=request.app.state.verify.status())
 
 
@@ -264,14 +277,17 @@ def account_page(
     until: Annotated[UntilFilter, _Blank] = None,
     after: Annotated[AfterCursor, _Blank] = None,
     limit: Annotated[PageLimit, _BlankIsDefaultLimit] = DEFAULT_LIMIT,
+    blocks_before: Annotated[BlocksCursor, _Blank] = None,
 ) -> Response:
-    """One account: summary, burn-down, forecast, counts, audit-chain status and a page of its charges."""
+    """One account: summary, burn-down, forecast, its privacy blocks (a page, the latest first, after
+    ``blocks_before``) or team quotas, what the next run costs, refused attempts, counts, audit-chain status and a
+    page of its charges."""
     try:
         since, until = time_window(since, until)
     except ValueError as error:
         return _invalid_filters_page(request, [str(error)])
     ledger = _ledger(request)
-    detail = queries.account_detail(ledger, name)
+    detail = queries.account_detail(ledger, name, blocks_before=blocks_before)
     if detail is None:
         return _error_page(request, 404, "No such budget account", [f"There is no budget account {name!r}."])
     filters = {"dag_id": dag_id, "state": state, "since": since, "until": until, "limit": limit}

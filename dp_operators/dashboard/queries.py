@@ -46,7 +46,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
-from dp_operators.accounting import MAX_DENOMINATOR, round_up
+from dp_operators.accounting import MAX_DENOMINATOR, round_down, round_up
+from dp_operators.accounting.accountants import ACCOUNTANTS
 from dp_operators.ledger import schema
 from dp_operators.ledger.bounded import (
     MAX_DIGITS,
@@ -56,9 +57,11 @@ from dp_operators.ledger.bounded import (
     check_json,
     CutList,
     read_json_cut,
+    read_number,
     shown,
 )
 from dp_operators.ledger.errors import LedgerNotInitialisedError, UnreadableValueError
+from dp_operators.ledger.structure import MEMBER_SEPARATOR, QUOTA_PREFIX, WINDOWS
 from dp_operators.ledger.store import (
     ACCOUNT_READ_COLUMNS,
     SERIES_RUN_PREFIX,
@@ -103,6 +106,20 @@ MAX_SERIES_AMOUNTS = 10 * MAX_SERIES
 #: Most values of a committed output :func:`release_detail` keeps once each aggregate's rows are cut to its limit
 #: (some tens of MB as Python values); an output that would keep more is "too large to show here".
 MAX_SHOWN_OUTPUT_VALUES = 500_000
+#: Privacy blocks listed per page of a parent account's blocks (the latest windows first).
+BLOCKS_PAGE = 30
+#: Most refused attempts :func:`account_detail` lists (the latest first); ``refusals_total`` counts them all.
+MAX_REFUSALS = 50
+#: Most ``(dag_id, task_id, release_name)`` whose last committed charge :func:`account_detail` weighs against the
+#: remaining budget (the most recently committed first); ``runs_total`` counts them all.
+MAX_NEXT_RUNS = 50
+#: Most ``(account, dag_id, task_id, release_name)`` keys read to decide ``cannot_fund_next_run`` (the most recently
+#: committed first): a bound on what a ledger with unboundedly many release names costs a page.
+MAX_NEXT_RUN_KEYS = 10_000
+#: Refused attempts counted at most (``refusals_more`` says there are more): a flood of refusals is cheap to write.
+MAX_REFUSALS_COUNTED = 10_000
+#: Most noised steps of a charge's recorded mechanisms :func:`release_detail` splits per aggregate.
+MAX_SPLIT_STEPS = 1000
 
 _c = schema.charges.c
 _a = schema.accounts.c
@@ -292,7 +309,7 @@ _PAGE_COLUMNS = (
 )
 _RELEASE_COLUMNS = (
     _c.id, _c.account, _c.dag_id, _c.run_id, _c.task_id, _c.map_index, _c.release_name, _c.attempt, _c.state,
-    _c.amount, _c.output, _c.output_digest, _c.created_at, _c.updated_at,
+    _c.amount, _c.mechanisms, _c.output, _c.output_digest, _c.created_at, _c.updated_at,
 )
 
 
@@ -422,13 +439,6 @@ def _unreadable_account(name: Any, error: UnreadableValueError) -> dict[str, Any
             "unreadable": [f"{error.where}: {error.detail}"]}
 
 
-def _account_row(conn: Connection, row: Any) -> dict[str, Any]:
-    try:
-        return _overview_row(account_status(row, *reserved_totals(conn, row.name)))
-    except UnreadableValueError as error:
-        return _unreadable_account(row.name, error)
-
-
 def accounts_overview(ledger: LedgerBase | Engine | str) -> list[dict[str, Any]]:
     """Every budget account, by name: the data of ``dpctl ledger show --json``.
 
@@ -438,7 +448,13 @@ def accounts_overview(ledger: LedgerBase | Engine | str) -> list[dict[str, Any]]
     (``approx_dp`` only, else ``None``); ``cap_mu``/``spent_mu`` (``gaussian_dp`` only); ``spent_epsilon`` and
     ``cap_epsilon`` (floats: epsilon at the account's delta, CKS 2020 for zCDP, Dong-Roth-Su for Gaussian DP,
     rounded up; ``None`` without a delta); ``privacy_unit``; ``allowed_dags`` (list); ``fraction_spent``
-    (spent / cap as a float, for a bar).
+    (spent / cap as a float, for a bar); ``structure`` (``plain``, ``blocks``, ``quotas``, or ``member`` for a
+    member whose parent is not in the ledger) and ``parent`` (that parent); ``members`` (a parent with blocks or
+    quotas, else ``None``): ``{"kind", "window", "teams", "count", "exhausted", "unreadable", "least_remaining",
+    "least_remaining_float"}`` over its member accounts; ``cannot_fund_next_run`` as in :func:`account_detail`.
+
+    Member accounts (``X@2013-01-01``, ``X@quota:team``) are not rows of their own: they are counted in their
+    parent's ``members`` and listed by :func:`account_detail` of the parent (and each still has its own detail).
 
     An account whose row, or one of its reserved charges, holds a value the ledger does not write has ``name``
     (cut to 80 characters if the name itself is unreadable), every other field ``None`` and ``unreadable``: a list
@@ -448,8 +464,35 @@ def accounts_overview(ledger: LedgerBase | Engine | str) -> list[dict[str, Any]]
         LedgerNotInitialisedError: the ledger has no schema (or another version).
     """
     with _reading(ledger) as conn:
+        structures = {row.name: _structure(row.name, row.config) for row in conn.execute(_CONFIGS)}
+        parents = {name: s["kind"] for name, s in structures.items() if s["kind"] in ("blocks", "quotas")}
         rows = conn.execute(sa.select(*ACCOUNT_READ_COLUMNS).order_by(_a.name)).all()
-        return [_account_row(conn, row) for row in rows]
+        members: dict[str, list[Any]] = {name: [] for name in parents}
+        top = []
+        for row in rows:
+            parent = structures.get(row.name, {}).get("parent")
+            if parent in parents and _is_member_of(parent, parents[parent], row.name):
+                members[parent].append(row)  # listed on its parent's page, summed up in its parent's row
+            else:
+                top.append(row)
+        shown_rows = []
+        budgets = {}
+        for row in top:
+            shown_row, status = _member_row(conn, row)
+            structure = structures.get(row.name) or {"kind": "plain", "parent": None, "window": None, "teams": []}
+            shown_row["structure"] = structure["kind"]
+            shown_row["parent"] = structure["parent"]
+            shown_row["members"] = (_members_summary(structure["kind"], structure, members[row.name])
+                                    if row.name in parents else None)
+            shown_row["cannot_fund_next_run"] = None
+            if status is not None and structure["kind"] != "blocks":  # a blocks parent is never charged
+                budgets[row.name] = _budget(status)
+            shown_rows.append(shown_row)
+        runs = _next_runs(conn, budgets, limit=0)
+        for shown_row in shown_rows:
+            if shown_row["name"] in runs:
+                shown_row["cannot_fund_next_run"] = runs[shown_row["name"]]["cannot_fund_next_run"]
+        return shown_rows
 
 
 def _status(conn: Connection, name: str):
@@ -622,9 +665,12 @@ def account_detail(
     now: dt.datetime | None = None,
     window_days: float = FORECAST_WINDOW_DAYS,
     max_points: int = MAX_BURN_DOWN_POINTS,
+    blocks_before: str | None = None,
+    blocks_limit: int = BLOCKS_PAGE,
 ) -> dict[str, Any] | None:
-    """One account: its :func:`accounts_overview` row plus ``burn_down``, ``forecast``, ``charge_counts`` and
-    ``series``; ``None`` if there is no account ``name``.
+    """One account: its :func:`accounts_overview` row plus ``burn_down``, ``forecast``, ``charge_counts``,
+    ``series``, its budget structure, its refused attempts and whether it can fund another run; ``None`` if there is
+    no account ``name``.
 
     * ``burn_down``: ``{"unit", "cap_float", "points": [{"time", "cumulative", "charges"}, ...]}``, cumulative
       settled spend (committed + abandoned, a float in the account's unit) against time (ISO 8601 UTC, the
@@ -656,14 +702,37 @@ def account_detail(
       read one by one. A series whose names, amounts or recorded mechanisms hold a value the ledger does not write
       has ``None`` there and ``unreadable`` naming each.
 
+    * ``structure``, ``parent`` and ``members`` as in :func:`accounts_overview` (``members`` counts all the
+      blocks or quotas, and the exhausted ones).
+    * ``blocks`` (privacy blocks only): a page of the account's blocks, the latest window first: each an
+      :func:`accounts_overview` row of its member account plus ``window`` and ``cannot_fund_next_run``;
+      ``blocks_next_before`` is the ``blocks_before`` of the next page (``None`` on the last), ``blocks_limit`` the
+      page size. The parent itself is never charged: its own spent stays 0.
+    * ``quotas`` (team quotas only): per team, its member account's row (the quota is its ``cap``) plus ``team`` and
+      ``cannot_fund_next_run``; ``missing`` true for a team whose member the ledger does not hold.
+    * ``refusals``: the latest :data:`MAX_REFUSALS` ``refused`` audit events of the account (and of its members, on
+      a parent: each is recorded on the member that refused), latest first: ``id``, ``account`` (the one refused),
+      the release key fields, ``attempt``, ``amount`` and ``delta_amount`` (what was asked), ``reason`` (the event's
+      ``details.reason``: ``budget_exhausted``, ``dag_not_allowed``, ...), ``remaining`` and ``remaining_unit``
+      (for ``budget_exhausted``), ``created_at``; ``refusals_total`` counts them all up to
+      :data:`MAX_REFUSALS_COUNTED`, and ``refusals_more`` is true when there are more.
+    * ``next_run``: ``{"cannot_fund_next_run", "runs", "runs_total"}``: per ``(dag_id, task_id, release_name)`` the
+      account committed, the amount of its last committed charge as what one run costs (``charge_id``, ``amount``,
+      ``delta_amount``) and ``fundable`` (``amount <= remaining``, and the delta on ``approx_dp``), the most recent
+      :data:`MAX_NEXT_RUNS` first (of the :data:`MAX_NEXT_RUN_KEYS` most recent keys). ``cannot_fund_next_run`` (also at the top level and in ``forecast``) is true when
+      one of them is not fundable: the ledger would refuse that release's next run although the account is not
+      exhausted. ``None`` on a parent with blocks (each block says it).
+
     An account whose row (or a reserved charge of it) is unreadable is its :func:`accounts_overview` row
-    (``unreadable``, the other fields ``None``) with ``charge_counts`` and ``series``, and ``burn_down`` and
-    ``forecast`` ``None``.
+    (``unreadable``, the other fields ``None``) with ``charge_counts``, ``series``, ``structure`` and ``refusals``,
+    and ``burn_down``, ``forecast`` and ``cannot_fund_next_run`` ``None``.
 
     Args:
         now: the forecast's reference time (default: the current time, UTC).
         window_days: the forecast's window.
         max_points: most points of the burn-down (at least 2).
+        blocks_before: list the blocks whose window comes before this one (the previous page's last window).
+        blocks_limit: blocks per page.
 
     Raises:
         ValueError: ``max_points`` below 2.
@@ -687,16 +756,335 @@ def account_detail(
             total += number
         counts["total"] = total
         series, series_total = _account_series(conn, name)
+        structure = _structure(name, conn.execute(sa.select(_a.config).where(_a.name == name)).scalar())
+        kind = structure["kind"]
+        parent = kind in ("blocks", "quotas")
+        refusals, refusals_total = _refusals(conn, name, with_members=parent)
+        common = {"structure": kind, "parent": structure["parent"],
+                  "members": _members_of(conn, name, structure) if parent else None,
+                  "refusals": refusals, "refusals_total": min(refusals_total, MAX_REFUSALS_COUNTED),
+                  "refusals_more": refusals_total > MAX_REFUSALS_COUNTED}
         if isinstance(status, UnreadableValueError):
             return {**_unreadable_account(name, status), "burn_down": None, "forecast": None, "charge_counts": counts,
-                    "series": series, "series_total": series_total}
+                    "series": series, "series_total": series_total, "cannot_fund_next_run": None, **common}
         detail = _overview_row(status)
         points, first = _burn_down(conn, name, max_points)
         detail["burn_down"] = {"unit": status.unit, "cap_float": float(status.cap), "points": points}
         detail["forecast"] = _forecast(conn, name, status.remaining, first, now, window_days)
         detail["charge_counts"] = counts
         detail["series"], detail["series_total"] = series, series_total
+        detail.update(common)
+        if kind == "blocks":  # the parent is never charged: each block weighs its own runs
+            next_run = {"cannot_fund_next_run": None, "runs": [], "runs_total": 0}
+            detail.update(_blocks(conn, name, blocks_before, blocks_limit))
+        else:
+            next_run = _next_runs(conn, {name: _budget(status)})[name]
+        if kind == "quotas":
+            detail["quotas"] = _quotas(conn, name, structure["teams"])
+        detail["next_run"] = next_run
+        detail["cannot_fund_next_run"] = detail["forecast"]["cannot_fund_next_run"] = next_run["cannot_fund_next_run"]
     return detail
+
+
+# -- budget structure: privacy blocks, team quotas, refusals, the next run --------------------------------------
+
+_e = schema.audit_events.c
+_CONFIGS = sa.select(_a.name, _a.config).order_by(_a.name)
+_ACCOUNTANT_OF = sa.select(_a.accountant).where(_a.name == sa.bindparam("account"))
+_REFUSAL_COLUMNS = (
+    _e.id, _e.account, _e.created_at, _e.dag_id, _e.run_id, _e.task_id, _e.map_index, _e.release_name, _e.attempt,
+    _e.amount, _e.delta_amount, _e.details,
+)
+
+
+def _short(text: str, length: int) -> str:
+    """``text`` as it is, or cut to ``length`` characters and an ellipsis."""
+    return text if len(text) <= length else text[:length] + "…"
+
+
+def unit_or_none(accountant: Any) -> str | None:
+    """The unit (``epsilon``, ``rho``, ``mu_squared``) of an accountant name; ``None`` for any other value."""
+    return ACCOUNTANTS.get(accountant) if isinstance(accountant, str) else None
+
+
+def _structure(name: Any, config: Any) -> dict[str, Any]:
+    """An account's budget structure from its stored ``config`` (read within bounds; an unreadable one is a plain
+    account): ``{"kind": "blocks" | "quotas" | "member" | "plain", "parent", "window", "teams"}`` with ``parent`` the
+    parent of a member, ``window`` the granularity of blocks, ``teams`` the quotas' teams (sorted)."""
+    from dp_operators.ledger.structure import structure_of
+
+    read = read_row(schema.accounts, {"name": name, "config": config})
+    kind, detail = structure_of(read.values.get("config") if read.ok else None)
+    out: dict[str, Any] = {"kind": kind, "parent": None, "window": None, "teams": []}
+    if kind == "member":
+        if isinstance(detail, str) and isinstance(name, str) and name.startswith(detail + MEMBER_SEPARATOR):
+            out["parent"] = detail
+        else:  # a member record that names no parent it is part of: shown as a plain account
+            out["kind"] = "plain"
+    elif kind == "blocks":
+        out["window"] = detail if detail in WINDOWS else None
+    elif kind == "quotas":
+        out["teams"] = sorted(team for team in detail if isinstance(team, str))
+    return out
+
+
+def _member_prefix(name: str) -> str:
+    return name + MEMBER_SEPARATOR
+
+
+def _is_member_of(parent: str, parent_kind: str, name: Any) -> bool:
+    """Whether ``name`` is a member account of ``parent`` by its name: a block ``parent@<window>`` or a quota
+    ``parent@quota:<team>``."""
+    if not isinstance(name, str) or not name.startswith(_member_prefix(parent)):
+        return False
+    quota = name[len(parent) + 1:].startswith(QUOTA_PREFIX)
+    return quota if parent_kind == "quotas" else not quota
+
+
+def _remaining_of(row: Any) -> Fraction | None:
+    """The exact remaining budget of an account row (cap - spent, rounded down, at least 0); ``None`` when either is
+    unreadable."""
+    read = read_row(schema.accounts, {"name": row.name, "cap": row.cap, "spent": row.spent})
+    if not read.ok:
+        return None
+    return round_down(max(read.values["cap"] - read.values["spent"], Fraction(0)))
+
+
+def _members_summary(kind: str, structure: dict[str, Any], member_rows: list[Any]) -> dict[str, Any]:
+    """How many members a parent has, how many are exhausted (nothing remains) and the least remaining."""
+    remaining = [_remaining_of(row) for row in member_rows]
+    known = [value for value in remaining if value is not None]
+    least = min(known, default=None)
+    return {
+        "kind": kind,
+        "window": structure["window"],
+        "teams": structure["teams"],
+        "count": len(member_rows),
+        "exhausted": sum(1 for value in known if value <= 0),
+        "unreadable": len(remaining) - len(known),
+        "least_remaining": None if least is None else str(least),
+        "least_remaining_float": None if least is None else float(least),
+    }
+
+
+def _next_runs(conn: Connection, budgets: dict[str, tuple[Fraction, Fraction | None]],
+               limit: int = MAX_NEXT_RUNS) -> dict[str, dict[str, Any]]:
+    """Per account of ``budgets`` (``{name: (remaining, remaining delta or None)}``): whether it can fund another
+    run of each ``(dag_id, task_id, release_name)`` it committed, taking the amount of that key's last committed
+    charge as what one run costs: ``{"cannot_fund_next_run", "runs": [...], "runs_total"}``, the runs most recently
+    committed first, at most ``limit`` per account. ``cannot_fund_next_run`` is true when one run's amount (or, on
+    an ``approx_dp`` account, its delta) is more than what remains: the ledger would refuse the next run."""
+    out = {name: {"cannot_fund_next_run": False, "runs": [], "runs_total": 0} for name in budgets}
+    if not budgets:
+        return out
+    key = (_c.account, _c.dag_id, _c.task_id, _c.release_name)
+    last = (sa.select(*key, sa.func.max(_c.id).label("last_id"))
+            .where(_c.account.in_(list(budgets)), _COMMITTED).group_by(*key).subquery())
+    rows = conn.execute(
+        sa.select(_c.id, _c.account, _c.dag_id, _c.task_id, _c.release_name, _c.amount, _c.delta_amount)
+        .join(last, _c.id == last.c.last_id).order_by(_c.id.desc()).limit(MAX_NEXT_RUN_KEYS)
+    ).all()
+    for row in rows:
+        entry = out.get(row.account)
+        if entry is None:
+            continue
+        entry["runs_total"] += 1
+        remaining, remaining_delta = budgets[row.account]
+        read = read_row(schema.charges, row)
+        amount, delta = read.values.get("amount"), read.values.get("delta_amount")
+        if read.ok:
+            fundable = amount <= remaining and (remaining_delta is None or delta <= remaining_delta)
+        else:
+            fundable = None
+        if fundable is False:
+            entry["cannot_fund_next_run"] = True
+        if len(entry["runs"]) < limit:
+            run = {field: None if field in read.unreadable else getattr(row, field)
+                   for field in ("dag_id", "task_id", "release_name")}
+            run.update(charge_id=row.id, amount=None if amount is None else str(amount),
+                       amount_float=None if amount is None else float(amount),
+                       delta_amount=None if delta is None else str(delta), fundable=fundable)
+            if not read.ok:
+                run["unreadable"] = read.reasons()
+            entry["runs"].append(run)
+    return out
+
+
+def _budget(status) -> tuple[Fraction, Fraction | None]:
+    return status.remaining, status.remaining_delta
+
+
+def _member_row(conn: Connection, row: Any) -> tuple[dict[str, Any], Any]:
+    """A member account's row as :func:`accounts_overview` gives it, and its status (``None`` if unreadable)."""
+    try:
+        status = account_status(row, *reserved_totals(conn, row.name))
+    except UnreadableValueError as error:
+        return _unreadable_account(row.name, error), None
+    return _overview_row(status), status
+
+
+def _members_where(name: str, kind: str) -> tuple[Any, ...]:
+    """The SQL filter of parent ``name``'s member accounts by name (:func:`_is_member_of`)."""
+    prefix = _member_prefix(name)
+    quota = _a.name.startswith(prefix + QUOTA_PREFIX, autoescape=True)
+    return _a.name.startswith(prefix, autoescape=True), quota if kind == "quotas" else sa.not_(quota)
+
+
+def _members_of(conn: Connection, name: str, structure: dict[str, Any]) -> dict[str, Any]:
+    """The :func:`_members_summary` of parent ``name`` (one read of its members' names, caps and spends)."""
+    rows = conn.execute(sa.select(_a.name, _a.cap, _a.spent).where(*_members_where(name, structure["kind"]))).all()
+    return _members_summary(structure["kind"], structure, rows)
+
+
+def _blocks(conn: Connection, name: str, before: str | None, limit: int) -> dict[str, Any]:
+    """The privacy blocks of parent ``name``, the latest window first (windows of a granularity sort by name): a
+    page of ``limit`` after the window ``before`` (exclusive), each with its window, cap, spent, reserved,
+    remaining and whether it can fund another run."""
+    prefix = _member_prefix(name)
+    query = (sa.select(*ACCOUNT_READ_COLUMNS).where(*_members_where(name, "blocks")).order_by(_a.name.desc())
+             .limit(limit + 1))
+    if before is not None:
+        query = query.where(_a.name < prefix + before)
+    rows = conn.execute(query).all()
+    page = []
+    statuses = {}
+    for row in rows[:limit]:
+        shown_row, status = _member_row(conn, row)
+        shown_row["window"] = row.name[len(prefix):] if isinstance(row.name, str) else None
+        page.append(shown_row)
+        if status is not None:
+            statuses[status.name] = _budget(status)
+    runs = _next_runs(conn, statuses)
+    for shown_row in page:
+        shown_row["cannot_fund_next_run"] = runs.get(shown_row["name"], {}).get("cannot_fund_next_run")
+    return {
+        "blocks": page,
+        "blocks_before": before,
+        "blocks_next_before": page[-1]["window"] if len(rows) > limit and page else None,
+        "blocks_limit": limit,
+    }
+
+
+def _quotas(conn: Connection, name: str, teams: list[str]) -> list[dict[str, Any]]:
+    """Per team of parent ``name``'s quotas: its member account's row (quota as ``cap``, ``spent``, ``reserved``,
+    ``remaining``), the DAGs it covers and whether it can fund another run; ``missing`` when the ledger has no
+    member for it (``dpctl ledger apply`` creates them)."""
+    from dp_operators.ledger.structure import quota_account
+
+    out, statuses = [], {}
+    for team in teams:
+        member = quota_account(name, team)
+        row = conn.execute(_ACCOUNT_ROW, {"account": member}).first()
+        if row is None:
+            out.append({"team": team, "name": member, "missing": True})
+            continue
+        shown_row, status = _member_row(conn, row)
+        shown_row["team"] = team
+        out.append(shown_row)
+        if status is not None:
+            statuses[member] = _budget(status)
+    runs = _next_runs(conn, statuses)
+    for shown_row in out:
+        shown_row["cannot_fund_next_run"] = runs.get(shown_row["name"], {}).get("cannot_fund_next_run")
+    return out
+
+
+def _time_text(value: Any) -> str | None:
+    """An audit event's ``created_at`` text as ISO 8601 UTC; ``None`` if it holds no time."""
+    if not isinstance(value, str) or len(value) > 40:
+        return None
+    try:
+        return _iso(dt.datetime.fromisoformat(value.replace(" ", "T")))
+    except (ValueError, OverflowError):
+        return None
+
+
+def _refusals(conn: Connection, name: str, with_members: bool) -> tuple[list[dict[str, Any]], int]:
+    """The refused attempts on account ``name`` (and, on a parent, on its members: a refusal is recorded on the
+    member that refused), the latest :data:`MAX_REFUSALS` first, and how many there are (counted up to
+    :data:`MAX_REFUSALS_COUNTED` + 1)."""
+    accounts = _e.account == name
+    if with_members:
+        accounts = sa.or_(accounts, _e.account.startswith(_member_prefix(name), autoescape=True))
+    where = (_e.event == "refused", accounts)
+    counted = sa.select(_e.id).where(*where).limit(MAX_REFUSALS_COUNTED + 1).subquery()
+    total = conn.execute(sa.select(sa.func.count()).select_from(counted)).scalar()
+    rows = conn.execute(sa.select(*_REFUSAL_COLUMNS).where(*where).order_by(_e.id.desc()).limit(MAX_REFUSALS)).all()
+    out = []
+    for row in rows:
+        values = dict(row._mapping)
+        created = values.pop("created_at")
+        read = read_row(schema.audit_events, values)
+        checked = read.values
+        details = checked.get("details") if isinstance(checked.get("details"), dict) else {}
+        entry = {field: None if field in read.unreadable else value for field, value in values.items()
+                 if field not in ("amount", "delta_amount", "details")}
+        reason, remaining, unit = details.get("reason"), details.get("remaining"), details.get("unit")
+        entry.update(
+            created_at=_time_text(created),
+            amount=None if checked.get("amount") is None else str(checked["amount"]),
+            delta_amount=None if checked.get("delta_amount") is None else str(checked["delta_amount"]),
+            reason=_short(reason, 80) if isinstance(reason, str) else None,
+            remaining=remaining if isinstance(remaining, str) and len(remaining) <= 130 else None,
+            remaining_unit=_short(unit, 20) if isinstance(unit, str) else None,
+        )
+        if not read.ok:
+            entry["unreadable"] = read.reasons()
+        out.append(entry)
+    return out, total
+
+
+def _charge_split(mechanisms: Any, unit: str | None) -> dict[str, Any]:
+    """A charge's loss split per aggregate, from its recorded ``mechanisms`` (one entry per noised step, each
+    naming its ``aggregate``, ``component``, ``mechanism`` and its own loss: ``epsilon_exact``, ``rho_exact``,
+    ``delta_exact``).
+
+    Returns ``{"unit", "aggregates": [{"aggregate", "steps": [...], "loss", "loss_float", "delta"}], "total",
+    "total_float", "complete"}``: ``loss`` is the sum of the steps' recorded losses in the account's ``unit``
+    (exact strings), ``None`` when a step's loss is recorded in another unit (a Laplace step, epsilon, on a zCDP
+    account: the ledger converts it, which the record does not repeat; a ``mu_squared`` account's steps record
+    rho). ``total`` sums them when every aggregate has one; ``complete`` is false when steps were left out
+    (:data:`MAX_SPLIT_STEPS`)."""
+    steps = mechanisms if isinstance(mechanisms, list) else []
+    key = {"epsilon": "epsilon_exact", "rho": "rho_exact"}.get(unit or "")
+    groups: dict[str, dict[str, Any]] = {}
+    for described in steps[:MAX_SPLIT_STEPS]:
+        if not isinstance(described, dict):
+            continue
+        name = described.get("aggregate")
+        name = _short(name, 200) if isinstance(name, str) else "-"
+        group = groups.setdefault(name, {"aggregate": name, "steps": [], "loss": Fraction(0), "delta": Fraction(0)})
+        losses = {}
+        for field in ("epsilon", "rho", "delta"):
+            try:
+                losses[field] = read_number(described.get(f"{field}_exact"))
+            except BoundsError:
+                losses[field] = None
+        text = {field: described.get(field) if isinstance(described.get(field), str) else None
+                for field in ("component", "mechanism")}
+        group["steps"].append({**{field: _short(value, 80) if value else None for field, value in text.items()},
+                               **{field: None if value is None else str(value) for field, value in losses.items()}})
+        share = losses.get(key.split("_")[0]) if key else None
+        if share is None or group["loss"] is None:
+            group["loss"] = None
+        else:
+            group["loss"] += share
+        if losses["delta"] is not None and group["delta"] is not None:
+            group["delta"] += losses["delta"]
+    aggregates = []
+    total: Fraction | None = Fraction(0)
+    for group in groups.values():
+        loss = group["loss"]
+        total = None if loss is None or total is None else total + loss
+        aggregates.append({**group, "loss": None if loss is None else str(loss),
+                           "loss_float": None if loss is None else float(loss), "delta": str(group["delta"])})
+    return {
+        "unit": unit,
+        "aggregates": aggregates,
+        "total": None if total is None or not aggregates else str(total),
+        "total_float": None if total is None or not aggregates else float(total),
+        "complete": len(steps) <= MAX_SPLIT_STEPS,
+    }
 
 
 # -- charges --------------------------------------------------------------------------------------------------
@@ -742,7 +1130,8 @@ def account_charges(
     """A page of account ``name``'s charges, by id (oldest first), as ``dpctl ledger history`` filters them;
     ``None`` if there is no account ``name``.
 
-    Returns ``{"account", "charges": [...], "total", "next_after", "limit"}``: each charge has ``id``,
+    Returns ``{"account", "unit", "charges": [...], "total", "next_after", "limit"}`` (``unit``: the
+    accountant's, every amount's, ``None`` for an unreadable accountant): each charge has ``id``,
     ``dag_id``, ``run_id``, ``task_id``, ``map_index``, ``release_name``, ``attempt``, ``state``, ``amount``
     (exact string, account's unit) and ``amount_float``, ``delta_amount`` (exact string), ``mechanisms`` (the
     mechanism names, in order, without repeats), ``created_at`` and ``updated_at`` (ISO 8601 UTC). ``total``
@@ -774,7 +1163,8 @@ def account_charges(
     if until is not None:
         filters.append(_c.created_at < as_utc(until))
     with _reading(ledger) as conn:
-        if conn.execute(sa.select(_a.name).where(_a.name == name)).first() is None:
+        account = conn.execute(sa.select(_a.name, _a.accountant).where(_a.name == name)).first()
+        if account is None:
             return None
         total = conn.execute(sa.select(sa.func.count()).select_from(schema.charges).where(*filters)).scalar()
         page = sa.select(*_read_columns(conn, _PAGE_COLUMNS)).where(*filters).order_by(_c.id).limit(limit + 1)
@@ -785,6 +1175,7 @@ def account_charges(
     charges = [_charge_row(row) for row in rows[:limit]]
     return {
         "account": name,
+        "unit": unit_or_none(account.accountant),
         "charges": charges,
         "total": total,
         "next_after": charges[-1]["id"] if more else None,
@@ -795,8 +1186,9 @@ def account_charges(
 def run_charges(ledger: LedgerBase | Engine | str, dag_id: str, run_id: str, *, limit: int = MAX_PAGE) -> dict[str, Any]:
     """The charges of one DAG run, in every account, by id (the dashboard's DAG-run tab).
 
-    Returns ``{"dag_id", "run_id", "charges": [...], "total", "limit"}``: each charge as in
-    :func:`account_charges` plus ``account``; at most ``limit`` charges (the first by id), ``total`` counts them
+    Returns ``{"dag_id", "run_id", "units", "charges": [...], "total", "limit"}``: each charge as in
+    :func:`account_charges` plus ``account`` and ``unit`` (its account's accountant's unit); ``units`` the distinct
+    units of the charges listed; at most ``limit`` charges (the first by id), ``total`` counts them
     all. A run that spent nothing has no charges (an unknown run is not an error: Airflow knows its runs, the
     ledger only those that spent).
 
@@ -811,10 +1203,17 @@ def run_charges(ledger: LedgerBase | Engine | str, dag_id: str, run_id: str, *, 
         total = conn.execute(sa.select(sa.func.count()).select_from(schema.charges).where(*filters)).scalar()
         columns = _read_columns(conn, (_c.account, *_PAGE_COLUMNS))
         rows = conn.execute(sa.select(*columns).where(*filters).order_by(_c.id).limit(limit)).all()
+        names = sorted({row.account for row in rows if isinstance(row.account, str)})
+        units = {account: unit_or_none(accountant) for account, accountant in
+                 conn.execute(sa.select(_a.name, _a.accountant).where(_a.name.in_(names)))} if names else {}
+    charges = [_charge_row(row) for row in rows]
+    for charge in charges:
+        charge["unit"] = units.get(charge["account"]) if isinstance(charge["account"], str) else None
     return {
         "dag_id": dag_id,
         "run_id": run_id,
-        "charges": [_charge_row(row) for row in rows],
+        "units": sorted({charge["unit"] for charge in charges if charge["unit"]}),
+        "charges": charges,
         "total": total,
         "limit": limit,
     }
@@ -893,8 +1292,9 @@ def release_detail(
 ) -> dict[str, Any] | None:
     """The release of charge ``charge_id``; ``None`` if there is no such charge.
 
-    Returns the charge (``id``, ``account``, release key fields, ``attempt``, ``state``, ``amount``,
-    ``output_digest``, ``created_at``, ``updated_at``), ``output`` (the committed output JSON, or ``None`` when
+    Returns the charge (``id``, ``account``, release key fields, ``attempt``, ``state``, ``amount`` and its
+    ``unit``, ``output_digest``, ``created_at``, ``updated_at``), ``charge_split`` (the charge's recorded loss per
+    aggregate: :func:`_charge_split`), ``output`` (the committed output JSON, or ``None`` when
     the charge is not committed), ``output_complete`` and ``aggregates``: per aggregate, ``{"name", "kind",
     "mechanism", "group_by", "confidence", "values": [...], "values_total"}`` with the first ``limit`` values of
     :func:`_published_values` (value, half-width, interval; first in the stored order) and how many there are,
@@ -926,6 +1326,7 @@ def release_detail(
     with _reading(ledger) as conn:
         query = sa.select(*_read_columns(conn, _RELEASE_COLUMNS)).where(_c.id == charge_id)
         row = conn.execute(query).first()
+        accountant = None if row is None else conn.execute(_ACCOUNTANT_OF, {"account": row.account}).scalar()
     if row is None:
         return None
     values = _row_values(row)
@@ -967,6 +1368,9 @@ def release_detail(
         "attempt": row.attempt,
         "state": row.state,
         "amount": row.amount,
+        "unit": unit_or_none(accountant),
+        "charge_split": _charge_split(None if "mechanisms" in read.unreadable else read.values.get("mechanisms"),
+                                      unit_or_none(accountant)),
         "output_digest": row.output_digest,
         "created_at": _iso(row.created_at),
         "updated_at": _iso(row.updated_at),

@@ -40,7 +40,8 @@ HOSTILE_OUTPUT = {
         },
     },
 }
-HOSTILE_MECHANISMS = [{"mechanism": "<img src=x onerror=window.PWN=16>"}, {"mechanism": "discrete_laplace"}]
+HOSTILE_MECHANISMS = [{"mechanism": "<img src=x onerror=window.PWN=16>", "aggregate": HOSTILE_AGGREGATE},
+                      {"mechanism": "discrete_laplace", "aggregate": HOSTILE_AGGREGATE}]
 
 
 def hostile_release_id(ledger: Ledger, account: str = "census") -> int:

@@ -94,7 +94,9 @@ def test_hostile_strings_are_shown_as_written(hostile, token):
         assert fields.one("td", data_field="task_id").text() == HOSTILE_TASK
         assert fields.one("td", data_field="release_name").text() == HOSTILE_RELEASE
         assert [td.text() for td in page.all("td", data_field="key")] == HOSTILE_KEYS
-        assert page.all("h2")[0].text() == HOSTILE_AGGREGATE
+        assert page.all("section", class_="aggregate")[0].one("h2").text() == HOSTILE_AGGREGATE
+        # the charge's split names the aggregate as written too
+        assert page.one("section", id="charge-split").one("td", data_field="aggregate").text() == HOSTILE_AGGREGATE
 
 
 def test_the_json_api_answers_json_never_html(hostile, token):

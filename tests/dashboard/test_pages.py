@@ -767,7 +767,7 @@ def test_huge_published_values_are_shown_exactly_and_left_out_of_the_chart(fille
     big, small = api.json()["aggregates"][0]["values"]
     assert big["value"] == row["value"] and big["upper"] is None  # exact as stored; the bound is open
     assert json.loads(api.text)["output"]["aggregates"]["huge"]["rows"][0]["value"] == row["value"]
-    cells = document.one("tbody").all("tr")[0]
+    cells = document.one("table", class_="published-values").one("tbody").all("tr")[0]
     assert (cells.one("td", data_field="value").text(), cells.one("td", data_field="upper").text()) == (
         value_shown, "-")
     assert cells.one("td", data_field="value").attrs["data-exact"] == json.dumps(row["value"])

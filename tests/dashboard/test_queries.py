@@ -384,8 +384,10 @@ def test_run_charges_are_the_runs_charges_in_every_account(ledger_url, run_id):
     assert [c["state"] for c in page["charges"]] == ["committed", "abandoned"]
     assert {c["run_id"] for c in page["charges"]} == {run_id}
     assert page["charges"][0]["amount"] == "1/3" and page["charges"][0]["id"] == first.charge_id
+    # each charge in its own account's unit, and the run's units listed for the table's header
+    assert [c["unit"] for c in page["charges"]] == ["epsilon", "rho"] and page["units"] == ["epsilon", "rho"]
     assert queries.run_charges(ledger, "d", "no-such-run") == {
-        "dag_id": "d", "run_id": "no-such-run", "charges": [], "total": 0, "limit": queries.MAX_PAGE
+        "dag_id": "d", "run_id": "no-such-run", "units": [], "charges": [], "total": 0, "limit": queries.MAX_PAGE
     }
     limited = queries.run_charges(ledger, "d", run_id, limit=1)
     assert limited["total"] == 2 and len(limited["charges"]) == 1

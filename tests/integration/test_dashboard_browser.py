@@ -240,6 +240,10 @@ def test_account_page_shows_summary_burn_down_audit_and_charges(page, server, le
         assert row.locator("[data-field='mechanisms']").inner_text().strip() == \
             "discrete_gaussian, discrete_laplace"
     assert page.locator("#next-page").count() == 0
+    # the charges' header names the accountant's unit; the refused attempts have their section
+    unit = {"mu_squared": "mu^2"}.get(account.unit, account.unit)
+    assert f"Charge ({unit})" in page.locator("table#charges thead").inner_text()
+    assert page.locator("#refusals").count() == 1
     screenshot(page, "account", focus="#burn-down")
 
 
