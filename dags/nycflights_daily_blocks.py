@@ -8,11 +8,11 @@ One run per day of 2013. A run's data interval is its day, ``[day, day + 1)`` in
 values, kept out of the task log); ``release`` publishes them under ``config/releases/nyc_daily_blocks.yaml``.
 
 Budget: the account ``nyc_flights_daily`` (``config/ledgers.yaml``) has privacy blocks, one member account per day
-of 2013 (``nyc_flights_daily@2013-01-05``), each with the cap of one release (rho 0.125). The release of a run is
-charged on the block of its data interval's day, decided from the run's schedule, never from the data; the days are
-disjoint sets of flights, so each day's release has its own day's whole budget. Releasing a day again under another
-release name, or another run of the same day, is refused once that day's block is spent (docs/tutorial.md,
-"Privacy blocks").
+of 2013 (``nyc_flights_daily@2013-01-05``), each with rho 0.25: this release (rho 0.125) and one more over the same
+day. The release of a run is charged on the block of its data interval's day, decided from the run's schedule, never
+from the data; the days are disjoint sets of flights, so each day's release spends its own day's budget. Releasing a
+day again is refused once that day's block is spent, and a charge above rho 0.125 waits for a privacy officer's
+approval (the account's ``approval`` policy; docs/ledger.md, "Privacy blocks and team quotas").
 
 Without a scheduler, ``airflow dags test nycflights_daily_blocks 2013-01-02`` releases 1 January (a manual run's
 interval is the day that ends at its logical date); with one, unpausing the DAG releases every day of 2013

@@ -20,7 +20,7 @@ import pytest
 from pydantic import ValidationError
 
 from airflow.sdk.exceptions import AirflowFailException
-from dp_operators.ledger import LedgerConfig, load_ledger_config
+from dp_operators.ledger import LedgerConfig, ReleaseKey, load_ledger_config
 from dp_operators.operators.release import DPReleaseOperator
 from dp_operators.spec import load_spec
 
@@ -427,6 +427,7 @@ def test_a_charge_above_the_example_approval_threshold_waits_then_is_charged_on_
     assert list(ledger.charges()) == []
     (request,) = officer.approval_requests(pending=True)
     assert request["account"] == ACCOUNT and Fraction(request["amount"]) == 2 * CHARGE
+    assert request["plan"]["blocks"] == [{"window": "2013-01-05", "remaining_after": "0"}]
     officer.decide_approval(ACCOUNT, request["request"], approve=approve, reason="one-off backfill")
     if approve:
         output = run_day(tmp_path, day, large)
@@ -438,3 +439,28 @@ def test_a_charge_above_the_example_approval_threshold_waits_then_is_charged_on_
             run_day(tmp_path, day, large)
         assert list(ledger.charges()) == []
     assert officer.verify().ok, officer.verify().problems
+
+
+def test_the_budget_check_follows_the_approval_policy_pending_granted_and_rejected(ledger_url, tmp_path, monkeypatch):  # noqa: F811
+    """Above the example's threshold the gate lets the run go on to wait for the officer (approval_required,
+    fits); a grant makes it fit plainly; a rejection does not fit."""
+    from dp_operators.release.budget_check import check_budget
+    from dp_operators.spec import load_spec
+
+    officer = governor(ledger_url)
+    officer.init_schema()
+    officer.apply_config(LedgerConfig(version=1, accounts={
+        ACCOUNT: load_ledger_config(REPO / "config" / "ledgers.yaml").accounts[ACCOUNT]}))
+    ledger = spender(ledger_url)
+    large = tmp_path / "large.yaml"
+    large.write_text(SPEC.read_text().replace("budget: {rho: 0.125}", "budget: {rho: 0.25}"))
+    spec = load_spec(large)
+    key = ReleaseKey(DAG_ID, "scheduled__2013-01-05", "release", -1, spec.release)
+    assert check_budget(load_spec(SPEC), ledger, DAG_ID, windows=["2013-01-05"], release_key=key).reason == "fits"
+    pending = check_budget(spec, ledger, DAG_ID, windows=["2013-01-05"], release_key=key)
+    assert pending.fits and pending.reason == "approval_required"
+    request = ledger.request_approval(key, account=ACCOUNT, amount=2 * CHARGE, mechanisms=[], spec_hash="0" * 64,
+                                      plan={"charge": "1/4"})
+    officer.decide_approval(ACCOUNT, request["request"], approve=False, reason="no")
+    rejected = check_budget(spec, ledger, DAG_ID, windows=["2013-01-05"], release_key=key)
+    assert not rejected.fits and rejected.reason == "approval_rejected"

@@ -113,6 +113,9 @@ def ledger_show(
             if parent != row["account"] and parent in names:
                 folded.setdefault(parent, []).append(row)
     hidden = {id(row) for members in folded.values() for row in members}
+    # an account with privacy blocks is never charged itself: its row says so rather than look unspent
+    blocked = {parent for parent, members in folded.items()
+               if any(not m["account"].split(MEMBER_SEPARATOR, 1)[1].startswith("quota:") for m in members)}
     for row in rows:
         if id(row) in hidden:
             continue
@@ -126,6 +129,13 @@ def ledger_show(
                 as_eps += f" at delta {_decimal(row['delta'])}"
         cap = _decimal(row["cap"]) + (f" (mu {row['cap_mu']:.4g})" if row["cap_mu"] is not None else "")
         spent = _decimal(row["spent"]) + (f" (mu {row['spent_mu']:.4g})" if row["spent_mu"] is not None else "")
+        if row["account"] in blocked:
+            table.add_row(
+                visible(row["account"]), visible(row["accountant"]), visible(row["unit"]), cap + " a block",
+                "on its blocks", "-", "per block (below)", "-",
+                visible(describe_allowed_roles(allowed_roles.get(row["account"]))),
+            )
+            continue
         table.add_row(
             visible(row["account"]), visible(row["accountant"]), visible(row["unit"]), cap, spent,
             _decimal(row["reserved"]), _decimal(row["remaining"]), as_eps,

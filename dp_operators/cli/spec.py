@@ -186,6 +186,11 @@ def spec_plan(
             # the run's guarantee is (charge_per_run, delta_per_run): its delta, not the account's delta cap
             summary.update(delta=float(delta_per_run), delta_per_run=str(delta_per_run))
     structure = None
+    if data_interval is not None and partition_key is not None:
+        _fail("give --data-interval (calendar blocks) or --partition-key (partition blocks), not both")
+    if ledger is None and (data_interval is not None or partition_key is not None):
+        _fail("--data-interval and --partition-key read the account's privacy blocks from a ledger: give --url or "
+              "--conn-id (or set DP_LEDGER_URL)")
     if ledger is not None and chosen is not None:
         with _ledger_errors():
             structure = _structure_plan(ledger, loaded, total, data_interval, partition_key)
@@ -286,6 +291,13 @@ def spec_plan(
     console.print(line, highlight=False)
     if structure is not None:
         _print_structure(structure, unit)
+    if ledger is not None:
+        with _ledger_errors():
+            note = _approval_note(ledger, loaded.budget_account, total, structure)
+        if note:
+            console.print(note, highlight=False)
+    if structure is not None and structure.get("run_funded") is False:
+        raise typer.Exit(1)  # the run would be refused: as for a series that cannot be released
 
 
 def _print_series_plan(loaded, as_json: bool) -> None:
@@ -348,6 +360,10 @@ def _structure_plan(ledger, loaded, charge: Fraction, data_interval: str | None,
     from dp_operators.ledger.structure import block_account, windows_read
 
     kind, detail = ledger.structure(loaded.budget_account)
+    if kind != "blocks" and getattr(loaded, "lookback_windows", None) is not None:
+        _fail(f"{loaded.release!r} declares lookback_windows: {loaded.lookback_windows}, but budget account "
+              f"{loaded.budget_account!r} has no privacy blocks: a release would be refused. Drop lookback_windows, "
+              "or name an account with calendar blocks")
     members = {member.name: member for member in ledger.members(loaded.budget_account)}
     if kind == "quotas":
         teams = []
@@ -388,6 +404,31 @@ def _structure_plan(ledger, loaded, charge: Fraction, data_interval: str | None,
                        "funds_a_run": member is not None and member.remaining >= charge})
     out.update(run_charges=blocks, run_funded=all(block["funds_a_run"] for block in blocks))
     return out
+
+
+def _approval_note(ledger, account_name: str, charge: Fraction, structure: dict | None) -> str | None:
+    """Why a run's charge would wait for a privacy officer's approval (the account's ``approval`` policy, amount
+    rules; docs/ledger.md), or ``None``."""
+    import sqlalchemy as sa
+
+    from dp_operators.ledger import approvals, schema
+
+    with ledger._read() as conn:
+        config = conn.execute(sa.select(schema.accounts.c.config)
+                              .where(schema.accounts.c.name == account_name)).scalar()
+    policy = approvals.policy_of(config)
+    if policy is None:
+        return None
+    if structure is not None and structure.get("run_charges"):
+        remaining = min((Fraction(b["remaining"]) for b in structure["run_charges"] if b["remaining"] is not None),
+                        default=Fraction(0))
+    else:
+        remaining = ledger.account(account_name).remaining
+    reasons = approvals.approval_reasons(policy, charge, max(remaining, Fraction(0)))
+    if not reasons:
+        return None
+    return (f"this run's charge needs a privacy officer's approval ({', '.join(reasons)}): the release files a request "
+            f"and waits (dpctl ledger approvals; dpctl ledger approve {account_name} N)")
 
 
 def _print_structure(structure: dict, unit: str) -> None:

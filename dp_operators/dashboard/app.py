@@ -26,7 +26,16 @@ Routes (all ``GET``; there are no write routes, so any other method gets 405):
 * ``/api/runs/{dag_id}/{run_id}``: the charges of one DAG run in every account (``run_id`` may hold any character,
   percent-encoded; :func:`~dp_operators.dashboard.queries.run_charges`).
 * ``/api/audit-chain``: the latest structural check of the audit chains, run in the background
-  (:class:`~dp_operators.dashboard.audit_status.AuditChainStatus`).
+  (:class:`~dp_operators.dashboard.audit_status.AuditChainStatus`); without the ``problems`` list for a user who
+  is no privacy officer (:func:`audit_for`).
+* ``/api/approvals``: the approval requests waiting for a privacy officer
+  (:func:`~dp_operators.dashboard.queries.pending_approvals`), read-only.
+
+Who sees what (ADR 0035, :mod:`dp_operators.dashboard.access`): every route takes the user's
+:class:`~dp_operators.dashboard.access.DagAccess` (:func:`viewer_access`): a privacy officer (may read every DAG)
+sees everything; anyone else only the accounts one of whose ``allowed_dags`` it may read, with only the charges,
+lists and approvals of the DAGs it may read, and the releases and runs of those DAGs. A hidden account, release or
+run answers 404 exactly as an unknown one.
 
 The HTML pages over the same queries are added by :func:`dp_operators.dashboard.pages.add_pages`.
 
@@ -80,6 +89,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from dp_operators.dashboard import queries
+from dp_operators.dashboard.access import DagAccess, user_access
 from dp_operators.dashboard.audit_status import DEFAULT_INTERVAL, AuditChainStatus
 from dp_operators.dashboard.queries import CHARGE_STATES, MAX_PAGE, MAX_RELEASE_VALUES, LedgerUnavailableError
 from dp_operators.ledger.errors import LedgerNotInitialisedError
@@ -268,6 +278,27 @@ class _LedgerSlot:
                 engine.dispose()
 
 
+def viewer_access(user: Annotated[Any, Depends(require_dashboard_user)]) -> DagAccess:
+    """What the request's user may see (ADR 0035; :func:`~dp_operators.dashboard.access.user_access`): everything
+    for a privacy officer, else the DAGs the auth manager lets it read. A plain function: FastAPI runs it in its
+    thread pool, as the auth manager's checks may read Airflow's database."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    return user_access(get_auth_manager(), user)
+
+
+AccessDep = Annotated[DagAccess, Depends(viewer_access)]
+
+
+def audit_for(access: DagAccess, audit: dict[str, Any]) -> dict[str, Any]:
+    """The audit-chain status as ``access`` may see it: a privacy officer the whole of it; anyone else without the
+    ``problems`` list (each problem names an account, a charge or a DAG it may not read), with
+    ``problems_hidden`` true; the count and the state stay."""
+    if access.everything:
+        return audit
+    return {**audit, "problems": [], "problems_hidden": True}
+
+
 def _read_ledger(request: Request) -> Ledger:
     """The app's ledger (opened at the first request that gets this far, i.e. past authentication)."""
     return request.app.state.ledger()
@@ -447,14 +478,19 @@ def create_app(
         app.add_exception_handler(error_type, ledger_unavailable)
 
     @app.get("/api/accounts")
-    def list_accounts(ledger: LedgerDep) -> list[dict]:
-        return queries.accounts_overview(ledger)
+    def list_accounts(ledger: LedgerDep, access: AccessDep) -> list[dict]:
+        return queries.accounts_overview(ledger, access)
+
+    @app.get("/api/approvals")
+    def list_approvals(ledger: LedgerDep, access: AccessDep) -> dict:
+        return queries.pending_approvals(ledger, access=access)
 
     # declared before the account route, which would take ".../charges" as part of a name holding "/"
     @app.get("/api/accounts/{name:path}/charges")
     def list_charges(
         name: AccountName,
         ledger: LedgerDep,
+        access: AccessDep,
         dag_id: DagIdFilter = None,
         state: StateFilter = None,
         since: SinceFilter = None,
@@ -467,27 +503,28 @@ def create_app(
         except ValueError as error:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
         page = queries.account_charges(
-            ledger, name, dag_id=dag_id, state=state, since=since, until=until, after=after, limit=limit
+            ledger, name, dag_id=dag_id, state=state, since=since, until=until, after=after, limit=limit,
+            access=access,
         )
         return _found(page, "budget account")
 
     @app.get("/api/accounts/{name:path}")
-    def get_account(name: AccountName, ledger: LedgerDep) -> dict:
-        return _found(queries.account_detail(ledger, name), "budget account")
+    def get_account(name: AccountName, ledger: LedgerDep, access: AccessDep) -> dict:
+        return _found(queries.account_detail(ledger, name, access=access), "budget account")
 
     @app.get("/api/releases/{charge_id}")
     def get_release(
-        charge_id: ChargeId, ledger: LedgerDep, limit: ReleaseValuesLimit = DEFAULT_RELEASE_VALUES
+        charge_id: ChargeId, ledger: LedgerDep, access: AccessDep, limit: ReleaseValuesLimit = DEFAULT_RELEASE_VALUES
     ) -> dict:
-        return _found(queries.release_detail(ledger, charge_id, limit=limit), "release")
+        return _found(queries.release_detail(ledger, charge_id, limit=limit, access=access), "release")
 
     @app.get("/api/runs/{dag_id}/{run_id:path}")
-    def get_run(dag_id: DagId, run_id: RunId, ledger: LedgerDep) -> dict:
-        return queries.run_charges(ledger, dag_id, run_id)
+    def get_run(dag_id: DagId, run_id: RunId, ledger: LedgerDep, access: AccessDep) -> dict:
+        return _found(queries.run_charges(ledger, dag_id, run_id, access=access), "DAG run")
 
     @app.get("/api/audit-chain")
-    def get_audit_chain(request: Request) -> dict:
-        return request.app.state.verify.status()
+    def get_audit_chain(request: Request, access: AccessDep) -> dict:
+        return audit_for(access, request.app.state.verify.status())
 
     from dp_operators.dashboard.pages import add_pages
 

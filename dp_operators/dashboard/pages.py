@@ -20,6 +20,9 @@ Routes (all ``GET``, all behind the app's :func:`~dp_operators.dashboard.app.req
   a table; the others named, each linking to ``?aggregate=NAME``, which shows that aggregate alone (404 page for a
   name the release does not have). A committed output too large to show here (``output_too_large``) gets a page
   saying so, with the charge's release key and digest.
+* Every page shows what the user may see (ADR 0035): the overview and account pages also list the approval
+  requests waiting for a privacy officer, with the ``dpctl ledger approve`` command to decide each; a hidden
+  account, release or run gets the 404 page of an unknown one.
 * ``/runs/{dag_id}/{run_id}``: the charges of one DAG run (Airflow's DAG-run tab; ``run_id`` percent-encoded, may
   hold ``/``; a DAG id cannot, Airflow refuses one).
 * ``/static/{plotly.min.js,dashboard.css,dashboard.js}``: plotly.js from the installed plotly package (no CDN)
@@ -66,9 +69,9 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from dp_operators.dashboard import charts, queries
 from dp_operators.dashboard.app import (
-    DEFAULT_LIMIT, DEFAULT_RELEASE_VALUES, LEDGER_ERRORS, AccountName, AfterCursor, ChargeId, DagId, DagIdFilter,
-    PageLimit, RunId, SinceFilter, StateFilter, UntilFilter, forget_ledger, ledger_unavailable, time_window,
-    unavailable_message,
+    DEFAULT_LIMIT, DEFAULT_RELEASE_VALUES, LEDGER_ERRORS, AccessDep, AccountName, AfterCursor, ChargeId, DagId,
+    DagIdFilter, PageLimit, RunId, SinceFilter, StateFilter, UntilFilter, audit_for, forget_ledger,
+    ledger_unavailable, time_window, unavailable_message,
 )
 from dp_operators.dashboard.queries import MAX_PAGE
 from dp_operators.ledger.bounded import SHOWN_CHARS, BoundsError, read_number, shown
@@ -258,19 +261,23 @@ router = APIRouter()
 
 
 @router.get("/", name="overview_page")
-def overview_page(request: Request) -> Response:
-    """Every budget account with its bar."""
-    rows = queries.accounts_overview(_ledger(request))
+def overview_page(request: Request, access: AccessDep) -> Response:
+    """Every budget account the viewer may see, with its bar, and the approval requests waiting for a decision."""
+    ledger = _ledger(request)
+    rows = queries.accounts_overview(ledger, access)
+    approvals = queries.pending_approvals(ledger, access=access)
     # a parent with privacy blocks is never charged: its bar would say 0 % whatever its blocks spent
     charted = [row for row in rows if row.get("structure") != "blocks"]
     return _page(request, "overview.html", accounts=rows, figure=charts.overview_figure(charted),
-                 audit=request.app.state.verify.status())
+                 audit=audit_for(access, request.app.state.verify.status()), approvals=approvals,
+                 restricted=not access.everything)
 
 
 @router.get("/accounts/{name:path}", name="account_page")
 def account_page(
     request: Request,
     name: AccountName,
+    access: AccessDep,
     dag_id: Annotated[DagIdFilter, _Blank] = None,
     state: Annotated[StateFilter, _Blank] = None,
     since: Annotated[SinceFilter, _Blank] = None,
@@ -287,11 +294,11 @@ def account_page(
     except ValueError as error:
         return _invalid_filters_page(request, [str(error)])
     ledger = _ledger(request)
-    detail = queries.account_detail(ledger, name, blocks_before=blocks_before)
-    if detail is None:
+    detail = queries.account_detail(ledger, name, blocks_before=blocks_before, access=access)
+    if detail is None:  # unknown, or not the viewer's to see: the same answer (ADR 0035)
         return _error_page(request, 404, "No such budget account", [f"There is no budget account {name!r}."])
     filters = {"dag_id": dag_id, "state": state, "since": since, "until": until, "limit": limit}
-    page = queries.account_charges(ledger, name, after=after, **filters)
+    page = queries.account_charges(ledger, name, after=after, access=access, **filters)
     # the filters as the next page's and the form's query: times in ISO 8601, the default limit left out
     query = {**filters, "since": since and since.isoformat(), "until": until and until.isoformat(),
              "limit": None if limit == DEFAULT_LIMIT else limit}
@@ -300,7 +307,7 @@ def account_page(
         "account.html",
         account=detail,
         figure=None if detail.get("unreadable") else charts.burn_down_figure(detail),
-        audit=request.app.state.verify.status(),
+        audit=audit_for(access, request.app.state.verify.status()),
         page=page,
         query=query,
         after=after,
@@ -311,12 +318,13 @@ def account_page(
 def release_page(
     request: Request,
     charge_id: ChargeId,
+    access: AccessDep,
     aggregate: Annotated[str | None, Query(min_length=1), _Blank] = None,
 ) -> Response:
     """One charge and, when committed, its published values with their confidence intervals: the first
     :data:`MAX_SHOWN_AGGREGATES` aggregates, or only ``aggregate``."""
-    release = queries.release_detail(_ledger(request), charge_id, limit=MAX_SHOWN_VALUES)
-    if release is None:
+    release = queries.release_detail(_ledger(request), charge_id, limit=MAX_SHOWN_VALUES, access=access)
+    if release is None:  # unknown, or of a DAG the viewer may not read: the same answer (ADR 0035)
         return _error_page(request, 404, "No such release", [f"There is no charge {charge_id} in the ledger."])
     if release.get("output_too_large"):
         key = ", ".join(f"{name} {release[name]!r}" for name in ("account", "dag_id", "run_id", "task_id",
@@ -352,9 +360,12 @@ def _shown(aggregate: dict[str, Any]) -> dict[str, Any]:
 
 
 @router.get("/runs/{dag_id}/{run_id:path}", name="run_page")
-def run_page(request: Request, dag_id: DagId, run_id: RunId) -> Response:
-    """The charges of one DAG run in every account (Airflow's DAG-run tab)."""
-    run = queries.run_charges(_ledger(request), dag_id, run_id, limit=RUN_PAGE_CHARGES)
+def run_page(request: Request, dag_id: DagId, run_id: RunId, access: AccessDep) -> Response:
+    """The charges of one DAG run in every account (Airflow's DAG-run tab); a 404 page for a DAG the viewer may not
+    read."""
+    run = queries.run_charges(_ledger(request), dag_id, run_id, limit=RUN_PAGE_CHARGES, access=access)
+    if run is None:
+        return _error_page(request, 404, "No such DAG run", [f"There is no DAG run {run_id!r} of DAG {dag_id!r}."])
     return _page(request, "run.html", run=run)
 
 

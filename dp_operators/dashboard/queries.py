@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import re
+import shlex
 import weakref
 from collections.abc import Callable, Iterator
 from fractions import Fraction
@@ -47,6 +48,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from dp_operators.accounting import MAX_DENOMINATOR, round_down, round_up
+from dp_operators.dashboard.access import MAX_ASKED_DAGS, DagAccess
 from dp_operators.accounting.accountants import ACCOUNTANTS
 from dp_operators.ledger import schema
 from dp_operators.ledger.bounded import (
@@ -60,6 +62,7 @@ from dp_operators.ledger.bounded import (
     read_number,
     shown,
 )
+from dp_operators.ledger.approvals import APPROVAL_DECISIONS, APPROVAL_REQUESTED
 from dp_operators.ledger.errors import LedgerNotInitialisedError, UnreadableValueError
 from dp_operators.ledger.structure import MEMBER_SEPARATOR, QUOTA_PREFIX, WINDOWS
 from dp_operators.ledger.store import (
@@ -120,6 +123,18 @@ MAX_NEXT_RUN_KEYS = 10_000
 MAX_REFUSALS_COUNTED = 10_000
 #: Most noised steps of a charge's recorded mechanisms :func:`release_detail` splits per aggregate.
 MAX_SPLIT_STEPS = 1000
+
+#: Most pending approval requests listed (the latest first), on an account page and in :func:`pending_approvals`.
+MAX_APPROVALS = 100
+#: Most ``approval_requested`` events read (the latest first) to find the pending ones; ``approvals_more`` says
+#: there are more (the older ones have mostly timed out).
+MAX_APPROVAL_REQUESTS_READ = 500
+#: Most decisions (``approval_granted``/``approval_rejected``) read to tell which requests are decided.
+MAX_APPROVAL_DECISIONS_READ = 10_000
+#: Most mechanisms of a request's plan listed; ``mechanisms_total`` counts them all.
+MAX_PLAN_STEPS = 100
+#: An account's approval timeout when its policy gives none (docs/ledger.md, ``timeout_hours``).
+DEFAULT_APPROVAL_HOURS = 24
 
 _c = schema.charges.c
 _a = schema.accounts.c
@@ -412,6 +427,43 @@ def _time(value: Any) -> dt.datetime | None:
     return value if isinstance(value, dt.datetime) else None
 
 
+# -- who sees what (dp_operators.dashboard.access, ADR 0035) ----------------------------------------------------
+def _readable_dags(conn: Connection, access: DagAccess | None, charges_where: Any = None, events_where: Any = None,
+                   extra: Any = ()) -> frozenset[str] | None:
+    """The DAG ids a filtered viewer may read among ``extra`` and those of the charges (``charges_where``) and audit
+    events (``events_where``) in question, each read as at most :data:`MAX_ASKED_DAGS` distinct values (the others
+    count as unreadable); ``None`` (no filter) for a privacy officer or without ``access``."""
+    if access is None or access.everything:
+        return None
+    asked = set(extra) if isinstance(extra, (list, tuple, set, frozenset)) else set()
+    if charges_where is not None:
+        asked.update(conn.execute(sa.select(_c.dag_id).where(charges_where).distinct().limit(MAX_ASKED_DAGS)).scalars())
+    if events_where is not None:
+        asked.update(conn.execute(sa.select(_e.dag_id).where(events_where).distinct().limit(MAX_ASKED_DAGS)).scalars())
+    return access.readable(asked)
+
+
+def _of_dags(column: Any, dags: frozenset[str] | None) -> Any:
+    """The SQL filter of rows whose DAG is one of ``dags`` (``None``: every row)."""
+    return sa.true() if dags is None else column.in_(sorted(dags))
+
+
+def _allowed_dags(conn: Connection, name: str) -> tuple[bool, list[str] | None]:
+    """Whether account ``name`` exists, and its ``allowed_dags`` as read (``None`` when unreadable)."""
+    row = conn.execute(sa.select(_a.name, _a.allowed_dags).where(_a.name == name)).first()
+    if row is None:
+        return False, None
+    read = read_row(schema.accounts, {"name": row.name, "allowed_dags": row.allowed_dags})
+    return True, read.values.get("allowed_dags") if read.ok else None
+
+
+def account_visible(ledger: LedgerBase | Engine | str, name: str, access: DagAccess | None) -> bool:
+    """Whether account ``name`` exists and the viewer may see it (:meth:`DagAccess.may_see_account`)."""
+    with _reading(ledger) as conn:
+        exists, allowed = _allowed_dags(conn, name)
+    return exists and (access is None or access.may_see_account(allowed))
+
+
 # -- accounts -------------------------------------------------------------------------------------------------
 #: The fields of an account row (:func:`accounts_overview`), all ``None`` in an unreadable account's row.
 _OVERVIEW_FIELDS = (
@@ -439,7 +491,7 @@ def _unreadable_account(name: Any, error: UnreadableValueError) -> dict[str, Any
             "unreadable": [f"{error.where}: {error.detail}"]}
 
 
-def accounts_overview(ledger: LedgerBase | Engine | str) -> list[dict[str, Any]]:
+def accounts_overview(ledger: LedgerBase | Engine | str, access: DagAccess | None = None) -> list[dict[str, Any]]:
     """Every budget account, by name: the data of ``dpctl ledger show --json``.
 
     Each row: ``name``, ``accountant``, ``unit`` (``epsilon``, ``rho`` or ``mu_squared``); ``cap``, ``spent``
@@ -459,6 +511,10 @@ def accounts_overview(ledger: LedgerBase | Engine | str) -> list[dict[str, Any]]
     An account whose row, or one of its reserved charges, holds a value the ledger does not write has ``name``
     (cut to 80 characters if the name itself is unreadable), every other field ``None`` and ``unreadable``: a list
     of ``"<table> <row>: <column> [value] what is wrong"`` (docs/ledger.md, "Hostile rows").
+
+    With ``access`` (:class:`~dp_operators.dashboard.access.DagAccess`) of a viewer who is no privacy officer,
+    only the accounts it may see (one of their ``allowed_dags`` readable; an unreadable account never), and
+    ``cannot_fund_next_run`` weighs only the releases of DAGs it may read.
 
     Raises:
         LedgerNotInitialisedError: the ledger has no schema (or another version).
@@ -485,10 +541,13 @@ def accounts_overview(ledger: LedgerBase | Engine | str) -> list[dict[str, Any]]
             shown_row["members"] = (_members_summary(structure["kind"], structure, members[row.name])
                                     if row.name in parents else None)
             shown_row["cannot_fund_next_run"] = None
+            if access is not None and not access.may_see_account(shown_row.get("allowed_dags")):
+                continue
             if status is not None and structure["kind"] != "blocks":  # a blocks parent is never charged
                 budgets[row.name] = _budget(status)
             shown_rows.append(shown_row)
-        runs = _next_runs(conn, budgets, limit=0)
+        dags = _readable_dags(conn, access, _c.account.in_(sorted(budgets))) if budgets else None
+        runs = _next_runs(conn, budgets, limit=0, dags=dags)
         for shown_row in shown_rows:
             if shown_row["name"] in runs:
                 shown_row["cannot_fund_next_run"] = runs[shown_row["name"]]["cannot_fund_next_run"]
@@ -574,17 +633,21 @@ def _days(days: float) -> str:
 _SERIES_NAMES = ("dag_id", "task_id", "map_index", "release_name")
 
 
-def _account_series(conn: Connection, name: str) -> tuple[list[dict[str, Any]], int]:
+def _account_series(conn: Connection, name: str,
+                    dags: frozenset[str] | None = None) -> tuple[list[dict[str, Any]], int]:
     """The first :data:`MAX_SERIES` series of account ``name`` (see :func:`account_detail`) and how many it has.
     One scan of the account's step charges, grouped in SQL by series and amount, of which the first
     :data:`MAX_SERIES_AMOUNTS` groups are read; then the mechanisms that give the listed series' horizons (by id),
     and the number of series only when the groups read do not hold them all."""
-    groups = conn.execute(_SERIES_GROUPS.limit(MAX_SERIES_AMOUNTS + 1), {"account": name}).all()
+    of_dags = _of_dags(_c.dag_id, dags)
+    groups = conn.execute(_SERIES_GROUPS.where(of_dags).limit(MAX_SERIES_AMOUNTS + 1), {"account": name}).all()
     cut = len(groups) > MAX_SERIES_AMOUNTS
     series: dict[tuple, list[Any]] = {}
     for group in groups[:MAX_SERIES_AMOUNTS]:
         series.setdefault(tuple(group[:5]), []).append(group)
-    total = conn.execute(_SERIES_COUNT, {"account": name}).scalar() if cut else len(series)
+    counted = sa.select(sa.func.count()).select_from(
+        sa.select(*_SERIES_KEY).where(*_OF_SERIES, of_dags).group_by(*_SERIES_KEY).subquery())
+    total = conn.execute(counted, {"account": name}).scalar() if cut else len(series)
     listed = list(series.values())[:MAX_SERIES]
     # the group after the cut may belong to the last series read: that one is then left out, or, when it is the
     # only one, listed from the groups read, without a charge
@@ -667,6 +730,7 @@ def account_detail(
     max_points: int = MAX_BURN_DOWN_POINTS,
     blocks_before: str | None = None,
     blocks_limit: int = BLOCKS_PAGE,
+    access: DagAccess | None = None,
 ) -> dict[str, Any] | None:
     """One account: its :func:`accounts_overview` row plus ``burn_down``, ``forecast``, ``charge_counts``,
     ``series``, its budget structure, its refused attempts and whether it can fund another run; ``None`` if there is
@@ -727,6 +791,14 @@ def account_detail(
     (``unreadable``, the other fields ``None``) with ``charge_counts``, ``series``, ``structure`` and ``refusals``,
     and ``burn_down``, ``forecast`` and ``cannot_fund_next_run`` ``None``.
 
+    * ``approvals``: the account's pending approval requests (:func:`pending_approvals`), ``approvals_total`` and
+      ``approvals_more``.
+    * ``restricted``: true when ``access`` is a viewer's who is no privacy officer. Then the account is ``None``
+      unless the viewer may see it (one of its ``allowed_dags`` readable), and the lists and counts (``charge_counts``,
+      ``series``, ``refusals``, ``next_run``, ``approvals``, the quotas of teams whose DAGs it may not read, each
+      block's and quota's ``cannot_fund_next_run``) hold only the DAGs it may read; the totals, burn-down and
+      forecast are the account's own, over every DAG that spends it (ADR 0035).
+
     Args:
         now: the forecast's reference time (default: the current time, UTC).
         window_days: the forecast's window.
@@ -748,22 +820,37 @@ def account_detail(
             status = error
         if status is None:
             return None
+        structure = _structure(name, conn.execute(sa.select(_a.config).where(_a.name == name)).scalar())
+        kind = structure["kind"]
+        parent = kind in ("blocks", "quotas")
+        dags = None
+        if access is not None and not access.everything:
+            allowed = _allowed_dags(conn, name)[1]
+            if not access.may_see_account(allowed):
+                return None
+            members = _c.account.startswith(_member_prefix(name), autoescape=True)
+            event_members = _e.account.startswith(_member_prefix(name), autoescape=True)
+            dags = _readable_dags(
+                conn, access, sa.or_(_c.account == name, members) if parent else _c.account == name,
+                sa.and_(sa.or_(_e.account == name, event_members) if parent else _e.account == name,
+                        _e.event.in_(("refused", APPROVAL_REQUESTED))),
+                allowed)
         counts = dict.fromkeys(CHARGE_STATES, 0)
         total = 0
-        for state, number in conn.execute(_STATE_COUNTS, {"account": name}):
+        for state, number in conn.execute(_STATE_COUNTS.where(_of_dags(_c.dag_id, dags)), {"account": name}):
             if state in counts:
                 counts[state] = number
             total += number
         counts["total"] = total
-        series, series_total = _account_series(conn, name)
-        structure = _structure(name, conn.execute(sa.select(_a.config).where(_a.name == name)).scalar())
-        kind = structure["kind"]
-        parent = kind in ("blocks", "quotas")
-        refusals, refusals_total = _refusals(conn, name, with_members=parent)
+        series, series_total = _account_series(conn, name, dags)
+        refusals, refusals_total = _refusals(conn, name, with_members=parent, dags=dags)
+        approvals, approvals_total = _pending_approvals(conn, name, dags, now)
         common = {"structure": kind, "parent": structure["parent"],
                   "members": _members_of(conn, name, structure) if parent else None,
                   "refusals": refusals, "refusals_total": min(refusals_total, MAX_REFUSALS_COUNTED),
-                  "refusals_more": refusals_total > MAX_REFUSALS_COUNTED}
+                  "refusals_more": refusals_total > MAX_REFUSALS_COUNTED,
+                  "approvals": approvals, "approvals_total": approvals_total,
+                  "approvals_more": approvals_total > len(approvals), "restricted": dags is not None}
         if isinstance(status, UnreadableValueError):
             return {**_unreadable_account(name, status), "burn_down": None, "forecast": None, "charge_counts": counts,
                     "series": series, "series_total": series_total, "cannot_fund_next_run": None, **common}
@@ -776,11 +863,11 @@ def account_detail(
         detail.update(common)
         if kind == "blocks":  # the parent is never charged: each block weighs its own runs
             next_run = {"cannot_fund_next_run": None, "runs": [], "runs_total": 0}
-            detail.update(_blocks(conn, name, blocks_before, blocks_limit))
+            detail.update(_blocks(conn, name, blocks_before, blocks_limit, dags))
         else:
-            next_run = _next_runs(conn, {name: _budget(status)})[name]
+            next_run = _next_runs(conn, {name: _budget(status)}, dags=dags)[name]
         if kind == "quotas":
-            detail["quotas"] = _quotas(conn, name, structure["teams"])
+            detail["quotas"] = _quotas(conn, name, structure["teams"], access, dags)
         detail["next_run"] = next_run
         detail["cannot_fund_next_run"] = detail["forecast"]["cannot_fund_next_run"] = next_run["cannot_fund_next_run"]
     return detail
@@ -868,18 +955,19 @@ def _members_summary(kind: str, structure: dict[str, Any], member_rows: list[Any
 
 
 def _next_runs(conn: Connection, budgets: dict[str, tuple[Fraction, Fraction | None]],
-               limit: int = MAX_NEXT_RUNS) -> dict[str, dict[str, Any]]:
+               limit: int = MAX_NEXT_RUNS, dags: frozenset[str] | None = None) -> dict[str, dict[str, Any]]:
     """Per account of ``budgets`` (``{name: (remaining, remaining delta or None)}``): whether it can fund another
     run of each ``(dag_id, task_id, release_name)`` it committed, taking the amount of that key's last committed
     charge as what one run costs: ``{"cannot_fund_next_run", "runs": [...], "runs_total"}``, the runs most recently
     committed first, at most ``limit`` per account. ``cannot_fund_next_run`` is true when one run's amount (or, on
-    an ``approx_dp`` account, its delta) is more than what remains: the ledger would refuse the next run."""
+    an ``approx_dp`` account, its delta) is more than what remains: the ledger would refuse the next run. ``dags``:
+    only the releases of these DAGs (``None``: all)."""
     out = {name: {"cannot_fund_next_run": False, "runs": [], "runs_total": 0} for name in budgets}
     if not budgets:
         return out
     key = (_c.account, _c.dag_id, _c.task_id, _c.release_name)
     last = (sa.select(*key, sa.func.max(_c.id).label("last_id"))
-            .where(_c.account.in_(list(budgets)), _COMMITTED).group_by(*key).subquery())
+            .where(_c.account.in_(list(budgets)), _COMMITTED, _of_dags(_c.dag_id, dags)).group_by(*key).subquery())
     rows = conn.execute(
         sa.select(_c.id, _c.account, _c.dag_id, _c.task_id, _c.release_name, _c.amount, _c.delta_amount)
         .join(last, _c.id == last.c.last_id).order_by(_c.id.desc()).limit(MAX_NEXT_RUN_KEYS)
@@ -936,7 +1024,8 @@ def _members_of(conn: Connection, name: str, structure: dict[str, Any]) -> dict[
     return _members_summary(structure["kind"], structure, rows)
 
 
-def _blocks(conn: Connection, name: str, before: str | None, limit: int) -> dict[str, Any]:
+def _blocks(conn: Connection, name: str, before: str | None, limit: int,
+            dags: frozenset[str] | None = None) -> dict[str, Any]:
     """The privacy blocks of parent ``name``, the latest window first (windows of a granularity sort by name): a
     page of ``limit`` after the window ``before`` (exclusive), each with its window, cap, spent, reserved,
     remaining and whether it can fund another run."""
@@ -954,7 +1043,7 @@ def _blocks(conn: Connection, name: str, before: str | None, limit: int) -> dict
         page.append(shown_row)
         if status is not None:
             statuses[status.name] = _budget(status)
-    runs = _next_runs(conn, statuses)
+    runs = _next_runs(conn, statuses, dags=dags)
     for shown_row in page:
         shown_row["cannot_fund_next_run"] = runs.get(shown_row["name"], {}).get("cannot_fund_next_run")
     return {
@@ -965,10 +1054,12 @@ def _blocks(conn: Connection, name: str, before: str | None, limit: int) -> dict
     }
 
 
-def _quotas(conn: Connection, name: str, teams: list[str]) -> list[dict[str, Any]]:
+def _quotas(conn: Connection, name: str, teams: list[str], access: DagAccess | None = None,
+            dags: frozenset[str] | None = None) -> list[dict[str, Any]]:
     """Per team of parent ``name``'s quotas: its member account's row (quota as ``cap``, ``spent``, ``reserved``,
     ``remaining``), the DAGs it covers and whether it can fund another run; ``missing`` when the ledger has no
-    member for it (``dpctl ledger apply`` creates them)."""
+    member for it (``dpctl ledger apply`` creates them). With a filtered ``access``, only the teams whose quota the
+    viewer may see (one of its DAGs readable), and their next runs of ``dags`` only."""
     from dp_operators.ledger.structure import quota_account
 
     out, statuses = [], {}
@@ -979,11 +1070,13 @@ def _quotas(conn: Connection, name: str, teams: list[str]) -> list[dict[str, Any
             out.append({"team": team, "name": member, "missing": True})
             continue
         shown_row, status = _member_row(conn, row)
+        if access is not None and not access.may_see_account(shown_row.get("allowed_dags")):
+            continue
         shown_row["team"] = team
         out.append(shown_row)
         if status is not None:
             statuses[member] = _budget(status)
-    runs = _next_runs(conn, statuses)
+    runs = _next_runs(conn, statuses, dags=dags)
     for shown_row in out:
         shown_row["cannot_fund_next_run"] = runs.get(shown_row["name"], {}).get("cannot_fund_next_run")
     return out
@@ -999,14 +1092,15 @@ def _time_text(value: Any) -> str | None:
         return None
 
 
-def _refusals(conn: Connection, name: str, with_members: bool) -> tuple[list[dict[str, Any]], int]:
+def _refusals(conn: Connection, name: str, with_members: bool,
+              dags: frozenset[str] | None = None) -> tuple[list[dict[str, Any]], int]:
     """The refused attempts on account ``name`` (and, on a parent, on its members: a refusal is recorded on the
     member that refused), the latest :data:`MAX_REFUSALS` first, and how many there are (counted up to
     :data:`MAX_REFUSALS_COUNTED` + 1)."""
     accounts = _e.account == name
     if with_members:
         accounts = sa.or_(accounts, _e.account.startswith(_member_prefix(name), autoescape=True))
-    where = (_e.event == "refused", accounts)
+    where = (_e.event == "refused", accounts, _of_dags(_e.dag_id, dags))
     counted = sa.select(_e.id).where(*where).limit(MAX_REFUSALS_COUNTED + 1).subquery()
     total = conn.execute(sa.select(sa.func.count()).select_from(counted)).scalar()
     rows = conn.execute(sa.select(*_REFUSAL_COLUMNS).where(*where).order_by(_e.id.desc()).limit(MAX_REFUSALS)).all()
@@ -1126,6 +1220,7 @@ def account_charges(
     until: dt.datetime | None = None,
     after: int | None = None,
     limit: int = 50,
+    access: DagAccess | None = None,
 ) -> dict[str, Any] | None:
     """A page of account ``name``'s charges, by id (oldest first), as ``dpctl ledger history`` filters them;
     ``None`` if there is no account ``name``.
@@ -1144,6 +1239,8 @@ def account_charges(
             passes aware UTC times, :func:`dp_operators.dashboard.app.time_window`).
         after: keyset cursor: only charges with an id above it.
         limit: page size, 1 to :data:`MAX_PAGE`.
+        access: a viewer's (ADR 0035): ``None`` unless it may see the account, and only the charges of DAGs it
+            may read (``total`` counts those).
 
     Raises:
         ValueError: an unknown state or a limit out of range.
@@ -1166,6 +1263,11 @@ def account_charges(
         account = conn.execute(sa.select(_a.name, _a.accountant).where(_a.name == name)).first()
         if account is None:
             return None
+        if access is not None and not access.everything:
+            allowed = _allowed_dags(conn, name)[1]
+            if not access.may_see_account(allowed):
+                return None
+            filters.append(_of_dags(_c.dag_id, _readable_dags(conn, access, _c.account == name, extra=allowed)))
         total = conn.execute(sa.select(sa.func.count()).select_from(schema.charges).where(*filters)).scalar()
         page = sa.select(*_read_columns(conn, _PAGE_COLUMNS)).where(*filters).order_by(_c.id).limit(limit + 1)
         if after is not None:
@@ -1183,14 +1285,16 @@ def account_charges(
     }
 
 
-def run_charges(ledger: LedgerBase | Engine | str, dag_id: str, run_id: str, *, limit: int = MAX_PAGE) -> dict[str, Any]:
+def run_charges(ledger: LedgerBase | Engine | str, dag_id: str, run_id: str, *, limit: int = MAX_PAGE,
+                access: DagAccess | None = None) -> dict[str, Any] | None:
     """The charges of one DAG run, in every account, by id (the dashboard's DAG-run tab).
 
     Returns ``{"dag_id", "run_id", "units", "charges": [...], "total", "limit"}``: each charge as in
     :func:`account_charges` plus ``account`` and ``unit`` (its account's accountant's unit); ``units`` the distinct
     units of the charges listed; at most ``limit`` charges (the first by id), ``total`` counts them
     all. A run that spent nothing has no charges (an unknown run is not an error: Airflow knows its runs, the
-    ledger only those that spent).
+    ledger only those that spent). With ``access`` (ADR 0035): ``None`` unless the viewer may read DAG ``dag_id``
+    (nothing is read then).
 
     Raises:
         ValueError: a limit out of range.
@@ -1198,6 +1302,8 @@ def run_charges(ledger: LedgerBase | Engine | str, dag_id: str, run_id: str, *, 
     """
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+    if access is not None and not access.may_read(dag_id):
+        return None
     filters = (_c.dag_id == dag_id, _c.run_id == run_id)  # the leading columns of uq_release_attempt_account's index
     with _reading(ledger) as conn:
         total = conn.execute(sa.select(sa.func.count()).select_from(schema.charges).where(*filters)).scalar()
@@ -1288,7 +1394,7 @@ def _columns(aggregate: dict[str, Any]) -> list[str]:
 
 
 def release_detail(
-    ledger: LedgerBase | Engine | str, charge_id: int, *, limit: int | None = None
+    ledger: LedgerBase | Engine | str, charge_id: int, *, limit: int | None = None, access: DagAccess | None = None
 ) -> dict[str, Any] | None:
     """The release of charge ``charge_id``; ``None`` if there is no such charge.
 
@@ -1316,6 +1422,7 @@ def release_detail(
 
     Args:
         limit: values per aggregate, 1 to :data:`MAX_RELEASE_VALUES`; ``None``: all of them.
+        access: a viewer's (ADR 0035): ``None`` unless it may read the charge's DAG (nothing else is read then).
 
     Raises:
         ValueError: a limit out of range.
@@ -1324,6 +1431,10 @@ def release_detail(
     if limit is not None and not 1 <= limit <= MAX_RELEASE_VALUES:
         raise ValueError(f"limit must be between 1 and {MAX_RELEASE_VALUES}, got {limit}")
     with _reading(ledger) as conn:
+        if access is not None and not access.everything:
+            dag_id = conn.execute(sa.select(_c.dag_id).where(_c.id == charge_id)).scalar()
+            if not access.may_read(dag_id):
+                return None
         query = sa.select(*_read_columns(conn, _RELEASE_COLUMNS)).where(_c.id == charge_id)
         row = conn.execute(query).first()
         accountant = None if row is None else conn.execute(_ACCOUNTANT_OF, {"account": row.account}).scalar()
@@ -1405,3 +1516,159 @@ def _release_output(text: Any, state: Any, limit: int | None) -> tuple[Any, str 
     except TooManyValuesError:
         return None, None, True
     return output, None, False
+
+
+# -- approvals waiting for a privacy officer (docs/ledger.md, "Approval before a large charge") ----------------
+_APPROVAL_COLUMNS = (
+    _e.id, _e.account, _e.account_seq, _e.dag_id, _e.run_id, _e.task_id, _e.map_index, _e.release_name, _e.amount,
+    _e.delta_amount, _e.spec_hash, _e.details,
+)
+
+
+def _approval_timeout(conn: Connection, account: str, cache: dict[str, dt.timedelta | None]) -> dt.timedelta | None:
+    """The approval timeout of ``account``'s policy (``timeout_hours``, default :data:`DEFAULT_APPROVAL_HOURS`),
+    read within bounds; ``None`` when it is beyond what a date can hold (the request never expires here)."""
+    if account not in cache:
+        config = conn.execute(sa.select(_a.config).where(_a.name == account)).scalar()
+        read = read_row(schema.accounts, {"name": account, "config": config})
+        policy = read.values.get("config", {}).get("approval") if read.ok and isinstance(
+            read.values.get("config"), dict) else None
+        hours = policy.get("timeout_hours") if isinstance(policy, dict) else None
+        try:
+            value = read_number(str(hours)) if isinstance(hours, (str, int)) and not isinstance(hours, bool) else None
+        except BoundsError:
+            value = None
+        try:
+            cache[account] = dt.timedelta(hours=float(value if value and value > 0 else DEFAULT_APPROVAL_HOURS))
+        except OverflowError:
+            cache[account] = None
+    return cache[account]
+
+
+def _text(value: Any, length: int) -> str | None:
+    return _short(value, length) if isinstance(value, str) else None
+
+
+def _plan(plan: Any) -> dict[str, Any] | None:
+    """A request's ``details.plan`` as the dashboard shows it, whatever was stored: ``charge`` and ``remaining_after``
+    (exact strings in the ledger's form, else ``None``), ``confidence`` (a number), ``reasons``, ``release`` and
+    ``mechanisms`` (each ``aggregate``, ``component``, ``mechanism``, ``half_width``: the expected half-width at
+    the confidence), the first :data:`MAX_PLAN_STEPS` and ``mechanisms_total``."""
+    if not isinstance(plan, dict):
+        return None
+
+    def exact(value: Any) -> str | None:
+        try:
+            return str(read_number(value))
+        except BoundsError:
+            return None
+
+    steps = plan.get("mechanisms") if isinstance(plan.get("mechanisms"), list) else []
+    reasons = plan.get("reasons") if isinstance(plan.get("reasons"), list) else []
+    return {
+        "release": _text(plan.get("release"), 200),
+        "charge": exact(plan.get("charge")),
+        "remaining_after": exact(plan.get("remaining_after")),
+        "confidence": plan.get("confidence") if _is_number(plan.get("confidence")) else None,
+        "reasons": [_short(reason, 80) for reason in reasons[:20] if isinstance(reason, str)],
+        "mechanisms": [{
+            "aggregate": _text(step.get("aggregate"), 200), "component": _text(step.get("component"), 80),
+            "mechanism": _text(step.get("mechanism"), 80),
+            "half_width": step.get("half_width") if _is_number(step.get("half_width")) else None,
+        } for step in steps[:MAX_PLAN_STEPS] if isinstance(step, dict)],
+        "mechanisms_total": len(steps),
+    }
+
+
+def _pending_approvals(conn: Connection, account: str | None, dags: frozenset[str] | None,
+                       now: dt.datetime | None) -> tuple[list[dict[str, Any]], int]:
+    """The pending approval requests (of ``account``, or every account; of ``dags`` only unless ``None``), the
+    latest first, at most :data:`MAX_APPROVALS`, and how many pending ones the events read hold (see
+    :func:`pending_approvals`)."""
+    now = as_utc(now) or dt.datetime.now(dt.timezone.utc)
+    where = [_e.event == APPROVAL_REQUESTED, _of_dags(_e.dag_id, dags)]
+    if account is not None:
+        where.append(_e.account == account)
+    rows = conn.execute(sa.select(*_APPROVAL_COLUMNS, _e.created_at).where(*where).order_by(_e.id.desc())
+                        .limit(MAX_APPROVAL_REQUESTS_READ)).all()
+    firsts: dict[str, int] = {}
+    for row in rows:
+        if isinstance(row.account, str) and type(row.account_seq) is int:
+            firsts[row.account] = min(firsts.get(row.account, row.account_seq), row.account_seq)
+    decided: set[tuple[str, int]] = set()
+    if firsts:
+        after = sa.or_(*(sa.and_(_e.account == name, _e.account_seq > seq) for name, seq in sorted(firsts.items())))
+        decisions = sa.select(_e.account, _e.details).where(_e.event.in_(sorted(APPROVAL_DECISIONS)), after)
+        for name, details in conn.execute(decisions.limit(MAX_APPROVAL_DECISIONS_READ)):
+            read = read_row(schema.audit_events, {"details": details})
+            request = read.values.get("details", {}).get("request") if read.ok and isinstance(
+                read.values.get("details"), dict) else None
+            if type(request) is int:
+                decided.add((name, request))
+    timeouts: dict[str, dt.timedelta | None] = {}
+    pending = []
+    for row in rows:
+        values = dict(row._mapping)
+        created = values.pop("created_at")
+        if (values["account"], values["account_seq"]) in decided:
+            continue
+        read = read_row(schema.audit_events, values)
+        checked = read.values
+        requested = _time_text(created)
+        name = None if "account" in read.unreadable else values["account"]
+        expires = None
+        if requested is not None and name is not None:
+            timeout = _approval_timeout(conn, name, timeouts)
+            with contextlib.suppress(OverflowError):
+                expires = None if timeout is None else dt.datetime.fromisoformat(requested) + timeout
+            if expires is not None and expires <= now:
+                continue  # timed out: it counts as rejected
+        details = checked.get("details") if isinstance(checked.get("details"), dict) else {}
+        entry = {field: None if field in read.unreadable else values[field]
+                 for field in ("account", "dag_id", "run_id", "task_id", "map_index", "release_name", "spec_hash")}
+        seq = None if "account_seq" in read.unreadable else values["account_seq"]
+        entry.update(
+            request=seq,
+            amount=None if checked.get("amount") is None else str(checked["amount"]),
+            amount_float=None if checked.get("amount") is None else float(checked["amount"]),
+            delta_amount=None if checked.get("delta_amount") is None else str(checked["delta_amount"]),
+            requested_at=requested,
+            expires_at=None if expires is None else expires.isoformat(),
+            plan=_plan(details.get("plan")),
+            command=None if name is None or seq is None else f"dpctl ledger approve {shlex.quote(name)} {seq}",
+        )
+        if not read.ok:
+            entry["unreadable"] = read.reasons()
+        pending.append(entry)
+    return pending[:MAX_APPROVALS], len(pending)
+
+
+def pending_approvals(ledger: LedgerBase | Engine | str, *, access: DagAccess | None = None,
+                      now: dt.datetime | None = None) -> dict[str, Any]:
+    """The approval requests waiting for a privacy officer's decision, in every account, the latest first: each
+    ``account`` (whose chain holds it: a privacy block's parent), ``request`` (its sequence number on the account),
+    the release key (``dag_id``, ``run_id``, ``task_id``, ``map_index``, ``release_name``), ``spec_hash``,
+    ``amount`` (exact string, the account's unit) and ``amount_float``, ``delta_amount``, ``requested_at`` and
+    ``expires_at`` (ISO 8601 UTC: ``requested_at`` plus the account's ``timeout_hours``), ``plan`` (:func:`_plan`)
+    and ``command``: the ``dpctl ledger approve ACCOUNT N`` a privacy officer runs (the dashboard decides nothing).
+
+    Returns ``{"approvals": [...], "total", "more"}``: at most :data:`MAX_APPROVALS` listed, ``total`` the pending
+    ones among the latest :data:`MAX_APPROVAL_REQUESTS_READ` requests, ``more`` true when there were more requests
+    than that. A request is pending when no decision on its account names it and it is not past its timeout (on
+    this machine's clock, or ``now``; the ledger decides on the database's). Values are read within the bounds of
+    :mod:`dp_operators.ledger.bounded`: an unreadable field is ``None`` and named in ``unreadable``.
+
+    Args:
+        access: a viewer's (ADR 0035): only the requests of DAGs it may read.
+        now: the reference time for timeouts (default: the current time, UTC).
+
+    Raises:
+        LedgerNotInitialisedError: the ledger has no schema (or another version).
+    """
+    with _reading(ledger) as conn:
+        dags = _readable_dags(conn, access, events_where=_e.event == APPROVAL_REQUESTED)
+        more = conn.execute(sa.select(sa.func.count()).select_from(
+            sa.select(_e.id).where(_e.event == APPROVAL_REQUESTED, _of_dags(_e.dag_id, dags))
+            .limit(MAX_APPROVAL_REQUESTS_READ + 1).subquery())).scalar() > MAX_APPROVAL_REQUESTS_READ
+        found, total = _pending_approvals(conn, None, dags, now)
+    return {"approvals": found, "total": total, "more": more}

@@ -173,12 +173,15 @@ def _details(event: Any) -> dict:
     return details if isinstance(details, dict) else {}
 
 
-def last_committed_kinds(conn: Connection, account: str, key: Any) -> list[str] | None:
+def last_committed_kinds(conn: Connection, account: str, key: Any, blocks_of: str | None = None) -> list[str] | None:
     """The mechanism kinds of the last committed charge of ``key``'s DAG, task, map index and release name on
-    ``account`` (any run), or ``None``."""
+    ``account`` (any run), or ``None``; with ``blocks_of`` (a privacy block's account), on any block of that
+    account: yesterday's release is the one a changed mechanism differs from."""
+    on = (_c.account == account if blocks_of is None
+          else _c.account.startswith(blocks_of + "@", autoescape=True))
     row = conn.execute(
         sa.select(_c.mechanisms).where(
-            _c.account == account, _c.dag_id == key.dag_id, _c.task_id == key.task_id,
+            on, _c.dag_id == key.dag_id, _c.task_id == key.task_id,
             _c.map_index == key.map_index, _c.release_name == key.release_name, _c.state == "committed",
         ).order_by(_c.id.desc()).limit(1)
     ).first()
@@ -190,7 +193,12 @@ def refusal(account: str, key: Any, charged: Fraction, remaining: Fraction, reas
     """The exception of a charge the policy holds back (``state``: :func:`approval_state`'s)."""
     where = f"release {key.release_name!r} (DAG {key.dag_id!r}, run {key.run_id!r}, task {key.task_id!r})"
     if state["state"] == "rejected":
-        if state.get("reason") == "timeout":
+        if state.get("reason") == "grant_used":
+            text = (f"the officer's approval (request {state.get('request')}) of a charge on budget account "
+                    f"{account!r} for {where} was used by an earlier attempt, which reserved under it and may have "
+                    "drawn noise; a grant approves one charge, so this attempt is refused and nothing was reserved. "
+                    "Run the release again as a new run for a new request")
+        elif state.get("reason") == "timeout":
             text = (f"the charge of {charged} on budget account {account!r} for {where} was rejected by timeout: "
                     f"approval request {state.get('request')} was not decided before {state.get('expires_at')}; "
                     "nothing was reserved")
@@ -218,15 +226,23 @@ def check_charge(conn: Connection, row: Any, key: Any, spec_hash: str, charged: 
     policy = policy_of(row.config)
     if policy is None:
         return None
-    last = last_committed_kinds(conn, row.name, key) if policy.get("on_mechanism_change") else None
+    where = approval_account(row.name, row.config)
+    last = last_committed_kinds(conn, row.name, key, None if where == row.name else where) \
+        if policy.get("on_mechanism_change") else None
     reasons = approval_reasons(policy, charged, remaining, mechanism_kinds(mechanisms), last)
     if not reasons:
         return None
-    where = approval_account(row.name, row.config)
     state = approval_state(_key_events(conn, where, key, spec_hash), row.spend_key_id, charged,
                            timeout_of(policy), now)
     if state["state"] == "granted":
-        return None
+        # a grant approves one charge: an attempt after one that reserved under it (and may have drawn) needs another
+        earlier = conn.execute(sa.select(_c.id).where(
+            _c.account == row.name, _c.dag_id == key.dag_id, _c.run_id == key.run_id, _c.task_id == key.task_id,
+            _c.map_index == key.map_index, _c.release_name == key.release_name, _c.state != "released",
+        ).limit(1)).first()
+        if earlier is None:
+            return None
+        state = {**state, "state": "rejected", "reason": "grant_used"}
     return refusal(where, key, charged, remaining, reasons, state)
 
 

@@ -43,7 +43,7 @@ class BlockOpening(BaseModel):
     from_: dt.date | None = Field(default=None, alias="from")
     until: dt.date | None = None
     ahead: int | None = Field(default=None, ge=0, le=structure.MAX_OPEN_BLOCKS)
-    partitions: list[str] | None = None
+    partitions: list[str] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _one_way(self) -> BlockOpening:
@@ -87,6 +87,21 @@ class Blocks(BaseModel):
 
     window: Literal["day", "week", "month", "partition"]
     open: BlockOpening
+
+    @model_validator(mode="after")
+    def _opens_windows_of_its_kind(self) -> Blocks:
+        if self.window == "partition" and self.open.partitions is None:
+            raise ValueError("partition blocks are opened by naming them: open: {partitions: [key, ...]}")
+        if self.window != "partition" and self.open.partitions is not None:
+            raise ValueError(f"{self.window} blocks are opened by dates: open: {{from: DATE, until: DATE}} or "
+                             "{from: DATE, ahead: N}; partitions are for window: partition")
+        if self.window != "partition" and self.open.until is not None:
+            count = len(structure.windows_between(self.window, self.open.from_, min(
+                self.open.until, self.open.from_ + dt.timedelta(days=31 * structure.MAX_OPEN_BLOCKS))))
+            if count >= structure.MAX_OPEN_BLOCKS:
+                raise ValueError(f"opens more than {structure.MAX_OPEN_BLOCKS} {self.window} blocks at once (the "
+                                 "ledger's limit): open a shorter range, or use 'ahead: N' and run apply on a schedule")
+        return self
 
     def as_record(self) -> dict:
         return {"window": self.window}
@@ -246,8 +261,12 @@ class AccountConfig(BaseModel):
             for team, quota in sorted(self.quotas.items()):
                 if not structure.PARTITION_KEY.fullmatch(team):
                     raise ValueError(f"team name {team!r}: 1-64 letters, digits, '_', '.', '-'")
-                if self.cap is not None and quota.cap > self.cap:
-                    raise ValueError(f"quota of team {team!r} ({quota.cap}) is above the account's cap ({self.cap})")
+                in_unit = quota.cap * quota.cap if self.accountant == "gaussian_dp" else quota.cap
+                if in_unit > self.cap_in_unit():
+                    raise ValueError(
+                        f"quota of team {team!r} ({quota.cap}) is above the account's cap ({self.cap_in_unit()} in "
+                        f"the account's unit): a quota is in the unit of 'cap' (rho for zcdp, even when the account "
+                        "gives 'epsilon'; mu for gaussian_dp)")
                 for dag in quota.dags:
                     if dag in listed:
                         raise ValueError(f"DAG {dag!r} is in the quotas of both {listed[dag]!r} and {team!r}: a DAG "

@@ -230,6 +230,8 @@ class LedgerGovernor(LedgerBase):
 
         def work(conn: Connection) -> list[str]:
             self._check_governor_key(conn, key, new_governor_key)
+            for name, account in config.accounts.items():
+                _refuse_structure_change(conn, name, account)
             changes: list[str] = []
             for name, (account, values) in prepared.items():
                 chain = AccountChain.lock(conn, name, key)
@@ -531,6 +533,52 @@ def _owner_only(database: str | None) -> None:
 
 def _row_dict(row: Any) -> dict[str, Any]:
     return dict(row._mapping)
+
+
+def _refuse_structure_change(conn: Connection, name: str, account: Any) -> None:
+    """Refuse a configuration that would give records a fresh budget: once any member of account ``name`` (a
+    privacy block or a team quota) or the account itself was charged, its structure (plain, blocks of a given
+    window, quotas) and its privacy unit are fixed. Re-partitioning spent blocks into other windows, or dropping
+    them, would let the same records be charged again on new blocks; changing the unit would let a spec for
+    another unit spend on blocks that protect this one (docs/ledger.md, "Privacy blocks and team quotas").
+
+    Raises:
+        ValueError: such a change (nothing is changed).
+    """
+    from dp_operators.ledger.structure import MEMBER_SEPARATOR, structure_of
+
+    row = conn.execute(sa.select(schema.accounts.c.config, schema.accounts.c.privacy_unit)
+                       .where(schema.accounts.c.name == name)).first()
+    if row is None:
+        return
+    try:
+        stored = json.loads(row.config) if row.config else None
+    except ValueError:
+        stored = None
+    before = structure_of(stored)
+    after = structure_of(account.as_record())
+    shape = lambda kind_detail: (kind_detail[0], kind_detail[1] if kind_detail[0] == "blocks" else None)  # noqa: E731
+    if shape(before) == shape(after) and (row.privacy_unit == account.privacy_unit or before[0] == "plain"):
+        return  # a plain account's unit: apply's own check of the row (its charges) says it
+    c = schema.charges.c
+    charged = conn.execute(
+        sa.select(c.account).where(sa.or_(c.account == name,
+                                          c.account.startswith(name + MEMBER_SEPARATOR, autoescape=True))).limit(1)
+    ).first()
+    if charged is None:
+        return
+    what = []
+    if shape(before) != shape(after):
+        describe = lambda k: {"plain": "no blocks or quotas", "quotas": "team quotas"}.get(  # noqa: E731
+            k[0], f"{k[1]} privacy blocks")
+        what.append(f"its structure ({describe(before)} -> {describe(after)})")
+    if row.privacy_unit != account.privacy_unit:
+        what.append(f"its privacy unit ({row.privacy_unit!r} -> {account.privacy_unit!r})")
+    raise ValueError(
+        f"account {name!r}: {' and '.join(what)} cannot change once it or one of its members "
+        f"({charged.account!r}) was charged: the records its blocks or quotas spent on would get a fresh budget "
+        "under the new structure (a block never gets budget back). Create a new account instead"
+    )
 
 
 def accountant_fixed(name: str, stored: str, wanted: str) -> str:

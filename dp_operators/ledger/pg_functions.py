@@ -1161,6 +1161,7 @@ DECLARE
   v_parts jsonb := '[]';
   v_stopped text;
   v_stopped_at text;
+  v_row dp_budget_accounts;
 BEGIN
   -- which accounts the charge touches (dp_operators.ledger.structure.members_charged), from the account's stored
   -- configuration, which only the governor writes
@@ -1196,8 +1197,13 @@ BEGIN
     v_members := ARRAY(SELECT m FROM unnest(ARRAY[p_account, p_account || '{structure.MEMBER_SEPARATOR}{structure.QUOTA_PREFIX}' || v_team]) AS m ORDER BY 1);
   END IF;
   FOREACH v_member IN ARRAY v_members LOOP
-    IF NOT EXISTS (SELECT FROM dp_budget_accounts AS x WHERE x.name = v_member) THEN
+    SELECT * INTO v_row FROM dp_budget_accounts AS x WHERE x.name = v_member;
+    IF NOT FOUND THEN
       {_fail(ACCOUNT_NOT_FOUND, "format('account %L has no member %L', p_account, v_member)", "jsonb_build_object('account', v_member, 'parent', p_account)")}
+    END IF;
+    -- every member's team roles before any lock: a login refused on one member reads and holds nothing of another
+    IF v_row.allowed_roles IS NOT NULL THEN
+      PERFORM dp_check_roles(v_row);
     END IF;
   END LOOP;
   -- all or nothing: a member that does not reserve undoes the others (the block is a subtransaction)
@@ -1301,9 +1307,28 @@ BEGIN
 
 _AUDITED = ", p_defaults text, p_audit text"
 
+#: The other charges of charge ``c``'s reservation: the same release key and token (one per member account).
+_SIBLINGS = (
+    "x.dag_id = c.dag_id AND x.run_id = c.run_id AND x.task_id = c.task_id AND x.map_index = c.map_index "
+    "AND x.release_name = c.release_name AND x.token_hash = c.token_hash AND x.id <> c.id"
+)
+_SIBLINGS_COMMIT = f"""
+  -- a reservation on several member accounts (blocks, quotas) settles whole: its other charges must be still
+  -- reserved (committed in this same statement) or committed with this output
+  IF EXISTS (SELECT FROM dp_charges AS x WHERE {_SIBLINGS}
+             AND NOT (x.state = 'reserved' OR (x.state = 'committed' AND x.output_digest = v_digest))) THEN
+    {_fail(CHARGE_STATE, "format('charge %s is one member of a reservation whose other members were settled otherwise: a reservation on several accounts is committed whole, with one output', c.id)", "jsonb_build_object('kind', 'siblings', 'state', 'settled')")}
+  END IF;"""
+_SIBLINGS_RELEASE = f"""
+  -- a reservation on several member accounts is released whole: none of its other charges may be committed or
+  -- abandoned (noise may have been drawn for them)
+  IF EXISTS (SELECT FROM dp_charges AS x WHERE {_SIBLINGS} AND x.state NOT IN ('reserved', 'released')) THEN
+    {_fail(CHARGE_STATE, "format('charge %s is one member of a reservation another member of which was committed or abandoned: its noise may have been drawn, so no member gets its budget back', c.id)", "jsonb_build_object('kind', 'siblings', 'state', 'settled')")}
+  END IF;"""
+
 _COMMIT = _owner_function("dp_commit", ", p_output text" + _AUDITED, _CHECK_JSON_VARS + """
   v_digest text;""", _check_json("p_output", "'output'", str(MAX_OUTPUT_CHARS), str(READER_JSON_DEPTH), "NULL"),
-    f"""
+    f"""{_SIBLINGS_COMMIT}
   UPDATE dp_charges AS x SET state = 'committed', output = p_output, output_digest = v_digest,
     updated_at = clock_timestamp() WHERE x.id = c.id;{_charge_event("e", "'committed'", "c", "v_context", "NULL")}
   e.output_digest := v_digest;
@@ -1314,7 +1339,7 @@ _COMMIT = _owner_function("dp_commit", ", p_output text" + _AUDITED, _CHECK_JSON
 
 _NO_NOISE = """'{"reason":"no noise was drawn"}'"""
 
-_RELEASE = _owner_function("dp_release", _AUDITED, "", "", f"""
+_RELEASE = _owner_function("dp_release", _AUDITED, "", "", f"""{_SIBLINGS_RELEASE}
   UPDATE dp_charges AS x SET state = 'released', updated_at = clock_timestamp() WHERE x.id = c.id;
   -- rounded up to the ledger's resolution as every total is (accounting.round_up): exact differences would grow
   -- the denominator release after release past what a stored number holds
@@ -1528,8 +1553,12 @@ BEGIN
     END IF;
   END IF;
   IF jsonb_typeof(v_policy -> 'on_mechanism_change') = 'boolean' AND (v_policy ->> 'on_mechanism_change')::boolean THEN
+    -- a privacy block's: the last release on any block of its account (approvals.last_committed_kinds)
     SELECT x.mechanisms INTO v_last FROM dp_charges AS x
-      WHERE x.account = a.name AND x.dag_id = p_dag_id AND x.task_id = p_task_id AND x.map_index = p_map_index
+      WHERE (x.account = a.name OR (jsonb_typeof(a.config::jsonb -> 'part_of') = 'object'
+                                    AND (a.config::jsonb -> 'part_of') ? 'block'
+                                    AND starts_with(x.account, (a.config::jsonb -> 'part_of' ->> 'account') || '@')))
+        AND x.dag_id = p_dag_id AND x.task_id = p_task_id AND x.map_index = p_map_index
         AND x.release_name = p_release_name AND x.state = 'committed'
       ORDER BY x.id DESC LIMIT 1;
     IF FOUND AND dp_mechanism_kinds(p_mechanisms) IS DISTINCT FROM dp_mechanism_kinds(v_last) THEN
@@ -1542,7 +1571,13 @@ BEGIN
   v_state := dp_approval_state(a, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, p_spec_hash,
                                p_amount, p_now);
   IF v_state ->> 'state' = 'granted' THEN
-    RETURN NULL;
+    -- a grant approves one charge: an attempt after one that reserved under it (and may have drawn) needs another
+    IF NOT EXISTS (SELECT FROM dp_charges AS x WHERE x.account = a.name AND x.dag_id = p_dag_id
+                   AND x.run_id = p_run_id AND x.task_id = p_task_id AND x.map_index = p_map_index
+                   AND x.release_name = p_release_name AND x.state <> 'released') THEN
+      RETURN NULL;
+    END IF;
+    v_state := v_state || jsonb_build_object('state', 'rejected', 'reason', 'grant_used');
   END IF;
   RETURN jsonb_build_object('status', CASE WHEN v_state ->> 'state' = 'rejected' THEN 'approval_rejected'
                                       ELSE 'approval_required' END, 'reasons', v_reasons, 'approval', v_state);
@@ -1567,6 +1602,8 @@ DECLARE
   v_context text;
   v_state jsonb;
   v_taken bigint;
+  v_team text;
+  v_quota text;
   a dp_budget_accounts;
   e dp_audit_events;{_CHECK_JSON_VARS}{_LOCK_VARS}
 BEGIN
@@ -1579,6 +1616,22 @@ BEGIN
   END IF;
   v_context := dp_context_text(dp_context(p_context) || jsonb_build_object('db_role', session_user));
 {_spendable("p_account", "v_unlocked")}
+  -- requests are filed on the account a release names, by a login that may charge it: not on a block or a quota
+  -- (their approvals are the account's), and on an account with quotas only by a member of the DAG's team role
+  IF jsonb_typeof(v_unlocked.config::jsonb -> 'part_of') = 'object' THEN
+    {_fail(BAD_VALUE, "format('account %L is a member of account %L: approvals are requested on the account a release names', p_account, v_unlocked.config::jsonb -> 'part_of' ->> 'account')", "jsonb_build_object('kind', 'member')")}
+  END IF;
+  IF NOT coalesce(v_unlocked.allowed_dags::jsonb ? p_dag_id, false) THEN
+    RETURN jsonb_build_object('state', 'dag_not_allowed', 'allowed', v_unlocked.allowed_dags::jsonb);
+  END IF;
+  IF jsonb_typeof(v_unlocked.config::jsonb -> 'quotas') = 'object' THEN
+    v_team := (SELECT min(t.key) FROM jsonb_each(v_unlocked.config::jsonb -> 'quotas') AS t
+               WHERE jsonb_typeof(t.value -> 'dags') = 'array' AND (t.value -> 'dags') ? p_dag_id);
+    IF v_team IS NOT NULL THEN
+      v_quota := p_account || '{structure.MEMBER_SEPARATOR}{structure.QUOTA_PREFIX}' || v_team;
+{_spendable("v_quota", "v_unlocked")}
+    END IF;
+  END IF;
 {_lock("p_account", "v_key_id")}{_key_check("v_key_id")}
   IF NOT coalesce(a.allowed_dags::jsonb ? p_dag_id, false) THEN
     RETURN jsonb_build_object('state', 'dag_not_allowed', 'allowed', a.allowed_dags::jsonb);

@@ -67,7 +67,7 @@ from dp_operators.ledger.errors import (
     stored_fraction,
 )
 from dp_operators.ledger.keys import AuditKey, Keyring, as_key
-from dp_operators.ledger.structure import MEMBER_SEPARATOR, QUOTA_PREFIX, members_charged
+from dp_operators.ledger.structure import MEMBER_SEPARATOR, QUOTA_PREFIX, members_charged, structure_of
 from dp_operators.ledger.store import (
     KEY_MATCHES,
     LedgerBase,
@@ -172,6 +172,35 @@ def series_step_problem(conn: Connection, key: ReleaseKey, account: str, charged
         return (f"series step {step} of generation {generation} reserves nothing, but its step 0 was not committed "
                 f"with a charge on account {account!r}")
     return None
+
+
+def _json_or_none(text: Any) -> Any:
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def _refuse_unlike_siblings(conn: Any, charge: Any, allowed: tuple[str, ...], digest: str | None = None) -> None:
+    """A reservation on several member accounts (blocks, quotas) settles whole (what ``dp_commit`` and
+    ``dp_release`` check on PostgreSQL): its other charges (same token hash and release key) must be in a state of
+    ``allowed``, or (a commit, ``digest`` given) committed with the same output.
+
+    Raises:
+        ChargeStateError: a sibling was settled otherwise; nothing is changed.
+    """
+    for other in conn.execute(_CHARGES_OF_KEY, {name: getattr(charge, name) for name in
+                                                ("dag_id", "run_id", "task_id", "map_index", "release_name")}).all():
+        if other.id == charge.id or other.token_hash != charge.token_hash:
+            continue
+        if other.state in allowed or (digest is not None and other.state == "committed"
+                                      and other.output_digest == digest):
+            continue
+        raise ChargeStateError(
+            f"charge {charge.id} is one member of a reservation whose member charge {other.id} is {other.state}: a "
+            "reservation on several accounts is settled whole (committed with one output, or released when no "
+            "noise was drawn for any of them)"
+        )
 
 
 def _member_missing(account: str, member: str) -> str:
@@ -765,6 +794,7 @@ class Ledger(LedgerBase):
         def work(conn: Connection) -> str:
             for part in parts:  # every member in one transaction
                 chain, charge = self._owned_charge(conn, part, "committed")
+                _refuse_unlike_siblings(conn, charge, ("reserved",), digest)
                 conn.execute(
                     _UPDATE_CHARGE,
                     {
@@ -809,6 +839,7 @@ class Ledger(LedgerBase):
         def work(conn: Connection) -> None:
             for part in reservation.parts():
                 chain, charge = self._owned_charge(conn, part, "released")
+                _refuse_unlike_siblings(conn, charge, ("reserved", "released"))
                 conn.execute(_UPDATE_CHARGE, {"state": "released", "updated_at": _utcnow(), "charge_id": charge.id})
                 # rounded up to the ledger's resolution, as every total is: subtracting exact amounts one after
                 # another would multiply their denominators past what a stored number holds (never below the truth)
@@ -975,6 +1006,10 @@ class Ledger(LedgerBase):
                 raise AccountNotFoundError(not_found(account))
             row = chain.row
             self._check_key(row)
+            part_of = approvals.approval_account(account, row.config)
+            if structure_of(_json_or_none(row.config))[0] == "member":
+                raise ValueError(f"account {account!r} is a member of another account ({part_of!r}): approvals are "
+                                 "requested on the account a release names")
             allowed = json.loads(row.allowed_dags)
             if key.dag_id not in allowed:
                 raise DagNotAllowedError.of(key.dag_id, account, allowed)
@@ -1185,7 +1220,7 @@ def _refusal(
             return ChargeStateError(f"{where} does not exist; nothing {action}")
         if kind == "not_owner":
             return _not_owned(where, action)
-        if kind == "held":  # dp_renew: older than MAX_RESERVATION_HOLD_SECONDS; the function's text says so
+        if kind in ("held", "siblings"):  # dp_renew's hold limit; a member settled unlike its reservation's others
             return ChargeStateError(message)
         return _not_reserved(where, detail["state"], action)
     if code == pg_functions.LEASE_HELD and key is not None:

@@ -97,7 +97,8 @@ def windows_between(granularity: str, first: dt.date, last: dt.date) -> list[str
     while out[-1] != end:
         out.append(_next_window(granularity, out[-1]))
         if len(out) > MAX_OPEN_BLOCKS:
-            raise ValueError(f"more than {MAX_OPEN_BLOCKS} {granularity} windows from {first} to {last}")
+            raise ValueError(f"more than {MAX_OPEN_BLOCKS} {granularity} windows from {first} to {last} (the ledger "
+                             "opens and reads at most that many at once): use a shorter range")
     return out
 
 
@@ -128,6 +129,13 @@ def windows_read(
     """
     if lookback < 0:
         raise ValueError(f"lookback must be >= 0 windows, got {lookback}")
+    try:
+        return _windows_read(granularity, start, end, lookback, partition_key)
+    except (TypeError, OverflowError) as error:  # a date with a datetime, a window before year 1: bad input
+        raise ValueError(f"the data interval [{start}, {end}) with lookback {lookback} names no windows: {error}") from None
+
+
+def _windows_read(granularity: str, start: Any, end: Any, lookback: int, partition_key: str | None) -> list[str]:
     if granularity == "partition":
         if partition_key is None or not PARTITION_KEY.fullmatch(partition_key):
             raise ValueError(

@@ -72,6 +72,7 @@ from dp_operators.ledger.bounded import BoundsError, read_json, read_number, sho
 from dp_operators.ledger.config import LedgerConfig
 from dp_operators.ledger.errors import UnreadableValueError
 from dp_operators.ledger.keys import Keyring
+from dp_operators.ledger import structure
 from dp_operators.ledger.structure import MEMBER_SEPARATOR, QUOTA_PREFIX, structure_of
 from dp_operators.ledger.store import (
     JSON_COLUMNS,
@@ -605,7 +606,10 @@ class _Verifier:
             reasons = approvals.approval_reasons(
                 mine["policy"], values["amount"], max(round_down(cap - chain.spent), Fraction(0)),
                 approvals.mechanism_kinds(row["mechanisms"]),
-                None if family not in mine["last"] else mine["last"][family][1],
+                # a block's mechanism change is against the last release on any block of its account, which the
+                # database decides; chains are replayed one by one here, so verify does not order them across blocks
+                None if family not in mine["last"] or mine.get("where", row["account"]) != row["account"]
+                else mine["last"][family][1],
             )
         except (_BadValue, UnreadableValueError, TypeError, ValueError, ZeroDivisionError):
             return  # an unreadable cap or policy is reported where it is read
@@ -929,6 +933,25 @@ class _Verifier:
             kind, _ = structure_of(config if isinstance(config, dict) else None)
             if kind in ("blocks", "quotas"):
                 parents[row.name] = kind
+        # one reservation on several members settles whole: never one member committed and another released, and
+        # every committed member with the same output (what dp_commit and dp_release refuse otherwise)
+        if parents:
+            member_or_parent = sa.or_(*[sa.or_(c.account == name, c.account.startswith(name + MEMBER_SEPARATOR,
+                                                                                          autoescape=True))
+                                        for name in sorted(parents)])
+            rows = _stream(conn, sa.select(c.id, c.token_hash, c.state, c.output_digest)
+                           .where(member_or_parent, c.token_hash.is_not(None)).order_by(c.token_hash, c.id))
+            for _, group in itertools.groupby(rows, key=lambda row: row["token_hash"]):
+                members = list(itertools.islice(group, structure.MAX_WINDOWS + 1))
+                states = {row["state"] for row in members}
+                digests = {row["output_digest"] for row in members if row["state"] == "committed"}
+                if ("committed" in states and "released" in states) or len(digests) > 1:
+                    ids = ", ".join(str(row["id"]) for row in members[:10])
+                    self.problems.add(
+                        f"charges id={ids} are one reservation on several member accounts, settled unlike each other "
+                        f"({', '.join(sorted(states))}{'; different outputs' if len(digests) > 1 else ''}): a "
+                        "reservation is committed whole with one output, or released whole"
+                    )
         for name, kind in sorted(parents.items()):
             if kind == "blocks":
                 for charge in conn.execute(sa.select(c.id, c.account).where(c.account == name).limit(MAX_PROBLEMS)):

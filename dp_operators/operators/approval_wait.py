@@ -20,10 +20,13 @@ from dp_operators.operators.lease_wait import LEASE_WAIT_MARGIN, LEASE_WAIT_MIN
 APPROVAL_POLL = dt.timedelta(minutes=5)
 
 
-def approval_plan(spec: Any, accountant: str, error: ApprovalRequiredError) -> tuple[dict[str, Any], list[dict]]:
+def approval_plan(spec: Any, accountant: str, error: ApprovalRequiredError,
+                  blocks: list[tuple[str, Fraction]] | None = None) -> tuple[dict[str, Any], list[dict]]:
     """The plan a request shows the officer (mechanisms with their expected half-widths at the spec's confidence,
     the charge, the budget left after it) and the mechanisms as the reservation records them. Public parameters
-    only: the plan is the spec's, no data is read."""
+    only: the plan is the spec's, no data is read. ``blocks``: on an account with privacy blocks, each window the
+    run reads with its block's remaining budget; the plan then lists them, and ``remaining_after`` is the least
+    any of them keeps (the run's release key and spec fix its windows, so the grant covers exactly these)."""
     from dp_operators.release.plan import plan_release
 
     plan = plan_release(spec, accountant=accountant)
@@ -33,6 +36,8 @@ def approval_plan(spec: Any, accountant: str, error: ApprovalRequiredError) -> t
         steps.append({"aggregate": step.aggregate, "component": step.component, "mechanism": step.mechanism,
                       "half_width": step.half_width(alpha)})
     remaining = Fraction(str(error.remaining)) if error.remaining is not None else None
+    if blocks:
+        remaining = min(left for _, left in blocks)
     shown = {
         "release": spec.release,
         "account": error.account,
@@ -42,11 +47,15 @@ def approval_plan(spec: Any, accountant: str, error: ApprovalRequiredError) -> t
         "reasons": list(error.reasons),
         "mechanisms": steps,
     }
+    if blocks:
+        charge = Fraction(str(error.amount))
+        shown["blocks"] = [{"window": window, "remaining_after": str(max(left - charge, 0))} for window, left in blocks]
     return shown, [step.describe() for step in plan.steps]
 
 
 def wait_for_approval(operator: Any, ledger: Any, key: ReleaseKey, error: ApprovalRequiredError,
-                      audit: dict[str, Any], now: dt.datetime | None = None) -> NoReturn:
+                      audit: dict[str, Any], now: dt.datetime | None = None,
+                      windows: list[str] | None = None) -> NoReturn:
     """File the request (once per release key and spec) and reschedule the task; raise
     ``AirflowFailException`` if the request is already rejected (or timed out)."""
     from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
@@ -57,7 +66,12 @@ def wait_for_approval(operator: Any, ledger: Any, key: ReleaseKey, error: Approv
             f"budget account {error.account!r} requires approval of this charge, but a series step cannot wait for "
             "one yet: raise the account's approval threshold, or release the step outside a series")
     accountant = ledger.account(error.account).accountant
-    plan, mechanisms = approval_plan(spec, accountant, error)
+    blocks = None
+    if windows:
+        from dp_operators.ledger.structure import block_account
+
+        blocks = [(window, ledger.account(block_account(error.account, window)).remaining) for window in windows]
+    plan, mechanisms = approval_plan(spec, accountant, error, blocks)
     state = ledger.request_approval(key, account=error.account, amount=error.amount, mechanisms=mechanisms,
                                     spec_hash=operator.spec_sha256, plan=plan, audit=audit)
     if state["state"] == "rejected":

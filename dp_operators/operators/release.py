@@ -313,7 +313,11 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             self.log.warning("%s", lease_held_message(key, error, until))
             raise AirflowRescheduleException(until) from None
         except ApprovalRequiredError as error:  # before _PERMANENT: waits for an officer's decision, no try spent
-            wait_for_approval(self, ledger, key, error, _audit_context(context))
+            from dp_operators.release.run import block_windows
+
+            windows = block_windows(self.release_spec, ledger, data_interval=_data_interval(context),
+                                    partition_key=_partition_key(context))
+            wait_for_approval(self, ledger, key, error, _audit_context(context), windows=windows)
         except _PERMANENT as error:
             # the messages are self-contained; the chain's frames hold the true aggregates in their locals, which
             # error reporters (Sentry) capture

@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+import sqlalchemy as sa
+
 from dp_operators.accounting import round_up
 from dp_operators.ledger import AccountStatus, DagNotAllowedError, ReleaseKey
+from dp_operators.ledger import schema
 from dp_operators.ledger.store import LedgerBase, show
 from dp_operators.release.plan import plan_release
 from dp_operators.release.run import check_privacy_unit
@@ -29,6 +32,8 @@ from dp_operators.spec import ReleaseSpec
 FITS, EXHAUSTED, DELTA_EXHAUSTED, REPLAY = "fits", "budget_exhausted", "delta_exhausted", "replay"
 #: A run over a window whose privacy block is not open (docs/ledger.md, "Privacy blocks and team quotas").
 BLOCK_NOT_OPEN = "block_not_open"
+#: The charge needs an officer's approval, pending (it fits: the release waits for the decision) or rejected.
+APPROVAL_REQUIRED, APPROVAL_REJECTED = "approval_required", "approval_rejected"
 
 
 @dataclass(frozen=True)
@@ -36,11 +41,15 @@ class BudgetCheck:
     """The answer of :func:`check_budget`; true iff the release's charge fits (``bool(check)``).
 
     Attributes:
-        fits: ``reserve`` would succeed now (or the release is a replay, which spends nothing).
+        fits: ``reserve`` would succeed now (or the release is a replay, which spends nothing), or will once a
+            privacy officer grants the charge (``approval_required``: the release waits for the decision).
         reason: ``"fits"``, ``"budget_exhausted"`` (the charge exceeds the remaining budget in ``unit``),
-            ``"delta_exhausted"`` (``approx_dp`` accounts: the delta part exceeds the delta left) or ``"replay"``
+            ``"delta_exhausted"`` (``approx_dp`` accounts: the delta part exceeds the delta left), ``"replay"``
             (the release key already has a committed output: the release returns it and spends nothing; the
-            account is not read, so ``unit`` and ``remaining`` are None and ``charge`` is 0).
+            account is not read, so ``unit`` and ``remaining`` are None and ``charge`` is 0),
+            ``"block_not_open"`` (a window of the run has no open privacy block), ``"approval_required"`` (fits,
+            pending an officer's approval) or ``"approval_rejected"`` (an officer rejected the charge, or its
+            request timed out: the release would be refused).
         release, account: the spec's release name and budget account.
         unit: the account's unit (``epsilon``, ``rho`` or ``mu_squared``).
         charge: what one run of the spec is charged, exact, in ``unit``, rounded up to the ledger's resolution.
@@ -141,11 +150,35 @@ def check_budget(
     elif delta_charge is not None and delta_charge > remaining_delta:
         reason = DELTA_EXHAUSTED
     else:
-        reason = FITS
+        reason = _approval(ledger, account, charge, remaining, release_key)
     return BudgetCheck(
-        fits=reason == FITS, reason=reason, release=spec.release, account=account.name, unit=account.unit,
+        fits=reason in (FITS, APPROVAL_REQUIRED), reason=reason, release=spec.release, account=account.name, unit=account.unit,
         charge=charge, remaining=remaining, delta_charge=delta_charge, delta_remaining=remaining_delta,
     )
+
+
+def _approval(ledger: LedgerBase, account: AccountStatus, charge: Fraction, remaining: Fraction,
+              release_key: ReleaseKey | None) -> str:
+    """``fits``, or what the account's approval policy makes of the charge (docs/ledger.md, "Approval before a
+    large charge"): ``approval_required`` (the release will wait for an officer: it fits, and the gate lets it go
+    on to file its request), ``approval_rejected`` (an officer rejected it, or its request timed out: it will be
+    refused). The amount rules only: a change of mechanism is the release's to find."""
+    import datetime as dt
+
+    from dp_operators.ledger import approvals
+
+    with ledger._read() as conn:
+        row = conn.execute(sa.select(schema.accounts.c.name, schema.accounts.c.config, schema.accounts.c.spend_key_id)
+                           .where(schema.accounts.c.name == account.name)).first()
+        policy = None if row is None else approvals.policy_of(row.config)
+        if policy is None or not approvals.approval_reasons(policy, charge, max(remaining, Fraction(0))):
+            return FITS
+        if release_key is None:
+            return APPROVAL_REQUIRED
+        where = approvals.approval_account(row.name, row.config)
+        state = approvals.approval_state(approvals._key_events(conn, where, release_key), row.spend_key_id, charge,
+                                         approvals.timeout_of(policy), dt.datetime.now(dt.timezone.utc))
+    return {"granted": FITS, "rejected": APPROVAL_REJECTED}.get(state["state"], APPROVAL_REQUIRED)
 
 
 def _charged_accounts(

@@ -47,27 +47,29 @@ RUN = {"dag_id": "adult_census_release", "run_id": "?", "charges": [], "total": 
 
 @pytest.fixture
 def fake_queries(monkeypatch):
-    """Replace the four query functions with fakes that record their arguments; unknown names give ``None``."""
+    """Replace the query functions with fakes that record their arguments (not the viewer's ``access``: the
+    simple auth manager's viewer is a privacy officer); unknown names give ``None``."""
     calls: list[tuple] = []
 
-    def accounts_overview(ledger):
+    def accounts_overview(ledger, access=None):
         calls.append(("accounts_overview", ledger))
         return ACCOUNTS
 
-    def account_detail(ledger, name):
+    def account_detail(ledger, name, *, access=None):
         calls.append(("account_detail", ledger, name))
         return ACCOUNT if name == "census_adult" else None
 
-    def account_charges(ledger, name, *, dag_id=None, state=None, since=None, until=None, after=None, limit=50):
+    def account_charges(ledger, name, *, dag_id=None, state=None, since=None, until=None, after=None, limit=50,
+                        access=None):
         calls.append(("account_charges", ledger, name,
                       dict(dag_id=dag_id, state=state, since=since, until=until, after=after, limit=limit)))
         return PAGE if name == "census_adult" else None
 
-    def release_detail(ledger, charge_id, *, limit=None):
+    def release_detail(ledger, charge_id, *, limit=None, access=None):
         calls.append(("release_detail", ledger, charge_id, limit))
         return RELEASE if charge_id == 7 else None
 
-    def run_charges(ledger, dag_id, run_id):
+    def run_charges(ledger, dag_id, run_id, *, access=None):
         calls.append(("run_charges", ledger, dag_id, run_id))
         return {**RUN, "run_id": run_id}
 
@@ -193,7 +195,7 @@ def test_every_route_carries_the_auth_dependency():
     api = {route.path for route in routes if route.path.startswith("/api/")}
     assert api == {
         "/api/accounts", "/api/accounts/{name:path}", "/api/accounts/{name:path}/charges",
-        "/api/releases/{charge_id}", "/api/runs/{dag_id}/{run_id:path}", "/api/audit-chain",
+        "/api/releases/{charge_id}", "/api/runs/{dag_id}/{run_id:path}", "/api/audit-chain", "/api/approvals",
     }
     for route in routes:
         assert route.methods == {"GET"}

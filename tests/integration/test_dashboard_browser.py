@@ -16,8 +16,10 @@ Without Playwright or ``/usr/bin/chromium`` the module is skipped, except under 
 from __future__ import annotations
 
 import json
+import os
 import re
 from fractions import Fraction
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -47,10 +49,39 @@ def ledger(browser_ready, tmp_path_factory, adult_aggregates, adult_csv):
     return build_ledger(tmp_path_factory.mktemp("dashboard_ledger") / "ledger.db", adult_aggregates, adult_csv)
 
 
+#: A third user (ADR 0035): an Airflow viewer whom the auth manager lets read only the census DAG.
+ANALYST, ANALYST_PASSWORD = "census_analyst", "analyst-password"
+#: DAG grants of ``dashboard_auth.PerDagAuthManager``: the admin and the auditor may read every DAG (privacy
+#: officers), the analyst only the census DAG.
+GRANTS = {"admin": "*", "auditor": "*", ANALYST: [CENSUS_DAG]}
+
+
 @pytest.fixture(scope="module")
 def server(ledger, tmp_path_factory):
-    with DashboardServer.running(tmp_path_factory.mktemp("airflow_dashboard"), ledger.url) as server:
-        yield server
+    """The api-server with ``dashboard_auth.PerDagAuthManager`` (the simple auth manager with per-user DAG grants,
+    :data:`GRANTS`) and the analyst as a third user."""
+    import dashboard_browser_support
+    from dashboard_auth import GRANTS_VARIABLE, PER_DAG_AUTH_MANAGER
+
+    plain_env = dashboard_browser_support.airflow_env
+
+    def per_dag_env(home, ledger_url, port):
+        env = plain_env(home, ledger_url, port)
+        passwords = json.loads((home / "passwords.json").read_text())
+        (home / "passwords.json").write_text(json.dumps({**passwords, ANALYST: ANALYST_PASSWORD}))
+        tests = str(Path(__file__).resolve().parents[1])
+        return {**env, "AIRFLOW__CORE__AUTH_MANAGER": PER_DAG_AUTH_MANAGER, GRANTS_VARIABLE: json.dumps(GRANTS),
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS":
+                    env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] + f",{ANALYST}:viewer",
+                "PYTHONPATH": os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))}
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(dashboard_browser_support, "airflow_env", per_dag_env)
+    try:
+        with DashboardServer.running(tmp_path_factory.mktemp("airflow_dashboard"), ledger.url) as server:
+            yield server
+    finally:
+        patch.undo()
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +130,7 @@ def page(admin):
 
 def sign_in(tab, server: DashboardServer, user: str) -> None:
     """Sign in on Airflow's login page as a user does: open Airflow, get sent to the login form, fill it in."""
-    _, password = USERS[user]
+    password = ANALYST_PASSWORD if user == ANALYST else USERS[user][1]
     tab.goto("/")
     tab.wait_for_url(re.compile(r"/auth/login"))
     tab.get_by_label("Username").fill(user)
@@ -325,3 +356,43 @@ def test_a_browser_without_airflow_sign_in_gets_401(browser, server, path):
         assert "adult_demographics" not in response.text()  # nothing of the ledger
     finally:
         context.close()
+
+
+def test_two_users_see_what_their_dags_allow(browser, server, ledger):
+    """ADR 0035 in the browser: the admin (a privacy officer) and the census analyst, each signed in through
+    Airflow's login page. The analyst sees only the census account, its releases and runs; the PUMS and
+    demographics accounts, a PUMS release and a PUMS run answer 404 to it, by page and by API, as unknown ones do."""
+    reader = ledger.reader()
+    pums_release = next(c["id"] for c in reader.charges(account="pums_income"))
+    census_release = ledger.census_releases[0]
+    hidden = ("/dp-budget/accounts/pums_income", "/dp-budget/accounts/adult_demographics",
+              f"/dp-budget/releases/{pums_release}", "/dp-budget/runs/pums_income_release/2026-01-31",
+              "/dp-budget/api/accounts/pums_income", f"/dp-budget/api/releases/{pums_release}",
+              "/dp-budget/api/runs/pums_income_release/2026-01-31")
+    shown = ("/dp-budget/accounts/census_adult", f"/dp-budget/releases/{census_release}",
+             f"/dp-budget/runs/{CENSUS_DAG}/{quote(CENSUS_RUNS[0], safe='')}")
+    pages = {}
+    for user in ("admin", ANALYST):
+        context = browser.new_context(viewport=VIEWPORT, base_url=server.base)
+        context.set_default_timeout(TIMEOUT_MS)
+        try:
+            sign_in(context.new_page(), server, user)
+            tab = context.new_page()
+            assert tab.goto("/dp-budget/").status == 200
+            rows = tab.locator("table#accounts tr[data-account]")
+            listed = [rows.nth(i).get_attribute("data-account") for i in range(rows.count())]
+            answers = {path: tab.goto(path).status for path in (*hidden, *shown)}
+            api = tab.goto("/dp-budget/api/accounts")
+            pages[user] = {"listed": listed, "answers": answers,
+                           "api": sorted(row["name"] for row in json.loads(api.text()))}
+            if user == ANALYST:
+                tab.goto("/dp-budget/accounts/census_adult")
+                assert tab.locator("#restricted-note").count() == 1
+                screenshot(tab, "account-restricted")
+        finally:
+            context.close()
+    everything = sorted(account.name for account in reader.accounts())
+    assert sorted(pages["admin"]["listed"]) == everything == pages["admin"]["api"]
+    assert pages["admin"]["answers"] == dict.fromkeys(pages["admin"]["answers"], 200)
+    assert pages[ANALYST]["listed"] == ["census_adult"] == pages[ANALYST]["api"]
+    assert pages[ANALYST]["answers"] == {**dict.fromkeys(hidden, 404), **dict.fromkeys(shown, 200)}

@@ -239,3 +239,104 @@ def test_verify_names_a_charge_written_on_a_blocks_account_or_a_quota_without_it
     problems = " ".join(governor(ledger_url).verify().problems)
     assert "is on account 'n', which has privacy blocks" in problems
     assert "of account 'q' (team quotas)" in problems
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"blocks": Blocks(window="week", open=BlockOpening(**{"from": dt.date(2013, 1, 1), "until": dt.date(2013, 1, 31)}))},
+     r"its structure \(day privacy blocks -> week privacy blocks\)"),
+    ({"blocks": None}, r"its structure \(day privacy blocks -> no blocks or quotas\)"),
+    ({"privacy_unit": "person"}, r"its privacy unit \('flight' -> 'person'\)"),
+])
+def test_a_spent_blocks_structure_and_unit_are_fixed_so_no_record_gets_a_fresh_budget(ledger_url, change, message):
+    ledger = ledger_with(ledger_url, n=blocks_account())
+    ledger.commit(reserve(ledger, "day5", Fraction(1, 2), windows=["2013-01-05"]), {"v": 1})
+    changed = blocks_account().model_copy(update=change)
+    with pytest.raises(ValueError, match=message):
+        governor(ledger_url).apply_config(LedgerConfig(version=1, accounts={"n": changed}))
+    with pytest.raises(BudgetExhaustedError):  # the spent day stays spent
+        reserve(ledger, "again", Fraction(1, 8), windows=["2013-01-05"])
+    # before anything is charged, an account may still be reshaped
+    fresh = ledger_with(ledger_url, m=blocks_account())
+    governor(ledger_url).apply_config(LedgerConfig(version=1, accounts={"m": blocks_account().model_copy(update=change)}))
+    assert fresh.structure("m")[0] == ("plain" if change.get("blocks", 0) is None else "blocks")
+
+
+def test_a_changed_mechanism_on_a_new_days_block_waits_for_approval_as_on_the_same_block(ledger_url):
+    from dp_operators.ledger.config import Approval
+    from dp_operators.ledger.errors import ApprovalRequiredError
+
+    account = blocks_account().model_copy(update={"approval": Approval(on_mechanism_change=True)})
+    ledger = ledger_with(ledger_url, n=account)
+    gaussian, laplace = [{"mechanism": "discrete_gaussian"}], [{"mechanism": "discrete_laplace"}]
+
+    def release(run, day, mechanisms):
+        return ledger.reserve(ReleaseKey("d", run, "t", -1, "r"), account="n", amount=Fraction(1, 4),
+                              mechanisms=mechanisms, spec_hash="0" * 64, windows=[day])
+
+    ledger.commit(release("day1", "2013-01-01", gaussian), {"v": 1})
+    ledger.commit(release("day2", "2013-01-02", gaussian), {"v": 2})  # the same mechanism: no approval
+    with pytest.raises(ApprovalRequiredError, match="budget account 'n' requires"):
+        release("day3", "2013-01-03", laplace)  # a new block, but the release changed mechanism
+    assert not [c for c in ledger.charges() if c["run_id"] == "day3"]
+    assert governor(ledger_url).verify().ok
+
+
+@pytest.mark.parametrize("first, then", [("commit", "release"), ("release", "commit")])
+def test_a_reservation_on_several_accounts_is_settled_whole_never_one_member_one_way(ledger_url, first, then):
+    """Settling one member of a quota reservation, then the other the other way, would charge the team's quota
+    but not the shared cap (or the reverse); the ledger refuses the second, and the members stay counted."""
+    ledger = ledger_with(ledger_url, q=quotas_account())
+    reservation = reserve(ledger, "a-1", Fraction(1, 5), dag="a1", account="q")
+    parent, quota = reservation.members
+
+    def settle(action, part):
+        return ledger.commit(part, {"v": 1}) if action == "commit" else ledger.release(part)
+
+    settle(first, quota)
+    with pytest.raises(Exception, match="one member of a reservation"):
+        settle(then, parent)
+    totals = spent(ledger)
+    assert totals["q"] == Fraction(1, 5)  # never released: the shared cap keeps the charge
+    assert totals["q@quota:team_a"] == (Fraction(1, 5) if first == "commit" else 0)
+
+
+def test_an_officers_grant_approves_one_charge_not_every_later_attempt(ledger_url):
+    """Reserve under a grant, abandon (noise may have been drawn), reserve again: the takeover is refused rather
+    than charged under the same grant again, on a plain account with an approval policy."""
+    from dp_operators.ledger.config import Approval
+    from dp_operators.ledger.errors import ApprovalRejectedError, ApprovalRequiredError
+
+    account = AccountConfig(accountant="zcdp", cap=Fraction(10), privacy_unit="person", allowed_dags=["d"],
+                            approval=Approval(above=Fraction(1)))
+    ledger = ledger_with(ledger_url, ap=account)
+    key = ReleaseKey("d", "r", "t", -1, "r")
+
+    def charge():
+        return ledger.reserve(key, account="ap", amount=Fraction(2), mechanisms=[], spec_hash="0" * 64)
+
+    with pytest.raises(ApprovalRequiredError):
+        charge()
+    request = ledger.request_approval(key, account="ap", amount=Fraction(2), mechanisms=[], spec_hash="0" * 64,
+                                      plan={"charge": "2"})
+    governor(ledger_url).decide_approval("ap", request["request"], approve=True)
+    ledger.abandon(charge())
+    with pytest.raises(ApprovalRejectedError, match="used by an earlier attempt"):
+        charge()
+    assert ledger.account("ap").spent == 2
+
+
+def test_verify_names_a_reservation_whose_members_were_settled_unlike_each_other(ledger_url):
+    ledger = ledger_with(ledger_url, n=blocks_account())
+    ledger.commit(reserve(ledger, "week", Fraction(1, 4), windows=JAN[:3]), {"v": 1})
+    assert governor(ledger_url).verify().ok
+    engine = sa.create_engine(ledger_url)
+    with engine.begin() as conn:  # a released member of the committed reservation, written around the ledger
+        conn.exec_driver_sql(
+            "INSERT INTO dp_charges (account, dag_id, run_id, task_id, map_index, release_name, attempt, state, "
+            "amount, delta_amount, mechanisms, spec_hash, token_hash, created_at, updated_at) SELECT "
+            "'n@2013-01-04', dag_id, run_id, task_id, map_index, release_name, 9, 'released', amount, delta_amount, "
+            "mechanisms, spec_hash, token_hash, created_at, updated_at FROM dp_charges WHERE account = 'n@2013-01-01'"
+        )
+    engine.dispose()
+    problems = " ".join(governor(ledger_url).verify().problems)
+    assert "settled unlike each other (committed, released)" in problems
