@@ -134,8 +134,29 @@ def _amount(text: Any) -> Fraction | None:
         return None
 
 
+def block_of(config: Any) -> str | None:
+    """The window of a privacy block's account (its stored ``config``), or ``None`` for any other account."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError:
+            return None
+    part_of = config.get("part_of") if isinstance(config, dict) else None
+    block = part_of.get("block") if isinstance(part_of, dict) else None
+    return block if isinstance(block, str) else None
+
+
+def _plans_window(events: list[Any], request: Any, window: str) -> bool:
+    """Whether request number ``request``'s plan lists block ``window`` (what the officer approved)."""
+    for event in events:
+        if event.event == APPROVAL_REQUESTED and event.account_seq == request:
+            blocks = (_details(event).get("plan") or {}).get("blocks")
+            return isinstance(blocks, list) and any(isinstance(b, dict) and b.get("window") == window for b in blocks)
+    return False
+
+
 def approval_state(events: Iterable[Any], spend_key_id: str | None, charged: Fraction, timeout: dt.timedelta,
-                   now: dt.datetime) -> dict[str, Any]:
+                   now: dt.datetime, window: str | None = None) -> dict[str, Any]:
     """The approval state of a charge of ``charged`` from the approval events of its release key and spec hash:
     ``{"state": "granted" | "rejected" | "pending" | "none", ...}`` with the request (``request``: its sequence
     number, ``requested_at``, ``expires_at``) and, when rejected, ``reason`` (``rejected`` or ``timeout``) and
@@ -145,14 +166,22 @@ def approval_state(events: Iterable[Any], spend_key_id: str | None, charged: Fra
     for event in events:
         amount = _amount(event.amount)
         if (event.event == APPROVAL_GRANTED and event.key_id is not None and event.key_id != spend_key_id
-                and amount is not None and amount >= charged):
+                and amount is not None and amount >= charged
+                # a block's charge: the request the officer granted lists its window
+                and (window is None or _plans_window(events, _details(event).get("request"), window))):
             return {"state": "granted", "request": _details(event).get("request"), "decision": event.account_seq}
     for event in events:
         if event.event == APPROVAL_REJECTED and event.key_id != spend_key_id:
             details = _details(event)
             return {"state": "rejected", "reason": "rejected", "request": details.get("request"),
                     "note": details.get("reason")}
-    requests = [e for e in events if e.event == APPROVAL_REQUESTED and (_amount(e.amount) or 0) >= charged]
+    filed = [e for e in events if e.event == APPROVAL_REQUESTED]
+    if filed and now >= _when(filed[0].created_at) + timeout:
+        # the key's first request timed out undecided: final, whatever amount a later request names
+        first = _when(filed[0].created_at)
+        return {"state": "rejected", "reason": "timeout", "note": None, "request": filed[0].account_seq,
+                "requested_at": first.isoformat(), "expires_at": (first + timeout).isoformat()}
+    requests = [e for e in filed if (_amount(e.amount) or 0) >= charged]
     if not requests:
         return {"state": "none"}
     request = requests[-1]
@@ -233,7 +262,7 @@ def check_charge(conn: Connection, row: Any, key: Any, spec_hash: str, charged: 
     if not reasons:
         return None
     state = approval_state(_key_events(conn, where, key, spec_hash), row.spend_key_id, charged,
-                           timeout_of(policy), now)
+                           timeout_of(policy), now, block_of(row.config))
     if state["state"] == "granted":
         # a grant approves one charge: an attempt after one that reserved under it (and may have drawn) needs another
         earlier = conn.execute(sa.select(_c.id).where(

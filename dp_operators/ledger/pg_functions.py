@@ -1477,28 +1477,44 @@ DECLARE
   v_granted dp_audit_events;
   v_rejected dp_audit_events;
   v_request dp_audit_events;
+  v_first dp_audit_events;
   v_requested timestamp with time zone;
   v_expires timestamp with time zone;
   v_where text;
+  v_window text;
 BEGIN
   -- approvals.approval_account: a privacy block's approvals are on its account's chain
   v_where := a.name;
   IF jsonb_typeof(a.config::jsonb -> 'part_of') = 'object' AND (a.config::jsonb -> 'part_of') ? 'block' THEN
     v_where := a.config::jsonb -> 'part_of' ->> 'account';
+    v_window := a.config::jsonb -> 'part_of' ->> 'block';
   END IF;
   FOR e IN SELECT * FROM dp_audit_events AS x WHERE {_APPROVAL_KEY}
       AND x.event IN ('approval_requested', 'approval_granted', 'approval_rejected') ORDER BY x.account_seq LOOP
     v_q := {_EVENT_AMOUNT};
     IF e.event = 'approval_granted' THEN
-      IF v_granted.id IS NULL AND e.key_id IS NOT NULL AND e.key_id IS DISTINCT FROM a.spend_key_id AND {_COVERS} THEN
+      IF v_granted.id IS NULL AND e.key_id IS NOT NULL AND e.key_id IS DISTINCT FROM a.spend_key_id AND {_COVERS}
+         -- a block's charge: the request the officer granted lists its window (approvals._plans_window)
+         AND (v_window IS NULL OR EXISTS (
+           SELECT FROM dp_audit_events AS r WHERE r.account = v_where AND r.event = 'approval_requested'
+             AND r.account_seq = CASE WHEN (e.details::jsonb ->> 'request') ~ '^[0-9]{{1,9}}$'
+                                      THEN (e.details::jsonb ->> 'request')::integer END
+             AND jsonb_typeof(r.details::jsonb -> 'plan' -> 'blocks') = 'array'
+             AND EXISTS (SELECT FROM jsonb_array_elements(r.details::jsonb -> 'plan' -> 'blocks') AS b
+                         WHERE jsonb_typeof(b) = 'object' AND b ->> 'window' = v_window))) THEN
         v_granted := e;
       END IF;
     ELSIF e.event = 'approval_rejected' THEN
       IF v_rejected.id IS NULL AND e.key_id IS DISTINCT FROM a.spend_key_id THEN
         v_rejected := e;
       END IF;
-    ELSIF {_COVERS} THEN
-      v_request := e;
+    ELSE
+      IF v_first.id IS NULL THEN
+        v_first := e;
+      END IF;
+      IF {_COVERS} THEN
+        v_request := e;
+      END IF;
     END IF;
   END LOOP;
   IF v_granted.id IS NOT NULL THEN
@@ -1509,6 +1525,10 @@ BEGIN
     RETURN jsonb_build_object('state', 'rejected', 'reason', 'rejected',
                               'request', v_rejected.details::jsonb -> 'request',
                               'note', v_rejected.details::jsonb -> 'reason', 'account', v_where);
+  END IF;
+  -- the key's first request timed out undecided: final, whatever amount a later request names
+  IF v_first.id IS NOT NULL AND p_now >= v_first.created_at::timestamp with time zone + dp_approval_timeout(a) THEN
+    v_request := v_first;
   END IF;
   IF v_request.id IS NULL THEN
     RETURN jsonb_build_object('state', 'none', 'account', v_where);

@@ -177,7 +177,8 @@ def _approval(ledger: LedgerBase, account: AccountStatus, charge: Fraction, rema
             return APPROVAL_REQUIRED
         where = approvals.approval_account(row.name, row.config)
         state = approvals.approval_state(approvals._key_events(conn, where, release_key), row.spend_key_id, charge,
-                                         approvals.timeout_of(policy), dt.datetime.now(dt.timezone.utc))
+                                         approvals.timeout_of(policy), dt.datetime.now(dt.timezone.utc),
+                                         approvals.block_of(row.config))
     return {"granted": FITS, "rejected": APPROVAL_REJECTED}.get(state["state"], APPROVAL_REQUIRED)
 
 

@@ -124,6 +124,12 @@ def test_timeout_rejects(ledger_url: str) -> None:
     assert _charges(ledger_url) == 0
     with pytest.raises(ValueError, match="timed out"):
         governor(ledger_url).decide_approval("a", filed["request"], approve=True)
+    # final: a later request for a larger amount does not start a new wait
+    again = ledger.request_approval(key, account="a", amount=Fraction(21, 10), mechanisms=LAPLACE, spec_hash="h",
+                                    plan=PLAN)
+    assert (again["state"], again["reason"]) == ("rejected", "timeout")
+    with pytest.raises(ApprovalRejectedError, match="timeout"):
+        ledger.reserve(key, account="a", amount=Fraction(21, 10), mechanisms=LAPLACE, spec_hash="h")
     ledger.engine.dispose()
 
 

@@ -340,3 +340,28 @@ def test_verify_names_a_reservation_whose_members_were_settled_unlike_each_other
     engine.dispose()
     problems = " ".join(governor(ledger_url).verify().problems)
     assert "settled unlike each other (committed, released)" in problems
+
+
+def test_an_officers_grant_on_blocks_covers_the_windows_its_request_listed_only(ledger_url):
+    """The plan the officer granted lists the release's blocks; the same release key charged on other windows is
+    not covered by that grant (it waits, as a new charge would)."""
+    from dp_operators.ledger.config import Approval
+    from dp_operators.ledger.errors import ApprovalRequiredError
+
+    account = blocks_account().model_copy(update={"approval": Approval(above=Fraction(1, 8))})
+    ledger = ledger_with(ledger_url, n=account)
+    key = ReleaseKey("d", "r", "t", -1, "r")
+    listed = {"charge": "1/4", "blocks": [{"window": "2013-01-05", "remaining_after": "1/4"}]}
+    request = ledger.request_approval(key, account="n", amount=Fraction(1, 4), mechanisms=[], spec_hash="0" * 64,
+                                      plan=listed)
+    governor(ledger_url).decide_approval("n", request["request"], approve=True)
+
+    def charge(windows):
+        return ledger.reserve(key, account="n", amount=Fraction(1, 4), mechanisms=[], spec_hash="0" * 64,
+                              windows=windows)
+
+    with pytest.raises(ApprovalRequiredError):
+        charge(["2013-01-05", "2013-01-06"])  # 01-06 was not in the granted plan
+    assert not list(ledger.charges())
+    ledger.commit(charge(["2013-01-05"]), {"v": 1})
+    assert governor(ledger_url).verify().ok
