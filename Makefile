@@ -47,6 +47,7 @@ benchmarks: $(VENV)/.installed
 	$(BIN)/python benchmarks/consistency.py
 	$(BIN)/python benchmarks/ledger_throughput.py
 	$(BIN)/python benchmarks/ledger_cli.py
+	$(BIN)/python benchmarks/privacy_blocks.py
 	$(BIN)/python benchmarks/samplers.py
 	$(BIN)/python benchmarks/large_release.py
 	$(BIN)/python benchmarks/vector_release.py

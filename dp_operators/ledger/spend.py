@@ -792,9 +792,10 @@ class Ledger(LedgerBase):
             return digest
 
         def work(conn: Connection) -> str:
-            for part in parts:  # every member in one transaction
+            for index, part in enumerate(parts):  # every member in one transaction
                 chain, charge = self._owned_charge(conn, part, "committed")
-                _refuse_unlike_siblings(conn, charge, ("reserved",), digest)
+                if index == 0:  # its siblings are every other member's charge: checked once, before any changes
+                    _refuse_unlike_siblings(conn, charge, ("reserved",), digest)
                 conn.execute(
                     _UPDATE_CHARGE,
                     {
@@ -837,9 +838,10 @@ class Ledger(LedgerBase):
             return
 
         def work(conn: Connection) -> None:
-            for part in reservation.parts():
+            for index, part in enumerate(reservation.parts()):
                 chain, charge = self._owned_charge(conn, part, "released")
-                _refuse_unlike_siblings(conn, charge, ("reserved", "released"))
+                if index == 0:  # its siblings are every other member's charge: checked once, before any changes
+                    _refuse_unlike_siblings(conn, charge, ("reserved", "released"))
                 conn.execute(_UPDATE_CHARGE, {"state": "released", "updated_at": _utcnow(), "charge_id": charge.id})
                 # rounded up to the ledger's resolution, as every total is: subtracting exact amounts one after
                 # another would multiply their denominators past what a stored number holds (never below the truth)
