@@ -26,15 +26,35 @@ from dp_operators.ledger.bounded import visible
 from dp_operators.ledger.keys import GOVERNOR_KEY_ENV
 
 
-def _plan_lines(plan: object) -> list[str]:
-    """The plan a request carries, as the officer reads it: the charge, the budget left after it, each mechanism
-    with its expected half-width."""
+def _amount(text: object, unit: str) -> str:
+    """An exact amount as the officer reads it: ``rho 0.2 (1/5)``; as written if it is not a number."""
+    from fractions import Fraction
+
+    try:
+        value = Fraction(str(text))
+    except (ValueError, ZeroDivisionError):
+        return visible(str(text))
+    shown = f"{float(value):.6g}"
+    return f"{unit} {shown}" + ("" if shown == str(value) else f" ({value})")
+
+
+def _plan_lines(plan: object, unit: str = "") -> list[str]:
+    """The plan a request carries, as the officer reads it: the charge, the budget left after it (and on privacy
+    blocks each block's), each mechanism with its expected half-width."""
     if not isinstance(plan, dict):
         return ["  (no plan)"]
     lines = []
-    for name in ("charge", "unit", "remaining_after", "confidence", "spec"):
+    for name in ("charge", "remaining_after", "confidence", "reasons", "spec"):
         if name in plan:
-            lines.append(f"  {name}: {visible(str(plan[name]))}")
+            value = plan[name]
+            shown = _amount(value, unit) if name in ("charge", "remaining_after") else visible(str(value))
+            lines.append(f"  {name.replace('_', ' ')}: {shown}")
+    blocks = plan.get("blocks")
+    if isinstance(blocks, list) and blocks:
+        listed = [b for b in blocks if isinstance(b, dict)][:400]
+        lines.append(f"  charged on {len(listed)} privacy block(s): " + ", ".join(
+            f"{visible(str(b.get('window')))} ({_amount(b.get('remaining_after'), unit)} left after)"
+            for b in listed[:31]) + (" ..." if len(listed) > 31 else ""))
     for step in plan.get("mechanisms") or []:
         if isinstance(step, dict):
             lines.append("  - " + ", ".join(f"{k} {visible(str(v))}" for k, v in sorted(step.items())))
@@ -63,17 +83,23 @@ def ledger_approvals(
     if not found:
         console.print("no approval requests to decide" if not every else "no approval requests", highlight=False)
         return
+    units: dict[str, str] = {}
     for r in found:
+        if r["account"] not in units:
+            with _ledger_errors():
+                units[r["account"]] = LedgerGovernor(target.url).account(r["account"]).unit
+        unit = units[r["account"]]
         state = r["decision"] or ("timed out (rejected)" if r["timed_out"] else "pending")
         console.print(
-            f"account {visible(r['account'])} request {r['request']}: {state}; charge {visible(str(r['amount']))} for "
+            f"account {visible(r['account'])} request {r['request']}: {state}; charge {_amount(r['amount'], unit)} for "
             f"release {visible(str(r['release_name']))} (DAG {visible(str(r['dag_id']))}, run "
             f"{visible(str(r['run_id']))}, task {visible(str(r['task_id']))}[{r['map_index']}]), spec "
             f"{visible(str(r['spec_hash']))[:12]}; requested {r['requested_at']}, expires {r['expires_at']}"
-            + (f"; decided {r['decided_at']} by {visible(str(r['decided_by']))}" if r["decision"] else ""),
+            + (f"; decided {r['decided_at']} by {visible(str(r['decided_by']))}"
+               + (f" ({visible(str(r['reason']))})" if r.get("reason") else "") if r["decision"] else ""),
             highlight=False, soft_wrap=True, markup=False,
         )
-        for line in _plan_lines(r["plan"]):
+        for line in _plan_lines(r["plan"], unit):
             console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
