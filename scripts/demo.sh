@@ -63,6 +63,8 @@ if [ "$status" -eq 0 ]; then
   echo "Run 'make demo' again to release again (a new run, fresh noise); 'make demo-reset' starts over."
   echo "A series, one step per day of 2013 (dags/nycflights_series_release.py; a backfill: see its docstring):" \
     "source scripts/demo_env.sh && airflow dags test nycflights_series_release 2013-01-02 (releases 1 January; then 2013-01-03, ...)"
+  echo "Each day on its own privacy block (dags/nycflights_daily_blocks.py; docs/ledger.md, Privacy blocks):" \
+    "source scripts/demo_env.sh && airflow dags test nycflights_daily_blocks 2013-01-02 (charges block nyc_flights_daily@2013-01-01)"
 else
   echo "'make demo-reset' starts over with a fresh budget."
 fi
