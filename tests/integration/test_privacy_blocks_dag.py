@@ -15,7 +15,8 @@ from dp_operators.ledger import Ledger
 from airflow_home import airflow_environment, migrate_metadata, run
 from support import REPO, SPEND_KEY
 
-pytestmark = pytest.mark.integration
+# slow: its own Airflow home and metadata database (about 70 s) for one `airflow dags test` of the example
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
