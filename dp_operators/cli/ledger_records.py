@@ -267,14 +267,16 @@ def _print_verify_report(report, note: str | None = None, all_heads: bool = Fals
         )
         # an account's members (a year of daily blocks is 365 accounts) in one line: the SHA-256 of their names and
         # heads in name order, which a recorded copy is compared with as well as each head (--all-heads prints each)
+        from dp_operators.ledger.structure import MEMBER_SEPARATOR
+
         names = set(report.heads)
         folded: dict[str, list[str]] = {}
         for name in sorted(names):
-            parent = name.split("@", 1)[0]
+            parent = name.split(MEMBER_SEPARATOR, 1)[0]
             if parent != name and parent in names and not all_heads:
                 folded.setdefault(parent, []).append(name)
         for name, head in sorted(report.heads.items()):
-            if name.split("@", 1)[0] in folded and name.split("@", 1)[0] != name and not all_heads:
+            if name.split(MEMBER_SEPARATOR, 1)[0] in folded and MEMBER_SEPARATOR in name and not all_heads:
                 continue
             console.print(f"  {visible(name)}: chain head {visible(head)}", highlight=False, soft_wrap=True)
             if name in folded:

@@ -409,14 +409,9 @@ def _structure_plan(ledger, loaded, charge: Fraction, data_interval: str | None,
 def _approval_note(ledger, account_name: str, charge: Fraction, structure: dict | None) -> str | None:
     """Why a run's charge would wait for a privacy officer's approval (the account's ``approval`` policy, amount
     rules; docs/ledger.md), or ``None``."""
-    import sqlalchemy as sa
+    from dp_operators.ledger import approvals
 
-    from dp_operators.ledger import approvals, schema
-
-    with ledger._read() as conn:
-        config = conn.execute(sa.select(schema.accounts.c.config)
-                              .where(schema.accounts.c.name == account_name)).scalar()
-    policy = approvals.policy_of(config)
+    policy = approvals.policy_of(ledger.account_config(account_name))
     if policy is None:
         return None
     if structure is not None and structure.get("run_charges"):

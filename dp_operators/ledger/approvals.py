@@ -36,6 +36,7 @@ from sqlalchemy.engine import Connection
 
 from dp_operators.ledger import schema
 from dp_operators.ledger.errors import ApprovalRejectedError, ApprovalRequiredError
+from dp_operators.ledger.structure import config_record
 
 APPROVAL_REQUESTED = "approval_requested"
 APPROVAL_GRANTED = "approval_granted"
@@ -53,24 +54,14 @@ _c = schema.charges.c
 
 def policy_of(config: Any) -> dict | None:
     """The ``approval`` policy recorded in an account's stored ``config`` (text or dict), or ``None``."""
-    if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except ValueError:
-            return None
-    policy = config.get("approval") if isinstance(config, dict) else None
+    policy = (config_record(config) or {}).get("approval")
     return policy if isinstance(policy, dict) else None
 
 
 def approval_account(name: str, config: Any) -> str:
     """The account whose chain holds the approvals of a charge on account ``name``: a privacy block's are on its
     account (one request and one grant for every block a release reads), any other account's on itself."""
-    if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except ValueError:
-            return name
-    part_of = config.get("part_of") if isinstance(config, dict) else None
+    part_of = (config_record(config) or {}).get("part_of")
     if isinstance(part_of, dict) and "block" in part_of and isinstance(part_of.get("account"), str):
         return part_of["account"]
     return name
@@ -136,12 +127,7 @@ def _amount(text: Any) -> Fraction | None:
 
 def block_of(config: Any) -> str | None:
     """The window of a privacy block's account (its stored ``config``), or ``None`` for any other account."""
-    if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except ValueError:
-            return None
-    part_of = config.get("part_of") if isinstance(config, dict) else None
+    part_of = (config_record(config) or {}).get("part_of")
     block = part_of.get("block") if isinstance(part_of, dict) else None
     return block if isinstance(block, str) else None
 

@@ -545,17 +545,13 @@ def _refuse_structure_change(conn: Connection, name: str, account: Any) -> None:
     Raises:
         ValueError: such a change (nothing is changed).
     """
-    from dp_operators.ledger.structure import MEMBER_SEPARATOR, structure_of
+    from dp_operators.ledger.structure import MEMBER_SEPARATOR, config_record, structure_of
 
     row = conn.execute(sa.select(schema.accounts.c.config, schema.accounts.c.privacy_unit)
                        .where(schema.accounts.c.name == name)).first()
     if row is None:
         return
-    try:
-        stored = json.loads(row.config) if row.config else None
-    except ValueError:
-        stored = None
-    before = structure_of(stored)
+    before = structure_of(config_record(row.config))
     after = structure_of(account.as_record())
     shape = lambda kind_detail: (kind_detail[0], kind_detail[1] if kind_detail[0] == "blocks" else None)  # noqa: E731
     if shape(before) == shape(after) and (row.privacy_unit == account.privacy_unit or before[0] == "plain"):

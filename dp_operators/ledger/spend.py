@@ -67,7 +67,13 @@ from dp_operators.ledger.errors import (
     stored_fraction,
 )
 from dp_operators.ledger.keys import AuditKey, Keyring, as_key
-from dp_operators.ledger.structure import MEMBER_SEPARATOR, QUOTA_PREFIX, members_charged, structure_of
+from dp_operators.ledger.structure import (
+    QUOTA_PREFIX,
+    config_record,
+    members_charged,
+    own_or_first_block,
+    structure_of,
+)
 from dp_operators.ledger.store import (
     KEY_MATCHES,
     LedgerBase,
@@ -172,13 +178,6 @@ def series_step_problem(conn: Connection, key: ReleaseKey, account: str, charged
         return (f"series step {step} of generation {generation} reserves nothing, but its step 0 was not committed "
                 f"with a charge on account {account!r}")
     return None
-
-
-def _json_or_none(text: Any) -> Any:
-    try:
-        return json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
 
 
 def _refuse_unlike_siblings(conn: Any, charge: Any, allowed: tuple[str, ...], digest: str | None = None) -> None:
@@ -419,13 +418,8 @@ class Ledger(LedgerBase):
         self.check_schema()
         with self._read() as conn:
             charges = [dict(row) for row in conn.execute(_COMMITTED_CHARGES, key.as_dict()).mappings()]
-            if account is not None:
-                own = [charge for charge in charges if charge["account"] == account]
-                if not own:  # an account with privacy blocks: its members hold the charge, each the same output
-                    members = sorted({charge["account"] for charge in charges
-                                      if str(charge["account"]).startswith(account + MEMBER_SEPARATOR)})
-                    own = [charge for charge in charges if members and charge["account"] == members[0]]
-                charges = own
+            if account is not None:  # on an account with privacy blocks, its first block charged
+                charges = own_or_first_block(charges, account)
             if not charges:
                 return None
             events = [dict(row) for row in
@@ -606,11 +600,7 @@ class Ledger(LedgerBase):
             parent = conn.execute(_ACCOUNT_CONFIG, {"name": account}).first()
             if parent is None:
                 raise AccountNotFoundError(not_found(account))
-            try:
-                config = json.loads(parent.config) if parent.config else None
-            except ValueError:
-                config = None
-            members = members_charged(account, config, windows, key.dag_id)
+            members = members_charged(account, config_record(parent.config), windows, key.dag_id)
             if isinstance(members, str):
                 raise ValueError(members)
             if members == [account]:
@@ -1009,7 +999,7 @@ class Ledger(LedgerBase):
             row = chain.row
             self._check_key(row)
             part_of = approvals.approval_account(account, row.config)
-            if structure_of(_json_or_none(row.config))[0] == "member":
+            if structure_of(config_record(row.config))[0] == "member":
                 raise ValueError(f"account {account!r} is a member of another account ({part_of!r}): approvals are "
                                  "requested on the account a release names")
             allowed = json.loads(row.allowed_dags)

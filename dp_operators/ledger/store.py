@@ -22,7 +22,6 @@ import datetime as dt
 import functools
 import getpass
 import os
-import json
 import random
 import sqlite3
 import re
@@ -41,6 +40,7 @@ from dp_operators.accounting import ACCOUNTANTS, epsilon_at_delta, round_down, r
 from dp_operators.accounting.budget import MAX_DENOMINATOR
 from dp_operators.ledger import schema
 from dp_operators.ledger.sqlite_driver import DriverConnection, driver_error
+from dp_operators.ledger.structure import MEMBER_SEPARATOR, config_record, own_or_first_block, structure_of
 from dp_operators.ledger.bounded import (
     MAX_JSON_CHARS,
     MAX_OUTPUT_CHARS,
@@ -565,6 +565,21 @@ class LedgerBase:
                 raise AccountNotFoundError(not_found(name))
             return account_status(row, *reserved_totals(conn, name))
 
+    def account_config(self, name: str) -> dict | None:
+        """The stored configuration record of account ``name`` (what ``dpctl ledger apply`` wrote: its blocks,
+        quotas, approval policy...), or ``None`` if it has none readable
+        (:func:`~dp_operators.ledger.structure.config_record`).
+
+        Raises:
+            AccountNotFoundError: no such account.
+        """
+        self.check_schema()
+        with self._read() as conn:
+            row = conn.execute(sa.select(schema.accounts.c.config).where(schema.accounts.c.name == name)).first()
+        if row is None:
+            raise AccountNotFoundError(not_found(name))
+        return config_record(row.config)
+
     def structure(self, name: str) -> tuple[str, Any]:
         """The budget structure of account ``name`` (:func:`~dp_operators.ledger.structure.structure_of`):
         ``("blocks", "day")``, ``("quotas", {team: {...}})``, ``("member", parent)`` or ``("plain", None)``, read
@@ -573,25 +588,35 @@ class LedgerBase:
         Raises:
             AccountNotFoundError: no such account.
         """
-        from dp_operators.ledger.structure import structure_of
+        return structure_of(self.account_config(name))
 
+    def approval_state(self, name: str, key: ReleaseKey, charged: Fraction) -> dict[str, Any] | None:
+        """What account ``name``'s approval policy makes of a charge of ``charged`` for ``key`` now (amount
+        rules; :mod:`dp_operators.ledger.approvals`): ``None`` when it needs no approval, else
+        :func:`~dp_operators.ledger.approvals.approval_state`'s answer (``granted``, ``rejected``, ``pending`` or
+        ``none``) for the key on the account that holds its approvals. Reads only.
+
+        Raises:
+            AccountNotFoundError: no such account.
+        """
+        from dp_operators.ledger import approvals
+
+        status = self.account(name)
         self.check_schema()
         with self._read() as conn:
-            config = conn.execute(
-                sa.select(schema.accounts.c.config).where(schema.accounts.c.name == name)
-            ).first()
-        if config is None:
-            raise AccountNotFoundError(not_found(name))
-        try:
-            parsed = json.loads(config[0]) if isinstance(config[0], str) and len(config[0]) < 1_000_000 else None
-        except ValueError:
-            parsed = None
-        return structure_of(parsed)
+            row = conn.execute(sa.select(schema.accounts.c.name, schema.accounts.c.config,
+                                         schema.accounts.c.spend_key_id)
+                               .where(schema.accounts.c.name == name)).first()
+            policy = approvals.policy_of(row.config)
+            if policy is None or not approvals.approval_reasons(policy, charged, max(status.remaining, Fraction(0))):
+                return None
+            where = approvals.approval_account(row.name, row.config)
+            return approvals.approval_state(approvals._key_events(conn, where, key), row.spend_key_id, charged,
+                                            approvals.timeout_of(policy), dt.datetime.now(dt.timezone.utc),
+                                            approvals.block_of(row.config))
 
     def members(self, name: str) -> list[AccountStatus]:
         """The member accounts of ``name`` (its privacy blocks or team quotas), by name."""
-        from dp_operators.ledger.structure import MEMBER_SEPARATOR
-
         return [a for a in self.accounts() if a.name.startswith(name + MEMBER_SEPARATOR)]
 
     def account_names(self) -> list[str]:
@@ -677,11 +702,9 @@ class LedgerBase:
         """
         self.check_schema()
         with self._read() as conn:
-            committed = list(conn.execute(_COMMITTED_ACCOUNTS, key.as_dict()))
-            rows = [row for row in committed if account is None or row.account == account]
-            if account is not None and not rows:  # privacy blocks: the charge, and its output, is on each block
-                blocks = sorted({row.account for row in committed if str(row.account).startswith(account + "@")})
-                rows = [row for row in committed if blocks and row.account == blocks[0]]
+            rows = list(conn.execute(_COMMITTED_ACCOUNTS, key.as_dict()))
+            if account is not None:  # privacy blocks: the charge, and its output, is on each block
+                rows = own_or_first_block(rows, account, of=lambda row: row.account)
             if len({row.account for row in rows}) > 1:
                 raise AmbiguousReleaseKeyError(
                     f"release {key} is committed on accounts {', '.join(sorted(repr(r.account) for r in rows))}: "

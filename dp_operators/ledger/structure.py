@@ -23,6 +23,7 @@ charge a member or a structured parent on its own.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -170,6 +171,40 @@ def _windows_read(granularity: str, start: Any, end: Any, lookback: int, partiti
     return windows
 
 
+#: A stored configuration longer than this is not read (only the governor writes it; a record is a few hundred bytes).
+MAX_CONFIG_CHARS = 1_000_000
+
+
+def config_record(config: Any) -> dict | None:
+    """An account's stored configuration record (the ``config`` column, JSON text, or the record itself) as a
+    dict, or ``None`` if it is missing, too long or not a JSON object."""
+    if isinstance(config, str):
+        if len(config) > MAX_CONFIG_CHARS:
+            return None
+        try:
+            config = json.loads(config)
+        except ValueError:
+            return None
+    return config if isinstance(config, dict) else None
+
+
+def quota_team(quotas: Mapping[str, Any], dag_id: str) -> str | None:
+    """The team whose quota lists ``dag_id`` (configuration allows one), or ``None``."""
+    teams = sorted(team for team, quota in quotas.items()
+                   if isinstance(quota, Mapping) and dag_id in (quota.get("dags") or ()))
+    return teams[0] if teams else None
+
+
+def own_or_first_block(charges: list, account: str, of: Any = lambda charge: charge["account"]) -> list:
+    """The charges of ``charges`` on ``account``; if it has none (an account with privacy blocks, which is never
+    charged), those on its first block charged, which holds the same output as its other blocks."""
+    own = [charge for charge in charges if of(charge) == account]
+    if own:
+        return own
+    blocks = sorted({of(charge) for charge in charges if str(of(charge)).startswith(account + MEMBER_SEPARATOR)})
+    return [charge for charge in charges if blocks and of(charge) == blocks[0]]
+
+
 def structure_of(config: Mapping[str, Any] | None) -> tuple[str, Any]:
     """``("blocks", granularity)``, ``("quotas", {team: {"dags": [...], ...}})``, ``("member", parent)`` or
     ``("plain", None)`` for an account's stored configuration record (``details.config`` of its ``account_*``
@@ -217,8 +252,8 @@ def members_charged(
         return (f"account {account!r} has no privacy blocks: a release on it names no windows (the windows "
                 f"{named[:3]} were given)")
     if kind == "quotas":
-        teams = sorted(team for team, quota in detail.items() if dag_id in (quota or {}).get("dags", ()))
-        if not teams:
+        team = quota_team(detail, dag_id)
+        if team is None:
             return [account]  # no team lists the DAG: nor does the parent's allowlist (config), which refuses it
-        return sorted([account, quota_account(account, teams[0])])
+        return sorted([account, quota_account(account, team)])
     return [account]

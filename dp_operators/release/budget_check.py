@@ -18,11 +18,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-import sqlalchemy as sa
-
 from dp_operators.accounting import round_up
 from dp_operators.ledger import AccountStatus, DagNotAllowedError, ReleaseKey
-from dp_operators.ledger import schema
 from dp_operators.ledger.store import LedgerBase, show
 from dp_operators.release.plan import plan_release
 from dp_operators.release.run import check_privacy_unit
@@ -163,22 +160,16 @@ def _approval(ledger: LedgerBase, account: AccountStatus, charge: Fraction, rema
     large charge"): ``approval_required`` (the release will wait for an officer: it fits, and the gate lets it go
     on to file its request), ``approval_rejected`` (an officer rejected it, or its request timed out: it will be
     refused). The amount rules only: a change of mechanism is the release's to find."""
-    import datetime as dt
-
     from dp_operators.ledger import approvals
 
-    with ledger._read() as conn:
-        row = conn.execute(sa.select(schema.accounts.c.name, schema.accounts.c.config, schema.accounts.c.spend_key_id)
-                           .where(schema.accounts.c.name == account.name)).first()
-        policy = None if row is None else approvals.policy_of(row.config)
-        if policy is None or not approvals.approval_reasons(policy, charge, max(remaining, Fraction(0))):
-            return FITS
-        if release_key is None:
-            return APPROVAL_REQUIRED
-        where = approvals.approval_account(row.name, row.config)
-        state = approvals.approval_state(approvals._key_events(conn, where, release_key), row.spend_key_id, charge,
-                                         approvals.timeout_of(policy), dt.datetime.now(dt.timezone.utc),
-                                         approvals.block_of(row.config))
+    policy = approvals.policy_of(ledger.account_config(account.name))
+    if policy is None or not approvals.approval_reasons(policy, charge, max(remaining, Fraction(0))):
+        return FITS
+    if release_key is None:
+        return APPROVAL_REQUIRED
+    state = ledger.approval_state(account.name, release_key, charge)
+    if state is None:
+        return FITS
     return {"granted": FITS, "rejected": APPROVAL_REJECTED}.get(state["state"], APPROVAL_REQUIRED)
 
 
@@ -192,7 +183,7 @@ def _charged_accounts(
         ReleaseConfigError: the account has privacy blocks and no ``windows`` were given.
     """
     from dp_operators.ledger.errors import AccountNotFoundError
-    from dp_operators.ledger.structure import block_account, quota_account
+    from dp_operators.ledger.structure import block_account, quota_account, quota_team
     from dp_operators.release.errors import ReleaseConfigError
 
     kind, detail = ledger.structure(account.name)
@@ -207,9 +198,9 @@ def _charged_accounts(
         except AccountNotFoundError:
             return None
     if kind == "quotas":
-        teams = sorted(team for team, quota in detail.items() if dag_id in (quota or {}).get("dags", ()))
-        if teams:
-            return [account, ledger.account(quota_account(account.name, teams[0]))]
+        team = quota_team(detail, dag_id)
+        if team is not None:
+            return [account, ledger.account(quota_account(account.name, team))]
     return [account]
 
 
