@@ -33,7 +33,8 @@ from dp_operators.ledger.bounded import BoundsError, read_number, visible
 HISTORY_TABLE_ROWS = 1000
 
 #: The header of ``ledger history``'s aligned lines, one column each.
-HISTORY_COLUMNS = ("id", "account", "dag_id", "run_id", "task_id", "release", "attempt", "state", "amount", "created")
+HISTORY_COLUMNS = ("id", "account", "dag_id", "run_id", "task_id", "release", "attempt", "state", "amount", "bounding",
+                   "created")
 
 #: Columns of ``dp_charges`` stored as JSON text (``dp_operators.ledger.schema``); ``--json`` nests them as JSON.
 JSON_TEXT_COLUMNS = ("mechanisms", "context")
@@ -107,6 +108,22 @@ def _amount(text: Any) -> str:
     return f"{float(value):.6g}" if value.denominator != 1 else str(value.numerator)
 
 
+def bounding_text(c: dict[str, Any]) -> str:
+    """Whether the charge's steps enforced their contribution bounds (the ``contribution_bounding`` its mechanisms
+    record; a step without one was declared): ``enforced``, ``declared``, ``mixed``, or ``-`` (no steps, or
+    mechanisms unreadable)."""
+    from dp_operators.ledger.bounded import BoundsError, read_json
+    from dp_operators.ledger.structure import bounding_summary
+
+    mechanisms = c.get("mechanisms")
+    if isinstance(mechanisms, str):
+        try:
+            mechanisms = read_json(mechanisms)
+        except (BoundsError, ValueError):
+            return "-"
+    return bounding_summary(mechanisms)
+
+
 def _print_charges_table(title: str, last_header: str, rows: list[list[str]]) -> None:
     """Print a table of charges: id, release key, account and amount, then ``last_header`` (state or lease).
 
@@ -152,9 +169,10 @@ def print_history_table(charges: list[dict[str, Any]]) -> None:
             str(c["id"]),
             key,
             account_amount_cell(c),
-            "\n".join(map(visible, (c["state"], f"attempt {c['attempt']}", str(c["created_at"])[:19]))),
+            "\n".join(map(visible, (c["state"], f"attempt {c['attempt']}", str(c["created_at"])[:19],
+                                    f"bounding {bounding_text(c)}"))),
         ])
-    _print_charges_table("Charges", "state / attempt / created", rows)
+    _print_charges_table("Charges", "state / attempt / created / bounding", rows)
 
 
 def print_reconciled_table(abandoned: list[dict[str, Any]]) -> None:
@@ -176,7 +194,7 @@ def _history_cells(charge: dict[str, Any]) -> list[str]:
     c, unreadable = _readable(charge)
     cells = [
         str(c["id"]), c["account"], c["dag_id"], c["run_id"], task_label(c), c["release_name"], str(c["attempt"]),
-        c["state"], amount_text(c), str(c["created_at"])[:19],
+        c["state"], amount_text(c), bounding_text(c), str(c["created_at"])[:19],
     ]
     cells = [visible(cell) for cell in cells]
     if unreadable:  # after the last column, which is never padded

@@ -90,11 +90,15 @@ def ledger_show(
                         unreadable[name] = error.detail
         rows = [a.summary() for a in accounts]
         allowed_roles = {} if as_json else stored_allowed_roles(ledger)
+        enforced_bounding = ledger.accounts_requiring_enforced_bounding()
         series = ledger.series(account)
     for row in rows:  # an account's series (docs/continual.md): only on accounts that have one
         own = [dict(entry, charged=str(entry["charged"])) for entry in series if entry["account"] == row["account"]]
         if own:
             row["series"] = own
+    for row in rows:  # only when required, so the rows of other accounts read as before
+        if row["account"] in enforced_bounding:
+            row["require_enforced_bounding"] = True
     if as_json:
         shown = rows + [{"account": name, "unreadable": why} for name, why in unreadable.items()]
         console.print(visible_json(json.dumps(shown, indent=2, ensure_ascii=False)), highlight=False, soft_wrap=True)
@@ -144,6 +148,18 @@ def ledger_show(
     for name in unreadable:
         table.add_row(visible(name), *["unreadable"] * 7, "-")
     console.print(table)
+    # an account's members carry its requirement: named once, by their account
+    listed_parents = names & enforced_bounding
+    requiring = [row["account"] for row in rows if row.get("require_enforced_bounding")
+                 and not (MEMBER_SEPARATOR in row["account"]
+                          and row["account"].split(MEMBER_SEPARATOR, 1)[0] in listed_parents)]
+    if requiring:  # docs/ledger.md, "Requiring enforced contribution bounding"
+        every = sum(1 for row in rows if row.get("require_enforced_bounding"))
+        carried = " (and their members)" if len(requiring) < every else ""
+        console.print(
+            f"bounding: enforced required on {', '.join(visible(name) for name in requiring)}{carried}: a charge "
+            "whose contribution bounds were only declared is refused", highlight=False, soft_wrap=True,
+        )
     if folded:
         members = Table(title="Privacy blocks and team quotas (dpctl ledger show --account NAME lists them)")
         for column in ("account", "members", "charged", "exhausted", "least remaining", "most spent"):

@@ -26,6 +26,7 @@ from dp_operators.cli.common import (
     release_app,
 )
 from dp_operators.ledger.bounded import visible
+from dp_operators.ledger.structure import bounding_by_aggregate, describe_bounding
 
 if TYPE_CHECKING:
     from dp_operators.operators.verification import FileVerdict
@@ -106,12 +107,15 @@ def _print_release(release: dict, path: Any) -> None:
     else:
         console.print(f"run {visible(release['release_key']['run_id'])}; this release spent {spent}", highlight=False)
     level = f"{release['confidence']:.0%}"
+    bounding = _bounding_by_aggregate(release)
     for name, aggregate in release["aggregates"].items():
         console.print(
             Text.assemble("\n", (visible(name), "bold"), f" ({visible(aggregate['kind'])}, "
                           f"{visible(aggregate['mechanism'])})"),
             highlight=False,
         )
+        console.print(f"contribution bounding: {visible(describe_bounding(bounding.get(name)))}", highlight=False,
+                      soft_wrap=True)
         reference = aggregate.get("rows_file")
         if isinstance(reference, dict):  # a large release: its rows are in a Parquet file, not in the JSON
             console.print(f"{visible(reference.get('rows'))} rows in the rows file {visible(reference.get('uri'))} "
@@ -127,6 +131,15 @@ def _print_release(release: dict, path: Any) -> None:
             shown = f"{value:.3f}" if isinstance(value, float) else visible(value)
             table.add_row(*[visible(row[c]) for c in aggregate["group_by"]], shown, _shown_half_width(row))
         console.print(table)
+
+
+def _bounding_by_aggregate(release: dict) -> dict:
+    """``{aggregate: contribution_bounding}`` of a release: its ``contribution_bounding``, else read from its
+    ``mechanisms``; an aggregate with neither (a release published before bounding was recorded) was declared."""
+    found = release.get("contribution_bounding")
+    if isinstance(found, dict):
+        return found
+    return bounding_by_aggregate(release.get("mechanisms"))
 
 
 def _shown_half_width(row: dict) -> str:

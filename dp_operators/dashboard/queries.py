@@ -64,7 +64,14 @@ from dp_operators.ledger.bounded import (
 )
 from dp_operators.ledger.approvals import APPROVAL_DECISIONS, APPROVAL_REQUESTED
 from dp_operators.ledger.errors import LedgerNotInitialisedError, UnreadableValueError
-from dp_operators.ledger.structure import MEMBER_SEPARATOR, QUOTA_PREFIX, WINDOWS
+from dp_operators.ledger.structure import (
+    MEMBER_SEPARATOR,
+    QUOTA_PREFIX,
+    WINDOWS,
+    bounding_by_aggregate,
+    bounding_summary,
+    describe_bounding,
+)
 from dp_operators.ledger.store import (
     ACCOUNT_READ_COLUMNS,
     SERIES_RUN_PREFIX,
@@ -1133,12 +1140,15 @@ def _charge_split(mechanisms: Any, unit: str | None) -> dict[str, Any]:
     naming its ``aggregate``, ``component``, ``mechanism`` and its own loss: ``epsilon_exact``, ``rho_exact``,
     ``delta_exact``).
 
-    Returns ``{"unit", "aggregates": [{"aggregate", "steps": [...], "loss", "loss_float", "delta"}], "total",
+    Returns ``{"unit", "aggregates": [{"aggregate", "steps": [...], "loss", "loss_float", "delta", "bounding_mode",
+    "bounding"}], "total",
     "total_float", "complete"}``: ``loss`` is the sum of the steps' recorded losses in the account's ``unit``
     (exact strings), ``None`` when a step's loss is recorded in another unit (a Laplace step, epsilon, on a zCDP
     account: the ledger converts it, which the record does not repeat; a ``mu_squared`` account's steps record
     rho). ``total`` sums them when every aggregate has one; ``complete`` is false when steps were left out
-    (:data:`MAX_SPLIT_STEPS`)."""
+    (:data:`MAX_SPLIT_STEPS`). ``bounding_mode`` is ``enforced`` or ``declared`` (the aggregate's contribution
+    bounding as its steps recorded it; none recorded: declared), ``bounding`` the same in words
+    (:func:`~dp_operators.ledger.structure.describe_bounding`: source, unit column, SQL digest)."""
     steps = mechanisms if isinstance(mechanisms, list) else []
     key = {"epsilon": "epsilon_exact", "rho": "rho_exact"}.get(unit or "")
     groups: dict[str, dict[str, Any]] = {}
@@ -1147,7 +1157,9 @@ def _charge_split(mechanisms: Any, unit: str | None) -> dict[str, Any]:
             continue
         name = described.get("aggregate")
         name = _short(name, 200) if isinstance(name, str) else "-"
-        group = groups.setdefault(name, {"aggregate": name, "steps": [], "loss": Fraction(0), "delta": Fraction(0)})
+        group = groups.setdefault(name, {"aggregate": name, "steps": [], "loss": Fraction(0), "delta": Fraction(0),
+                                         "bounding_steps": []})
+        group["bounding_steps"].append(described)
         losses = {}
         for field in ("epsilon", "rho", "delta"):
             try:
@@ -1170,6 +1182,10 @@ def _charge_split(mechanisms: Any, unit: str | None) -> dict[str, Any]:
     for group in groups.values():
         loss = group["loss"]
         total = None if loss is None or total is None else total + loss
+        # how the aggregate's contribution bounds held, from its steps' record (none recorded: declared)
+        bounding = next(iter(bounding_by_aggregate(group.pop("bounding_steps")).values()), None)
+        group.update(bounding_mode=bounding_summary([{"contribution_bounding": bounding}]),
+                     bounding=_short(describe_bounding(bounding), 300))
         aggregates.append({**group, "loss": None if loss is None else str(loss),
                            "loss_float": None if loss is None else float(loss), "delta": str(group["delta"])})
     return {
@@ -1202,6 +1218,8 @@ def _charge_row(row: Any) -> dict[str, Any]:
         amount=None if amount is None else str(amount),
         amount_float=None if amount is None else float(amount),
         mechanisms=_mechanism_names(checked["mechanisms"]),
+        # enforced / declared / mixed / "-", from the contribution_bounding its steps recorded (none: declared)
+        bounding=None if "mechanisms" in read.unreadable else bounding_summary(checked["mechanisms"]),
         created_at=_iso(_time(checked["created_at"])),
         updated_at=_iso(_time(checked["updated_at"])),
     )
@@ -1482,6 +1500,7 @@ def release_detail(
         "unit": unit_or_none(accountant),
         "charge_split": _charge_split(None if "mechanisms" in read.unreadable else read.values.get("mechanisms"),
                                       unit_or_none(accountant)),
+        "bounding": None if "mechanisms" in read.unreadable else bounding_summary(read.values.get("mechanisms")),
         "output_digest": row.output_digest,
         "created_at": _iso(row.created_at),
         "updated_at": _iso(row.updated_at),

@@ -206,6 +206,12 @@ class AccountConfig(BaseModel):
             signed but not enforced: whoever can write the ledger file governs it (docs/ledger.md, "Team roles").
         approval: an officer's approval before a large charge (:class:`Approval`; docs/ledger.md, "Approval before
             a large charge"); recorded only when set.
+        require_enforced_bounding: every charge must have enforced its contribution bounds (the operator read the
+            rows with ``table`` and ``privacy_unit_column`` and bounded each unit's contributions itself); a charge
+            with a step whose bounds were only declared (hand-written aggregate queries, upstream aggregates) is
+            refused by the database before anything is reserved (docs/ledger.md, "Requiring enforced contribution
+            bounding"). A policy, not a structure: it may be set or lifted at any time. Recorded only when true,
+            and carried by the account's members (blocks, quotas).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -222,6 +228,7 @@ class AccountConfig(BaseModel):
     blocks: Blocks | None = None
     quotas: dict[str, Quota] | None = None
     approval: Approval | None = None
+    require_enforced_bounding: bool = False
 
     @field_validator("allowed_roles")
     @classmethod
@@ -284,7 +291,7 @@ class AccountConfig(BaseModel):
         base = {
             "accountant": self.accountant, "cap": self.cap, "epsilon": self.epsilon, "delta": self.delta,
             "privacy_unit": self.privacy_unit, "allowed_dags": self.allowed_dags, "allowed_roles": self.allowed_roles,
-            "owner": self.owner,
+            "owner": self.owner, "require_enforced_bounding": self.require_enforced_bounding,
         }
         out: dict[str, AccountConfig] = {}
         if self.blocks is not None:
@@ -336,6 +343,8 @@ class AccountConfig(BaseModel):
             **({} if self.quotas is None else {"quotas": {t: q.as_record() for t, q in sorted(self.quotas.items())}}),
             # only when set, so the record of an account without an approval policy is unchanged
             **({} if self.approval is None else {"approval": self.approval.as_record()}),
+            # only when true, so the record of an account that does not require it is unchanged
+            **({structure.REQUIRE_ENFORCED_BOUNDING: True} if self.require_enforced_bounding else {}),
         }
 
 

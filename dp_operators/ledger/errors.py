@@ -207,3 +207,40 @@ class ApprovalRejectedError(LedgerError):
                  note: str | None = None) -> None:
         super().__init__(message)
         self.account, self.request, self.reason, self.note = account, request, reason, note
+
+
+class BoundingNotEnforcedError(LedgerError):
+    """The account requires enforced contribution bounding (``require_enforced_bounding: true`` in
+    ``ledgers.yaml``) and some step of this charge only declared its bounds (a hand-written aggregate query, an
+    upstream aggregate, or a charge that records no bounding): the database refused it and nothing was reserved or
+    written. Permanent: retrying will not help.
+
+    Attributes:
+        account: the account that requires it (the account the release names, also for a block or a quota);
+        declared: the aggregates whose bounds were only declared (empty when the charge lists no step).
+    """
+
+    def __init__(self, message: str, *, account: str, declared: list) -> None:
+        super().__init__(message)
+        self.account, self.declared = account, list(declared)
+
+    @classmethod
+    def of(cls, account: str, declared: list) -> BoundingNotEnforcedError:
+        """The refusal of a charge on ``account`` whose aggregates ``declared`` only declared their bounds."""
+        from dp_operators.ledger.structure import MAX_DECLARED_NAMED
+
+        names = [str(name)[:70] for name in list(declared)[:MAX_DECLARED_NAMED]]
+        more = len(declared) - len(names)
+        which = (
+            f"the contribution bounds of aggregate(s) {names}{f' and {more} more' if more > 0 else ''} were only "
+            "declared, not enforced by the operator"
+            if names else "the charge lists no step whose contribution bounds were enforced by the operator"
+        )
+        return cls(
+            f"budget account {account!r} requires enforced contribution bounding, and {which}; nothing was reserved. "
+            "Read the rows with the operator's table and privacy_unit_column arguments (the operator then bounds "
+            "each unit's contributions itself) instead of hand-written aggregate queries or upstream aggregates, or "
+            "have a privacy officer lift the requirement (require_enforced_bounding in ledgers.yaml, then 'dpctl "
+            "ledger apply')",
+            account=account, declared=list(declared),
+        )

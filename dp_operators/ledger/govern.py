@@ -232,6 +232,14 @@ class LedgerGovernor(LedgerBase):
             self._check_governor_key(conn, key, new_governor_key)
             for name, account in config.accounts.items():
                 _refuse_structure_change(conn, name, account)
+            requiring = sorted(n for n, a in config.accounts.items() if getattr(a, "require_enforced_bounding", False))
+            if requiring and self.dialect == "postgresql" and not pg_functions.reserve_enforces_bounding(conn):
+                raise ValueError(
+                    f"account {requiring[0]!r} requires enforced contribution bounding, but this ledger's spend "
+                    "function dp_reserve predates the requirement and would not enforce it: the tables' owner runs "
+                    "'dpctl ledger init' (it reinstalls the functions; charges made before keep verifying), then "
+                    "apply again. Nothing was changed"
+                )
             changes: list[str] = []
             for name, (account, values) in prepared.items():
                 chain = AccountChain.lock(conn, name, key)
@@ -301,7 +309,15 @@ class LedgerGovernor(LedgerBase):
                 )
                 chain.flush(conn, **changed)
                 fields = sorted(k for k in changed if k != "config") + (["governor key"] if new_governor_key else [])
-                fields = [_describe_change(field, row, values) for field in fields] or ["configuration as written"]
+                fields = [_describe_change(field, row, values) for field in fields]
+                if "config" in changed:
+                    from dp_operators.ledger.structure import config_record, requires_enforced_bounding
+
+                    was = requires_enforced_bounding(config_record(row.config))
+                    if was != account.require_enforced_bounding:
+                        fields.append(f"require_enforced_bounding {str(was).lower()} -> "
+                                      f"{str(account.require_enforced_bounding).lower()}")
+                fields = fields or ["configuration as written"]
                 changes.append(f"updated account {name!r}: {', '.join(fields)}")
             return changes
 

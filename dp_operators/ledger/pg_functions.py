@@ -1162,6 +1162,8 @@ DECLARE
   v_stopped text;
   v_stopped_at text;
   v_row dp_budget_accounts;
+  v_steps jsonb;
+  v_declared jsonb;
 BEGIN
   -- which accounts the charge touches (dp_operators.ledger.structure.members_charged), from the account's stored
   -- configuration, which only the governor writes
@@ -1171,7 +1173,33 @@ BEGIN
   SELECT x.config::jsonb INTO v_config FROM dp_budget_accounts AS x WHERE x.name = p_account;
   IF jsonb_typeof(v_config -> 'part_of') = 'object' THEN
     {_fail(BAD_VALUE, "format('account %L is a member of account %L (a block or a team quota): a release names %L and the ledger charges its members', p_account, v_config -> 'part_of' ->> 'account', v_config -> 'part_of' ->> 'account')", "jsonb_build_object('kind', 'member')")}
-  ELSIF jsonb_typeof(v_config -> 'blocks') = 'object' THEN
+  END IF;
+  -- an account that requires enforced contribution bounding (dp_operators.ledger.structure.bounding_refusal; its
+  -- members carry the same policy, and this is the account the release names): every step of the charge must
+  -- record contribution_bounding.mode 'enforced', else nothing is reserved and nothing is written. Mechanisms
+  -- beyond their bound are refused by dp_reserve_member; any that do not read as a non-empty list are refused here.
+  IF (v_config -> '{structure.REQUIRE_ENFORCED_BOUNDING}') = 'true'::jsonb
+      AND coalesce(length(p_mechanisms) <= {MAX_MECHANISMS_CHARS}, true) THEN
+    BEGIN
+      v_steps := replace(p_mechanisms, '{_BACKSLASH}u0000', '{_BACKSLASH}u0020')::jsonb;
+    EXCEPTION WHEN invalid_text_representation OR untranslatable_character OR program_limit_exceeded
+                   OR statement_too_complex THEN
+      v_steps := NULL;
+    END;
+    IF coalesce(jsonb_typeof(v_steps) <> 'array' OR jsonb_array_length(v_steps) = 0, true) THEN
+      RETURN jsonb_build_object('status', 'bounding_not_enforced', 'declared', '[]'::jsonb);
+    END IF;
+    SELECT jsonb_agg(DISTINCT left(coalesce(CASE WHEN jsonb_typeof(m -> 'aggregate') = 'string'
+                                                 AND m ->> 'aggregate' <> '' THEN m ->> 'aggregate' END, '?'), 200))
+      INTO v_declared
+      FROM jsonb_array_elements(v_steps) AS m
+      WHERE NOT coalesce(jsonb_typeof(m) = 'object'
+                         AND (m -> 'contribution_bounding' -> 'mode') = '"enforced"'::jsonb, false);
+    IF v_declared IS NOT NULL THEN
+      RETURN jsonb_build_object('status', 'bounding_not_enforced', 'declared', v_declared);
+    END IF;
+  END IF;
+  IF jsonb_typeof(v_config -> 'blocks') = 'object' THEN
     IF coalesce(cardinality(p_windows), 0) = 0 THEN
       {_fail(BAD_VALUE, "format('account %L has privacy blocks (%s windows): a release on it names the windows of data it reads (from its run''s data interval or partition key)', p_account, v_config -> 'blocks' ->> 'window')", "jsonb_build_object('kind', 'windows')")}
     END IF;
@@ -1846,3 +1874,15 @@ def function_problems(conn) -> list[str]:
                 "('dpctl ledger roles' grants them; revoke the rest)"
             )
     return problems
+
+
+def reserve_enforces_bounding(conn) -> bool:
+    """Whether the installed ``dp_reserve`` of the ledger's schema refuses charges whose contribution bounds were
+    only declared on an account with ``require_enforced_bounding`` (installed by ``dpctl ledger init`` from this
+    version on). ``dpctl ledger apply`` refuses to set the requirement on a ledger whose function predates it, which
+    would record the policy and not enforce it."""
+    source = _sql(conn, (
+        "SELECT p.prosrc FROM pg_catalog.pg_class AS t JOIN pg_catalog.pg_proc AS p ON p.pronamespace = t.relnamespace "
+        "WHERE t.oid = 'dp_charges'::regclass AND p.proname = 'dp_reserve'"
+    )).scalars().all()
+    return len(source) == 1 and f"'{structure.REQUIRE_ENFORCED_BOUNDING}'" in source[0]

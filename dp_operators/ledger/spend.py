@@ -56,6 +56,7 @@ from dp_operators.ledger.chain import (
 from dp_operators.ledger.errors import (
     AccountNotFoundError,
     AuditChainError,
+    BoundingNotEnforcedError,
     BudgetExhaustedError,
     ChargeStateError,
     DagNotAllowedError,
@@ -69,6 +70,7 @@ from dp_operators.ledger.errors import (
 from dp_operators.ledger.keys import AuditKey, Keyring, as_key
 from dp_operators.ledger.structure import (
     QUOTA_PREFIX,
+    bounding_refusal,
     config_record,
     members_charged,
     own_or_first_block,
@@ -566,6 +568,9 @@ class Ledger(LedgerBase):
             AccountNotFoundError, DagNotAllowedError, BudgetExhaustedError: refusals; nothing is reserved (a
                 ``refused`` audit event is recorded for the last two). A block not opened yet is an
                 :class:`AccountNotFoundError` naming the window.
+            BoundingNotEnforcedError: the account requires enforced contribution bounding
+                (``require_enforced_bounding``) and a step of ``mechanisms`` lacks
+                ``contribution_bounding.mode == "enforced"``; nothing is reserved or written.
             LeaseHeldError: another attempt of ``key`` holds a live lease; nothing is charged (transient).
             LedgerKeyError: no audit key, or not the key the account accepts.
             ValueError: a non-positive amount, a delta on an account that is not ``approx_dp``, or a bad ``audit``.
@@ -600,7 +605,13 @@ class Ledger(LedgerBase):
             parent = conn.execute(_ACCOUNT_CONFIG, {"name": account}).first()
             if parent is None:
                 raise AccountNotFoundError(not_found(account))
-            members = members_charged(account, config_record(parent.config), windows, key.dag_id)
+            parent_config = config_record(parent.config)
+            if parent_config is not None and not isinstance(parent_config.get("part_of"), Mapping):
+                # the account's (and its members') policy: before anything is written (dp_reserve on PostgreSQL)
+                declared = bounding_refusal(parent_config, mechanisms_text)
+                if declared is not None:
+                    raise BoundingNotEnforcedError.of(account, declared)
+            members = members_charged(account, parent_config, windows, key.dag_id)
             if isinstance(members, str):
                 raise ValueError(members)
             if members == [account]:
@@ -1073,6 +1084,8 @@ class Ledger(LedgerBase):
             raise BudgetExhaustedError(account, result["unit"], requested, Fraction(result["remaining"]))
         if status in ("approval_required", "approval_rejected"):
             raise approvals.from_status({**result, "account": account}, key)
+        if status == "bounding_not_enforced":
+            raise BoundingNotEnforcedError.of(account, list(result.get("declared") or ()))
         raise AssertionError(f"dp_reserve returned an unknown status {status!r}")  # pragma: no cover
 
     def _driver_call(self, name: str, params: Mapping[str, Any] | list[Mapping[str, Any]]) -> Any:

@@ -580,6 +580,18 @@ class LedgerBase:
             raise AccountNotFoundError(not_found(name))
         return config_record(row.config)
 
+    def accounts_requiring_enforced_bounding(self) -> set[str]:
+        """The names of the accounts (members included) whose stored configuration requires enforced contribution
+        bounding (:func:`~dp_operators.ledger.structure.requires_enforced_bounding`). One read."""
+        from dp_operators.ledger.structure import REQUIRE_ENFORCED_BOUNDING, requires_enforced_bounding
+
+        self.check_schema()
+        accounts = schema.accounts.c
+        with self._read() as conn:
+            rows = conn.execute(sa.select(accounts.name, accounts.config)
+                                .where(accounts.config.like(f"%{REQUIRE_ENFORCED_BOUNDING}%"))).all()
+        return {row.name for row in rows if requires_enforced_bounding(config_record(row.config))}
+
     def structure(self, name: str) -> tuple[str, Any]:
         """The budget structure of account ``name`` (:func:`~dp_operators.ledger.structure.structure_of`):
         ``("blocks", "day")``, ``("quotas", {team: {...}})``, ``("member", parent)`` or ``("plain", None)``, read

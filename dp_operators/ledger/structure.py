@@ -257,3 +257,113 @@ def members_charged(
             return [account]  # no team lists the DAG: nor does the parent's allowlist (config), which refuses it
         return sorted([account, quota_account(account, team)])
     return [account]
+
+
+# -- contribution bounding: "enforced" by the operator, or "declared" by the spec's author -------------------------
+
+#: The key of an account's configuration record that requires every charge's mechanisms to have enforced their
+#: contribution bounds (``require_enforced_bounding`` in ``ledgers.yaml``; docs/ledger.md, "Requiring enforced
+#: contribution bounding").
+REQUIRE_ENFORCED_BOUNDING = "require_enforced_bounding"
+#: How many declared aggregates a refusal names at most.
+MAX_DECLARED_NAMED = 20
+
+
+def requires_enforced_bounding(config_record: Mapping[str, Any] | None) -> bool:
+    """Whether an account's stored configuration record (:meth:`LedgerBase.account_config
+    <dp_operators.ledger.store.LedgerBase.account_config>`; a member's carries its parent's value) requires every
+    charge to have enforced its contribution bounds: ``require_enforced_bounding: true``. ``None`` (no record):
+    ``False``."""
+    return isinstance(config_record, Mapping) and config_record.get(REQUIRE_ENFORCED_BOUNDING) is True
+
+
+def bounding_of(mechanism: Any) -> dict[str, Any]:
+    """The ``contribution_bounding`` of one recorded mechanism step (``{"mode": "enforced" | "declared", "source",
+    "privacy_unit_column", "sql_sha256"}``), or ``{"mode": "declared"}`` when it has none (a charge written before
+    bounding was recorded) or it is not shaped like one. Only the mode ``"enforced"`` (exactly) counts as
+    enforced."""
+    found = mechanism.get("contribution_bounding") if isinstance(mechanism, Mapping) else None
+    if not isinstance(found, Mapping):
+        return {"mode": "declared"}
+    mode = "enforced" if found.get("mode") == "enforced" else "declared"
+    return {**{k: v for k, v in found.items() if isinstance(k, str)}, "mode": mode}
+
+
+def aggregate_of(mechanism: Any) -> str:
+    """The aggregate a recorded mechanism step belongs to (its ``aggregate``), or ``"?"``."""
+    name = mechanism.get("aggregate") if isinstance(mechanism, Mapping) else None
+    return name if isinstance(name, str) and name else "?"
+
+
+def declared_aggregates(mechanisms: Any) -> list[str] | None:
+    """The aggregates (sorted, distinct) of the steps in ``mechanisms`` (the list a charge records, or its JSON
+    text) whose contribution bounding is not ``enforced``; ``[]`` when every step's is; ``None`` when
+    ``mechanisms`` is not a non-empty list (nothing shows the bounds were enforced). What an account with
+    ``require_enforced_bounding`` refuses (:func:`bounding_refusal`)."""
+    if isinstance(mechanisms, (str, bytes)):
+        try:
+            mechanisms = json.loads(mechanisms)
+        except ValueError:
+            return None
+    if not isinstance(mechanisms, list) or not mechanisms:
+        return None
+    return sorted({aggregate_of(m) for m in mechanisms if bounding_of(m)["mode"] != "enforced"})
+
+
+def bounding_refusal(config_record: Mapping[str, Any] | None, mechanisms: Any) -> list[str] | None:
+    """``None`` when a charge with ``mechanisms`` may be reserved on an account whose stored configuration is
+    ``config_record`` as far as contribution bounding goes; else the aggregates whose bounds were only declared
+    (``[]`` when the mechanisms are not a non-empty list). What ``dp_reserve`` decides on PostgreSQL."""
+    if not requires_enforced_bounding(config_record):
+        return None
+    declared = declared_aggregates(mechanisms)
+    if declared is None:
+        return []
+    return declared or None
+
+
+def bounding_summary(mechanisms: Any) -> str:
+    """``"enforced"`` when every step of a charge's ``mechanisms`` enforced its contribution bounds, ``"declared"``
+    when none did, ``"mixed"`` otherwise; ``"-"`` for no step (a display value)."""
+    if isinstance(mechanisms, (str, bytes)):
+        try:
+            mechanisms = json.loads(mechanisms)
+        except ValueError:
+            return "-"
+    if not isinstance(mechanisms, list) or not mechanisms:
+        return "-"
+    modes = {bounding_of(m)["mode"] for m in mechanisms}
+    return modes.pop() if len(modes) == 1 else "mixed"
+
+
+def bounding_by_aggregate(mechanisms: Any) -> dict[str, dict[str, Any]]:
+    """``{aggregate: contribution_bounding}`` of a charge's ``mechanisms`` (an aggregate with several steps whose
+    modes differ counts as declared)."""
+    if isinstance(mechanisms, (str, bytes)):
+        try:
+            mechanisms = json.loads(mechanisms)
+        except ValueError:
+            return {}
+    out: dict[str, dict[str, Any]] = {}
+    for mechanism in mechanisms if isinstance(mechanisms, list) else ():
+        name, bounding = aggregate_of(mechanism), bounding_of(mechanism)
+        if name in out and out[name] != bounding:
+            bounding = {"mode": "declared"} if "declared" in (out[name]["mode"], bounding["mode"]) else out[name]
+        out[name] = bounding
+    return out
+
+
+def describe_bounding(bounding: Mapping[str, Any] | None) -> str:
+    """One aggregate's contribution bounding in words: ``enforced (table, unit column person_id, SQL sha256
+    0a1b2c3d4e5f…)`` or ``declared`` (``declared (query)`` when its source is known)."""
+    bounding = bounding if isinstance(bounding, Mapping) else {"mode": "declared"}
+    parts = []
+    if isinstance(bounding.get("source"), str):
+        parts.append(bounding["source"][:20])
+    if bounding.get("mode") == "enforced":
+        if isinstance(bounding.get("privacy_unit_column"), str):
+            parts.append(f"unit column {bounding['privacy_unit_column'][:64]}")
+        if isinstance(bounding.get("sql_sha256"), str):
+            parts.append(f"SQL sha256 {bounding['sql_sha256'][:12]}…")
+        return f"enforced ({', '.join(parts)})" if parts else "enforced"
+    return f"declared ({', '.join(parts)})" if parts else "declared"

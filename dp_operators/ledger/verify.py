@@ -211,6 +211,9 @@ class _Chain:
     series_reserved: set = field(default_factory=set)
     series_charges: dict = field(default_factory=dict)
     series_committed: dict = field(default_factory=dict)
+    #: whether the account's configuration in force (its last governance event's ``details.config``) requires
+    #: enforced contribution bounding
+    require_enforced: bool = False
 
 
 #: Events about one charge: each must name it.
@@ -519,6 +522,7 @@ class _Verifier:
                     flag(f"details.last_charge_id {shown(last)} is not an integer")
 
         self._check_approvals(chain, row, read.values, flag)
+        self._check_bounding(chain, row, read.values, flag)
 
         # running totals: what the events before imply, against what the row states
         spent, delta = chain.spent, chain.delta
@@ -621,6 +625,31 @@ class _Verifier:
             flag(f"reserves {_show(values['amount'])} without the privacy officer's approval its account's policy "
                  f"requires ({', '.join(reasons)}): no 'approval_granted' of its release key and spec hash, signed "
                  "with a governor key, covers it")
+
+    @staticmethod
+    def _check_bounding(chain: _Chain, row: Mapping[str, Any], values: Mapping[str, Any], flag: Any) -> None:
+        """Required contribution bounding (``require_enforced_bounding``; docs/ledger.md, "Requiring enforced
+        contribution bounding"): a ``reserved`` charge on an account whose configuration, as the governance events
+        before it on its chain set it, required enforced bounding must have every step's bounding ``enforced``
+        (the ledger refuses it otherwise, so such a row was written around it). A requirement set after a charge
+        does not apply to it."""
+        from dp_operators.ledger.structure import declared_aggregates, requires_enforced_bounding
+
+        event, details = row["event"], values.get("details")
+        if event in ("account_created", "account_updated", "account_migrated", "chain_keyed") and isinstance(
+                details, dict) and "config" in details:
+            chain.require_enforced = requires_enforced_bounding(details.get("config"))
+        if event != "reserved" or not chain.require_enforced:
+            return
+        steps = values.get("mechanisms")
+        if steps is None:
+            return  # unreadable (reported where it is read)
+        declared = declared_aggregates(steps)
+        if declared is None or declared:
+            which = (f"the contribution bounds of {', '.join(shown(name) for name in declared[:5])} were only declared"
+                     if declared else "its mechanisms list no step whose contribution bounds were enforced")
+            flag(f"reserved on an account that required enforced contribution bounding when it was charged, but "
+                 f"{which}: the ledger refuses such a charge (written around it)")
 
     def _check_signature(self, chain: _Chain, row: Mapping[str, Any], flag: Any) -> None:
         key_id, event = row["key_id"], row["event"]

@@ -56,6 +56,11 @@ class DPReleaseRunFacet(RunFacet):
             "amountExact"`` (the exact fraction's text)``}``, and ``"delta"``, the delta part, on an ``approx_dp``
             account only. Charged once, by the first run of the release key.
         replayed: this run found the release already committed and republished it: it was charged nothing.
+        contributionBounding: per aggregate, how its contribution bounds held: ``{"mode": "enforced"`` (the
+            operator read the rows and bounded each unit's contributions) ``| "declared"`` (the spec's author
+            promises them: hand-written aggregate queries, upstream aggregates, or a release from before bounding
+            was recorded)``, "source", "privacyUnitColumn", "sqlSha256"}`` (the last three ``None`` when unknown; the
+            OpenLineage client leaves a ``None`` out when it sends the facet).
     """
 
     release: str
@@ -65,9 +70,11 @@ class DPReleaseRunFacet(RunFacet):
     mechanisms: list[dict[str, str]]
     charge: dict[str, Any]
     replayed: bool
+    contributionBounding: dict[str, dict[str, Any]] = field(factory=dict)  # noqa: N815
     _producer: str = field(default=PRODUCER, kw_only=True)
     _additional_skip_redact: ClassVar[list[str]] = [
         "release", "budgetAccount", "accountant", "privacyUnit", "mechanisms", "charge", "replayed",
+        "contributionBounding",
     ]
 
     @staticmethod
@@ -95,7 +102,31 @@ def release_run_facet(output: Mapping[str, Any], *, replayed: bool) -> DPRelease
         charge={"unit": unit, "amount": charge[unit], "amountExact": charge[f"{unit}_exact"]}
         | ({"delta": charge["delta_spent"]} if "delta_spent" in charge else {}),
         replayed=replayed,
+        contributionBounding=contribution_bounding(output),
     )
+
+
+def contribution_bounding(output: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The facet's ``contributionBounding`` of a release ``output``: per aggregate (every aggregate published, and
+    every one its mechanisms name), from the output's ``contribution_bounding``, else from the ``contribution_bounding``
+    its mechanisms record; an aggregate with neither (a release from before bounding was recorded) was declared."""
+    from dp_operators.ledger.structure import bounding_by_aggregate
+
+    recorded = output.get("contribution_bounding")
+    by_aggregate = dict(recorded) if isinstance(recorded, Mapping) else bounding_by_aggregate(output.get("mechanisms"))
+    names = [*(output.get("aggregates") or {}), *by_aggregate]
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(names):
+        found = by_aggregate.get(name)
+        found = found if isinstance(found, Mapping) else {}
+        text = lambda key: found.get(key) if isinstance(found.get(key), str) else None  # noqa: E731
+        out[str(name)] = {
+            "mode": "enforced" if found.get("mode") == "enforced" else "declared",
+            "source": text("source"),
+            "privacyUnitColumn": text("privacy_unit_column"),
+            "sqlSha256": text("sql_sha256"),
+        }
+    return out
 
 
 def dataset_for_uri(uri: str) -> Dataset:

@@ -59,7 +59,9 @@ from dp_operators.operators.flat_rows import NotInlineError
 from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, ROWS_SUFFIX, RowsFileError
 from dp_operators.release.value_types import ColumnRangeError
 from dp_operators.release.run import check_inline_rows_limit, filed_aggregates, filed_value_problem, too_large_inline
+from dp_operators.operators.raw_rows import bounded_file_aggregates, check_raw_rows_arguments
 from dp_operators.operators.sources import is_reference, read_reference
+from dp_operators.release.bounding import declared_bounding, enforced_bounding
 from dp_operators.operators.upstream import describe_missing, pull_return_value
 from dp_operators.spec import load_spec_with_hash
 
@@ -134,6 +136,13 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             whether or not the release is then refused (:class:`~dp_operators.release.DiagnosticsReport`). It holds
             exact, data-derived numbers: point it next to the true aggregates, readable only by the people who may
             see them. Default None: no report (the task log never holds such numbers). (templated)
+        rows_uri: instead of aggregates, a CSV or Parquet file of raw rows (``ObjectStoragePath`` URI) that the
+            operator bounds and aggregates itself (:mod:`dp_operators.release.bounding`): per privacy unit at most
+            ``max_partitions_contributed`` keys and ``max_contributions_per_partition`` rows per key, chosen at
+            random, values clipped to the spec's ``bounds``. The ledger records the release's bounds as
+            ``enforced``; from ``aggregates_task_id``/``aggregates_uri`` they are ``declared``. (templated)
+        privacy_unit_column: with ``rows_uri``, the column identifying the privacy unit.
+        value_columns: with ``rows_uri``, aggregate name -> the column a ``sum``, ``mean`` or ``variance`` adds.
         lease_wait_timeout: how long the task waits, in all, for another try's live lease on this release
             (:data:`LEASE_WAIT_TIMEOUT`, 7 hours, by default), counted from its first wait; then it fails without a
             retry. A holder that keeps renewing that long is hung (its keeper thread alive, its work not) or is not
@@ -167,7 +176,7 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             withheld).
     """
 
-    template_fields: Sequence[str] = ("aggregates_uri", "output_uri", "diagnostics_uri")
+    template_fields: Sequence[str] = ("aggregates_uri", "rows_uri", "output_uri", "diagnostics_uri")
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -184,6 +193,9 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         diagnostics_uri: str | None = None,
         inline_rows_limit: int | None = INLINE_ROWS_LIMIT,
         lease_wait_timeout: dt.timedelta = LEASE_WAIT_TIMEOUT,
+        rows_uri: str | None = None,
+        privacy_unit_column: str | None = None,
+        value_columns: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         if not isinstance(lease_wait_timeout, dt.timedelta) or lease_wait_timeout <= dt.timedelta(0):
@@ -193,12 +205,19 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         # read, validated and planned from public parameters: a bad spec fails the DAG import, not the run
         self.release_spec, self.spec_sha256 = load_planned_spec(self.spec_path)
         if type(self).read_aggregates is DPReleaseOperator.read_aggregates and (
-            (aggregates_task_id is None) == (aggregates_uri is None)
+            [aggregates_task_id, aggregates_uri, rows_uri].count(None) != 2
         ):
             raise ValueError(
                 f"task {kwargs.get('task_id')!r}: give exactly one of aggregates_task_id (the task returning the "
-                "aggregates or a reference to them) and aggregates_uri (files holding them)"
+                "aggregates or a reference to them), aggregates_uri (files holding them) and rows_uri (a file of raw "
+                "rows the operator bounds and aggregates itself)"
             )
+        if rows_uri is not None:
+            value_columns = check_raw_rows_arguments(self.release_spec, privacy_unit_column, value_columns,
+                                                     kwargs.get("task_id"))
+        elif privacy_unit_column is not None or value_columns:
+            raise ValueError(f"task {kwargs.get('task_id')!r}: privacy_unit_column and value_columns describe raw "
+                             "rows: give them with rows_uri (or DPSQLReleaseOperator's table=)")
         self.output_formats = check_formats(output_formats)
         check_inline_rows_limit(inline_rows_limit)
         # a templated output_uri counts as given (it is checked again once rendered, before the ledger)
@@ -217,6 +236,9 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         super().__init__(**kwargs)
         self.aggregates_task_id = aggregates_task_id
         self.aggregates_uri = aggregates_uri
+        self.rows_uri = rows_uri
+        self.privacy_unit_column = privacy_unit_column
+        self.value_columns = dict(value_columns or {})
         self.output_uri = output_uri
         self.sql_sink = sql_sink
         self.ledger_conn_id = ledger_conn_id
@@ -303,6 +325,7 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
                     # public: the windows of an account with privacy blocks come from these, never from the data
                     data_interval=_data_interval(context),
                     partition_key=_partition_key(context),
+                    bounding=self.contribution_bounding(),
                 )
         except ReleaseAbortedError as error:
             # the original exception's text is not audited for data: it stays out of the task log
@@ -443,13 +466,29 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
             return None
         return ObjectStorageRowsStore(release_folder(self.output_uri, key) / f"{release_stem(key)}{ROWS_SUFFIX}")
 
+    def contribution_bounding(self) -> dict[str, dict[str, Any]]:
+        """How each aggregate's contribution bounds hold, as the ledger records it
+        (:func:`~dp_operators.release.run.run_release`'s ``bounding``): ``enforced`` for a ``rows_uri`` release
+        (the operator bounds the rows itself), else ``declared`` by the author of the aggregates. Public: decided
+        from the operator's arguments, before anything is read. A subclass reading its own source overrides it."""
+        if self.rows_uri is not None:
+            return {aggregate.name: enforced_bounding("file", self.privacy_unit_column, None)
+                    for aggregate in self.release_spec.aggregates}
+        source = "file" if self.aggregates_uri is not None else "upstream"
+        return {aggregate.name: declared_bounding(source) for aggregate in self.release_spec.aggregates}
+
     def read_aggregates(self, context: Context) -> Any:
         """The true aggregates: the upstream task's return value (of this map index), or the files it or
-        ``aggregates_uri`` references. Override to read them elsewhere (the result is checked by the engine).
+        ``aggregates_uri`` references, or those the operator computes from the raw rows of ``rows_uri``, bounding
+        each privacy unit's contribution (:func:`~dp_operators.operators.raw_rows.bounded_file_aggregates`).
+        Override to read them elsewhere (the result is checked by the engine).
 
         Raises:
             AirflowFailException: no value, an upstream mapped differently, or an unreadable reference.
         """
+        if self.rows_uri is not None:
+            return bounded_file_aggregates(self.rows_uri, self.release_spec, self.privacy_unit_column,
+                                           self.value_columns)
         if self.aggregates_uri is not None:
             return read_reference(self.aggregates_uri, self.release_spec)
         assert self.aggregates_task_id is not None

@@ -44,6 +44,7 @@ import numpy as np
 from dp_operators import __version__
 from dp_operators.ledger import AccountStatus, AuditChainError, Ledger, LedgerError, ReleaseKey
 from dp_operators.ledger.chain import CanonicalOutput
+from dp_operators.release.bounding import DECLARED
 from dp_operators.release.columns import largest_magnitude
 from dp_operators.release.diagnostics import DiagnosticsReport
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
@@ -225,6 +226,7 @@ def run_release(
     inline_rows_limit: int | None = INLINE_ROWS_LIMIT,
     data_interval: tuple[dt.datetime | None, dt.datetime | None] | None = None,
     partition_key: str | None = None,
+    bounding: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ReleaseResult:
     """Run one release end to end (see the module docstring for the order of steps).
 
@@ -250,6 +252,12 @@ def run_release(
             interval overlaps, and ``spec.lookback_windows`` earlier ones, each charged the full amount, all or
             nothing. Ignored on an account without blocks.
         partition_key: the run's partition key, the one window of an account with ``partition`` blocks.
+        bounding: aggregate name -> how its contribution bounds came to hold
+            (:func:`~dp_operators.release.bounding.enforced_bounding`: bounded by the operator from raw rows, or
+            :func:`~dp_operators.release.bounding.declared_bounding`); an aggregate missing here (and every one when
+            ``None``) is declared by the upstream author. Recorded with every mechanism of the charge and published
+            as ``contribution_bounding``. An account whose configuration has ``require_enforced_bounding`` refuses a
+            release with a declared aggregate, here before anything is read, and in the ledger's database.
 
     Returns:
         :class:`ReleaseResult`. On a replay the stored output is returned unchanged and nothing is charged.
@@ -298,6 +306,8 @@ def run_release(
 
     account = ledger.account(spec.budget_account)
     check_privacy_unit(spec, account)
+    bounding = contribution_bounding(spec, bounding)
+    check_bounding_required(spec, bounding, ledger.account_config(account.name))
     # which blocks are charged: from the run's schedule, before the data is read and anything is reserved
     windows = block_windows(spec, ledger, data_interval=data_interval, partition_key=partition_key)
     plan = plan_release(spec, accountant=account.accountant)
@@ -327,7 +337,7 @@ def run_release(
 
         families = plan_families(plan)
 
-    mechanisms = [step.describe() for step in plan.steps]
+    mechanisms = [{**step.describe(), "contribution_bounding": bounding[step.aggregate]} for step in plan.steps]
     reservation = ledger.reserve(
         key,
         account=account.name,
@@ -373,6 +383,42 @@ def run_release(
     # the committed form: what the ledger stores and every replay returns (sorted keys), so a first run and its
     # replays publish the same bytes and the same XCom
     return ReleaseResult(output=in_key_order(output), replayed=False)
+
+
+def contribution_bounding(spec: ReleaseSpec, bounding: Mapping[str, Mapping[str, Any]] | None
+                          ) -> dict[str, dict[str, Any]]:
+    """Every aggregate's bounding record (:func:`run_release`'s ``bounding``), declared where none is given.
+
+    Raises:
+        ReleaseConfigError: ``bounding`` names an aggregate the spec does not release.
+    """
+    given = dict(bounding or {})
+    unknown = sorted(set(given) - {aggregate.name for aggregate in spec.aggregates})
+    if unknown:
+        raise ReleaseConfigError(f"contribution bounding is given for {unknown}, which the spec does not release")
+    return {aggregate.name: dict(given.get(aggregate.name, DECLARED)) for aggregate in spec.aggregates}
+
+
+def check_bounding_required(spec: ReleaseSpec, bounding: Mapping[str, Mapping[str, Any]],
+                            config: Mapping[str, Any] | None) -> None:
+    """Refuse a release with an aggregate whose bounds were declared, on an account whose stored configuration
+    requires enforced bounding (``require_enforced_bounding``). Public: the spec, the operator's sources and the
+    account's configuration, never the data.
+
+    Raises:
+        ReleaseConfigError: naming the declared aggregates and how to read them from raw rows.
+    """
+    if not (config or {}).get("require_enforced_bounding"):
+        return
+    declared = [name for name, record in bounding.items() if record.get("mode") != "enforced"]
+    if declared:
+        raise ReleaseConfigError(
+            f"budget account {spec.budget_account!r} requires enforced contribution bounding, but the bounds of "
+            f"{declared} are declared by their author (aggregates computed upstream or by a hand-written query). "
+            "Read the raw rows with the operator's table= (or rows_query=), privacy_unit_column= and value_columns= "
+            "arguments (DPSQLReleaseOperator; rows_uri= for a file), so the operator bounds them itself; or ask the "
+            "privacy officer to lift require_enforced_bounding in ledgers.yaml. Nothing was read or charged"
+        )
 
 
 def _replay(stored: dict[str, Any], spec_hash: str, key: ReleaseKey, rows_store: RowsStore | None) -> ReleaseResult:
@@ -489,6 +535,7 @@ def _noised_output(
             for aggregate in spec.aggregates
         },
         "mechanisms": mechanisms,
+        "contribution_bounding": {m["aggregate"]: m["contribution_bounding"] for m in mechanisms},
         "spec_hash": spec_hash,
         "package_version": __version__,
         "released_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

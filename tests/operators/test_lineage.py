@@ -133,6 +133,31 @@ def test_the_facet_holds_public_parameters_only_and_matches_its_schema(tmp_path)
     assert "aggregates" not in sent and str(noised) not in json.dumps(sent["mechanisms"])
 
 
+def test_the_facet_names_each_aggregates_contribution_bounding(tmp_path):
+    """Per aggregate, enforced (with its source, unit column and SQL digest) or declared: from the output's
+    contribution_bounding, else from its mechanisms; a release from before bounding was recorded is declared. Valid
+    against the shipped schema."""
+    from openlineage.client.serde import Serde
+
+    from dp_operators.operators.lineage_facets import release_run_facet
+
+    output = dict(released(tmp_path)[0].output)
+    enforced = {"mode": "enforced", "source": "table", "privacy_unit_column": "person_id", "sql_sha256": "ab" * 32}
+    with_bounding = {**output, "contribution_bounding": {"visits": enforced}}
+    facet = release_run_facet(with_bounding, replayed=False)
+    assert facet.contributionBounding == {"visits": {"mode": "enforced", "source": "table",
+                                                     "privacyUnitColumn": "person_id", "sqlSha256": "ab" * 32}}
+    from_steps = {key: value for key, value in output.items() if key != "contribution_bounding"}
+    from_steps["mechanisms"] = [{**step, "contribution_bounding": enforced} for step in output["mechanisms"]]
+    assert release_run_facet(from_steps, replayed=False).contributionBounding == facet.contributionBounding
+    older = {**from_steps, "mechanisms": [{k: v for k, v in step.items() if k != "contribution_bounding"}
+                                          for step in output["mechanisms"]]}
+    assert release_run_facet(older, replayed=False).contributionBounding == {
+        "visits": {"mode": "declared", "source": None, "privacyUnitColumn": None, "sqlSha256": None}}
+    schema = json.loads(FACET_SCHEMA.read_text())
+    jsonschema.validate(json.loads(Serde.to_json(facet)), schema["$defs"]["DPReleaseRunFacet"]["allOf"][1])
+
+
 def test_inputs_are_the_aggregates_references(tmp_path):
     one = ReleaseLike(task_id="a", aggregates_uri=f"file://{tmp_path}/aggregates.json")
     assert [(d.namespace, d.name) for d in one.get_openlineage_facets_on_start().inputs] == [

@@ -121,7 +121,7 @@ def test_bad_spec_fails_at_construction_with_file_and_field(tmp_path):
 
 def test_only_the_output_and_diagnostics_locations_are_templated():
     """Locations only: Airflow stores rendered fields in its database and shows them in the UI."""
-    assert DPReleaseOperator.template_fields == ("aggregates_uri", "output_uri", "diagnostics_uri")
+    assert DPReleaseOperator.template_fields == ("aggregates_uri", "rows_uri", "output_uri", "diagnostics_uri")
 
 
 def test_aggregates_can_be_passed_by_reference(tmp_path, ledger_conn, adult_aggregates):

@@ -1,0 +1,179 @@
+"""Aggregates the operators compute themselves from raw rows, bounding every privacy unit's contribution as the
+spec says (:mod:`dp_operators.release.bounding`): from a table or a ``SELECT`` through a ``common.sql`` hook
+(:func:`bounded_sql_aggregates`: the query runs in the database, one row per key comes back), or from a CSV or
+Parquet file of rows (:func:`bounded_file_aggregates`: pandas on the worker). Both return the mapping
+:func:`dp_operators.release.prepare_inputs` reads, and :func:`bounding_records` says, per aggregate, what the
+ledger records: ``enforced``, with the generated query's SHA-256.
+
+Errors are :class:`~airflow.sdk.exceptions.AirflowFailException` raised before any budget is reserved (a retry
+cannot fix them), except a lost connection (:class:`~airflow.sdk.exceptions.AirflowException`, retryable); they
+name the table or file and the column, never a value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from contextlib import closing
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import ObjectStoragePath
+from airflow.sdk.exceptions import AirflowFailException
+
+from dp_operators.operators.sources import _aggregate_value, _connect, _connection_name, _fetch
+from dp_operators.release.bounding import (
+    BoundedRowsSource,
+    bound_frame,
+    bounded_rows,
+    bounded_sql,
+    bounding_problem,
+    enforced_bounding,
+)
+
+if TYPE_CHECKING:
+    from dp_operators.spec import ReleaseSpec
+
+__all__ = ["bounded_file_aggregates", "bounded_sql_aggregates", "bounding_records", "check_raw_rows_arguments",
+           "sql_dialect"]
+
+#: The SQLAlchemy dialects whose generated SQL the test suite runs (others are tried, as SQLAlchemy compiles them).
+TESTED_DIALECTS = ("postgresql", "sqlite")
+#: Raw-rows file formats by suffix.
+ROWS_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+
+
+def check_raw_rows_arguments(spec: ReleaseSpec, privacy_unit_column: str | None,
+                             value_columns: Mapping[str, str] | None, task_id: str | None) -> dict[str, str]:
+    """Check, when the DAG is parsed, the arguments of a release from raw rows: a privacy-unit column, a value
+    column for each ``sum``, ``mean`` and ``variance`` of the spec and none for a count or another name, and
+    bounds the bounding can keep (:func:`~dp_operators.release.bounding.bounding_problem`).
+
+    Returns: the value columns, as a dict.
+
+    Raises:
+        ValueError: what is wrong and how to fix it (a DAG import error).
+    """
+    where = f"task {task_id!r}"
+    if not privacy_unit_column or not isinstance(privacy_unit_column, str):
+        raise ValueError(f"{where}: reading raw rows needs privacy_unit_column, the column that identifies the privacy "
+                         f"unit ({spec.privacy_unit!r} in the spec)")
+    values = dict(value_columns or {})
+    names = {aggregate.name for aggregate in spec.aggregates}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"{where}: value_columns names {unknown}, which the spec does not release (it releases "
+                         f"{sorted(names)})")
+    for aggregate in spec.aggregates:
+        problem = bounding_problem(spec, aggregate, values.get(aggregate.name))
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+    return values
+
+
+def sql_dialect(hook: Any) -> str:
+    """The SQLAlchemy dialect name of a ``DbApiHook``'s connection (``postgresql``, ``sqlite``, ...).
+
+    Raises:
+        AirflowFailException: the hook does not say, or SQLAlchemy has no such dialect.
+    """
+    import sqlalchemy as sa
+
+    name = getattr(hook, "dialect_name", None)
+    try:
+        if not name or name == "default":
+            raise LookupError(name)
+        sa.dialects.registry.load(name)
+    except Exception:  # noqa: BLE001 - an unknown or missing dialect: say which, and what works
+        raise AirflowFailException(
+            f"{_connection_name(hook)} has no SQLAlchemy dialect the bounded aggregation can be generated for "
+            f"({name!r}); use a PostgreSQL or SQLite connection (tested: {', '.join(TESTED_DIALECTS)}), set the "
+            "connection's extra 'sqlalchemy_scheme', or compute the aggregates with queries= (declared bounds)"
+        ) from None
+    return str(name)
+
+
+def bounding_records(spec: ReleaseSpec, source: BoundedRowsSource, dialect: str) -> dict[str, dict[str, Any]]:
+    """What the ledger records of each aggregate bounded in the database: ``enforced``, the source's kind
+    (``table`` or ``query``), the unit column and the SHA-256 of the query generated for ``dialect``. Public:
+    computed from the spec and the operator's arguments, before any row is read.
+
+    Raises:
+        AirflowFailException: the bounds cannot be kept on this dialect (:func:`bounding_problem`).
+    """
+    records = {}
+    for aggregate in spec.aggregates:
+        try:
+            sql = bounded_sql(spec, aggregate, source, dialect)
+        except ValueError as error:
+            raise AirflowFailException(str(error)) from None
+        records[aggregate.name] = enforced_bounding(source.kind, source.privacy_unit_column, sql)
+    return records
+
+
+def bounded_sql_aggregates(hook: Any, spec: ReleaseSpec, source: BoundedRowsSource,
+                           parameters: Iterable | Mapping | None = None) -> dict[str, Any]:
+    """Run the bounded aggregation of every aggregate of ``spec`` over ``source`` in the database of ``hook``, one
+    query per aggregate on one connection, and return the true aggregates (aggregate name -> rows, or the ungrouped
+    value) for the engine.
+
+    Each query is :func:`~dp_operators.release.bounding.bounded_sql` for the connection's dialect; it returns one
+    row per key, never the raw rows. As for hand-written queries the DB-API cursor is used directly (the hook's
+    ``run`` logs the row count, which is the number of keys present: DESIGN.md 2.8).
+
+    Args:
+        hook: a ``DbApiHook`` (PostgreSQL, SQLite, ...).
+        parameters: bound to ``source.query`` if it has placeholders (a mapping for named placeholders).
+
+    Raises:
+        AirflowFailException: the table or a column does not exist, or another database error a retry cannot fix
+            (its message withheld: it can quote values); :func:`sql_dialect`'s refusal.
+        AirflowException: a lost connection or another retryable database error.
+    """
+    dialect = sql_dialect(hook)
+    if isinstance(parameters, list):
+        parameters = tuple(parameters)
+    where = _connection_name(hook)
+    what = f"table {source.table!r}" if source.table is not None else "the rows query"
+    aggregates: dict[str, Any] = {}
+    with closing(_connect(hook, where)) as connection:
+        for aggregate in spec.aggregates:
+            sql = bounded_sql(spec, aggregate, source, dialect)
+            names, rows = _fetch(connection, sql, parameters if source.query is not None else None,
+                                 f"the bounded aggregation of {aggregate.name!r} over {what} on {where} (check that "
+                                 f"the table and the columns {[source.privacy_unit_column, *aggregate.group_by]} "
+                                 "exist)")
+            aggregates[aggregate.name] = _aggregate_value(aggregate, spec, bounded_rows(aggregate, names, rows),
+                                                          f"the bounded aggregation of {aggregate.name!r}")
+    return aggregates
+
+
+def bounded_file_aggregates(uri: str | ObjectStoragePath, spec: ReleaseSpec, privacy_unit_column: str,
+                            value_columns: Mapping[str, str]) -> dict[str, Any]:
+    """Read a CSV or Parquet file of raw rows (any ``ObjectStoragePath`` URI) and bound and aggregate every
+    aggregate of ``spec`` from it with pandas (:func:`~dp_operators.release.bounding.bound_frame`).
+
+    Raises:
+        AirflowFailException: an unknown suffix, a missing or unreadable file, a missing column (named, with the
+            file's columns).
+    """
+    import pandas as pd
+
+    path = uri if isinstance(uri, ObjectStoragePath) else ObjectStoragePath(uri)
+    kind = ROWS_FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise AirflowFailException(f"the rows file {path} has suffix {path.suffix!r}; name it .csv, .parquet or .pq")
+    try:
+        with path.open("rb") as handle:
+            frame = pd.read_parquet(handle) if kind == "parquet" else pd.read_csv(handle)
+    except FileNotFoundError:
+        raise AirflowFailException(f"the rows file {path} was not found; check rows_uri") from None
+    except Exception as error:  # noqa: BLE001 - the parser's text can quote the file's content
+        raise AirflowFailException(f"the rows file {path} is not a readable {kind} file "
+                                   f"({type(error).__name__})") from None
+    aggregates: dict[str, Any] = {}
+    for aggregate in spec.aggregates:
+        try:
+            rows = bound_frame(spec, aggregate, frame, privacy_unit_column, value_columns.get(aggregate.name))
+        except ValueError as error:
+            raise AirflowFailException(f"the rows file {path}, aggregate {aggregate.name!r}: {error}") from None
+        aggregates[aggregate.name] = _aggregate_value(aggregate, spec, rows, f"the rows file {path}")
+    return aggregates
