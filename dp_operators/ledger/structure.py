@@ -277,6 +277,16 @@ def requires_enforced_bounding(config_record: Mapping[str, Any] | None) -> bool:
     return isinstance(config_record, Mapping) and config_record.get(REQUIRE_ENFORCED_BOUNDING) is True
 
 
+def _mechanism_list(mechanisms: Any) -> list | None:
+    """A charge's recorded ``mechanisms`` (the list, or its JSON text) as a list; ``None`` if it is not one."""
+    if isinstance(mechanisms, (str, bytes)):
+        try:
+            mechanisms = json.loads(mechanisms)
+        except ValueError:
+            return None
+    return mechanisms if isinstance(mechanisms, list) else None
+
+
 def bounding_of(mechanism: Any) -> dict[str, Any]:
     """The ``contribution_bounding`` of one recorded mechanism step (``{"mode": "enforced" | "declared", "source",
     "privacy_unit_column", "sql_sha256"}``), or ``{"mode": "declared"}`` when it has none (a charge written before
@@ -300,12 +310,8 @@ def declared_aggregates(mechanisms: Any) -> list[str] | None:
     text) whose contribution bounding is not ``enforced``; ``[]`` when every step's is; ``None`` when
     ``mechanisms`` is not a non-empty list (nothing shows the bounds were enforced). What an account with
     ``require_enforced_bounding`` refuses (:func:`bounding_refusal`)."""
-    if isinstance(mechanisms, (str, bytes)):
-        try:
-            mechanisms = json.loads(mechanisms)
-        except ValueError:
-            return None
-    if not isinstance(mechanisms, list) or not mechanisms:
+    mechanisms = _mechanism_list(mechanisms)
+    if not mechanisms:
         return None
     return sorted({aggregate_of(m) for m in mechanisms if bounding_of(m)["mode"] != "enforced"})
 
@@ -325,12 +331,8 @@ def bounding_refusal(config_record: Mapping[str, Any] | None, mechanisms: Any) -
 def bounding_summary(mechanisms: Any) -> str:
     """``"enforced"`` when every step of a charge's ``mechanisms`` enforced its contribution bounds, ``"declared"``
     when none did, ``"mixed"`` otherwise; ``"-"`` for no step (a display value)."""
-    if isinstance(mechanisms, (str, bytes)):
-        try:
-            mechanisms = json.loads(mechanisms)
-        except ValueError:
-            return "-"
-    if not isinstance(mechanisms, list) or not mechanisms:
+    mechanisms = _mechanism_list(mechanisms)
+    if not mechanisms:
         return "-"
     modes = {bounding_of(m)["mode"] for m in mechanisms}
     return modes.pop() if len(modes) == 1 else "mixed"
@@ -339,13 +341,8 @@ def bounding_summary(mechanisms: Any) -> str:
 def bounding_by_aggregate(mechanisms: Any) -> dict[str, dict[str, Any]]:
     """``{aggregate: contribution_bounding}`` of a charge's ``mechanisms`` (an aggregate with several steps whose
     modes differ counts as declared)."""
-    if isinstance(mechanisms, (str, bytes)):
-        try:
-            mechanisms = json.loads(mechanisms)
-        except ValueError:
-            return {}
     out: dict[str, dict[str, Any]] = {}
-    for mechanism in mechanisms if isinstance(mechanisms, list) else ():
+    for mechanism in _mechanism_list(mechanisms) or ():
         name, bounding = aggregate_of(mechanism), bounding_of(mechanism)
         if name in out and out[name] != bounding:
             bounding = {"mode": "declared"} if "declared" in (out[name]["mode"], bounding["mode"]) else out[name]

@@ -137,6 +137,8 @@ def bounding_problem(spec: ReleaseSpec, aggregate: Aggregate, value_column: str 
     * a ``sum``, ``mean`` or ``variance`` needs a value column;
     * a count takes none;
     * the grid must have a multiple in [L, U] (the snapped values stay inside the bounds);
+    * a unit's sum within a key, Linf max(|ceil(L/g)|, |floor(U/g)|) grid units, must be below
+      :data:`MAX_INT64_PER_UNIT` (every row's snapped value is a 64-bit integer, and so is a unit's sum);
     * on SQLite and in pandas (``dialect`` ``"sqlite"`` or ``"pandas"``) a unit's sum of squares within a key,
       Linf max(|ceil(L/g)|, |floor(U/g)|)^2, must be below :data:`MAX_INT64_PER_UNIT`.
     """
@@ -152,8 +154,12 @@ def bounding_problem(spec: ReleaseSpec, aggregate: Aggregate, value_column: str 
         lower, upper = aggregate.bounds  # type: ignore[misc]
         return (f"aggregate {aggregate.name!r}: no multiple of the grid {float(aggregate.grid):g} lies in its bounds "
                 f"[{float(lower):g}, {float(upper):g}]: use a finer grid or wider bounds")
+    linf = spec.contribution_for(aggregate).max_contributions_per_partition
+    if linf * max(abs(low), abs(high)) >= MAX_INT64_PER_UNIT:
+        return (f"aggregate {aggregate.name!r}: one unit's sum within a key can reach "
+                f"{linf * max(abs(low), abs(high)):.3g} grid units, beyond the 64-bit integers the bounded "
+                "aggregation adds exactly: use a coarser grid or bounds nearer 0")
     if aggregate.kind == "variance" and dialect in ("sqlite", "pandas"):
-        linf = spec.contribution_for(aggregate).max_contributions_per_partition
         if linf * max(abs(low), abs(high)) ** 2 >= MAX_INT64_PER_UNIT:
             return (f"aggregate {aggregate.name!r}: one unit's sum of squares within a key can reach "
                     f"{linf * max(abs(low), abs(high)) ** 2:.3g} grid^2 units, beyond the 64-bit integers "

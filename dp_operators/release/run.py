@@ -44,6 +44,7 @@ import numpy as np
 from dp_operators import __version__
 from dp_operators.ledger import AccountStatus, AuditChainError, Ledger, LedgerError, ReleaseKey
 from dp_operators.ledger.chain import CanonicalOutput
+from dp_operators.ledger.structure import requires_enforced_bounding
 from dp_operators.release.bounding import DECLARED
 from dp_operators.release.columns import largest_magnitude
 from dp_operators.release.diagnostics import DiagnosticsReport
@@ -408,7 +409,7 @@ def check_bounding_required(spec: ReleaseSpec, bounding: Mapping[str, Mapping[st
     Raises:
         ReleaseConfigError: naming the declared aggregates and how to read them from raw rows.
     """
-    if not (config or {}).get("require_enforced_bounding"):
+    if not requires_enforced_bounding(config):
         return
     declared = [name for name, record in bounding.items() if record.get("mode") != "enforced"]
     if declared:

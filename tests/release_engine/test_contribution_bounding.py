@@ -245,3 +245,13 @@ def test_what_cannot_be_bounded_is_refused_from_public_parameters(change, dialec
     assert message in bounding_problem(changed, changed.aggregates[1], value, dialect=dialect)
     if dialect == "sqlite" and "64-bit" in message:  # PostgreSQL adds NUMERIC
         assert bounding_problem(changed, changed.aggregates[1], value, dialect="postgresql") is None
+
+
+def test_a_unit_sum_beyond_64_bits_is_refused_on_every_backend():
+    spec = visits_spec()
+    data = spec.model_dump(mode="json")
+    data["aggregates"][2].update(bounds=[999_999_999_999_999, 10**15], grid="0.0001")
+    changed = ReleaseSpec.model_validate(data)
+    for dialect in ("sqlite", "postgresql", "pandas"):
+        assert "beyond the 64-bit integers" in bounding_problem(changed, changed.aggregates[2], "spend",
+                                                                dialect=dialect)
