@@ -91,10 +91,12 @@ def sql_dialect(hook: Any) -> str:
     return str(name)
 
 
-def bounding_records(spec: ReleaseSpec, source: BoundedRowsSource, dialect: str) -> dict[str, dict[str, Any]]:
+def bounding_records(spec: ReleaseSpec, source: BoundedRowsSource, dialect: str,
+                     parameters: Iterable | Mapping | None = None) -> dict[str, dict[str, Any]]:
     """What the ledger records of each aggregate bounded in the database: ``enforced``, the source's kind
-    (``table`` or ``query``), the unit column and the SHA-256 of the query generated for ``dialect``. Public:
-    computed from the spec and the operator's arguments, before any row is read.
+    (``table`` or ``query``), the unit column and the SHA-256 of the query generated for ``dialect`` (with the
+    ``parameters`` bound to a ``rows_query``). Public: computed from the spec and the operator's arguments, before
+    any row is read.
 
     Raises:
         AirflowFailException: the bounds cannot be kept on this dialect (:func:`bounding_problem`).
@@ -105,7 +107,9 @@ def bounding_records(spec: ReleaseSpec, source: BoundedRowsSource, dialect: str)
             sql = bounded_sql(spec, aggregate, source, dialect)
         except ValueError as error:
             raise AirflowFailException(str(error)) from None
-        records[aggregate.name] = enforced_bounding(source.kind, source.privacy_unit_column, sql)
+        bound = list(parameters) if isinstance(parameters, (list, tuple)) else parameters
+        records[aggregate.name] = enforced_bounding(source.kind, source.privacy_unit_column, sql,
+                                                    parameters=bound if source.query is not None and bound else None)
     return records
 
 

@@ -196,7 +196,7 @@ class DPSQLReleaseOperator(DPReleaseOperator):
         source = self.rows_source()
         if source is None:
             return {name: declared_bounding("query", sql) for name, sql in self.queries.items()}
-        return bounding_records(self.release_spec, source, sql_dialect(self.get_db_hook()))
+        return bounding_records(self.release_spec, source, sql_dialect(self.get_db_hook()), self.parameters)
 
     def read_aggregates(self, context: Context) -> dict[str, Any]:
         """The true aggregates, from :attr:`queries` run on :attr:`conn_id`, or bounded and aggregated in the

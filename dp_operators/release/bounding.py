@@ -6,11 +6,15 @@ For one aggregate of a spec, with L0 = ``max_partitions_contributed`` and Linf =
 (the aggregate's own ``contribution``, else the spec's), the bounded aggregation is, per run:
 
 1. **Rows.** Rows whose privacy unit is NULL are dropped (they belong to no unit the bound could count). For a
-   ``sum``, ``mean`` or ``variance``, rows whose value is NULL are dropped; each value is clipped to the spec's
-   ``bounds`` [L, U] and snapped to the spec's ``grid`` g as an integer k = round(clip(v) / g), then clamped to
-   [ceil(L/g), floor(U/g)], so that k g lies in [L, U] whatever the rounding rule of the database. Over a public
-   key domain, rows whose key is outside it are dropped (compared as text: ``CAST(column AS VARCHAR)``), so they do
-   not use up a unit's L0 partitions.
+   ``sum``, ``mean`` or ``variance``, rows whose value is no number are dropped: NULL, NaN on PostgreSQL, text or a
+   blob on SQLite, anything but an int, float or decimal in pandas; each value is clipped to the spec's ``bounds``
+   [L, U] and snapped to the spec's ``grid`` g as an integer k = round(clip(v) / g), then clamped to
+   [ceil(L/g), floor(U/g)], so that k g lies in [L, U] whatever the rounding rule of the database (PostgreSQL rounds
+   a double's ties to even, SQLite and ``NUMERIC`` away from zero: a per-row rule either way). A key is its text
+   (``CAST(column AS VARCHAR)``; in pandas the text of the key the engine would read): rows are grouped by it, so
+   two values the engine would read as one key are one partition here too. Over a public key domain, rows whose
+   key text is not a key of the spec are dropped, so they use up none of a unit's L0 partitions, and a kept key is
+   returned as the spec's own value.
 2. **Linf.** Per (unit, key), at most Linf rows are kept, chosen uniformly at random (``ROW_NUMBER() OVER
    (PARTITION BY unit, key ORDER BY random())``), never by the table's physical order. For a ``count`` the kept
    number is ``LEAST(COUNT(*), Linf)``, which has the same distribution whichever rows are chosen, and needs no sort.
@@ -47,6 +51,7 @@ operator's arguments.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import secrets
 from collections.abc import Mapping, Sequence
@@ -181,10 +186,17 @@ def grid_range(aggregate: Aggregate) -> tuple[int, int]:
 def bounded_select(spec: ReleaseSpec, aggregate: Aggregate, source: BoundedRowsSource, dialect: str) -> sa.Select:
     """The bounded aggregation of ``aggregate`` over ``source`` as a SQLAlchemy Core ``SELECT`` (module docstring).
 
-    It returns one row per key: the ``group_by`` columns by their names, then ``count``, ``units`` and, for a
-    ``sum``, ``mean`` or ``variance``, ``sum`` and (variance) ``sum_squares`` in grid units (grid^2 for squares); on
-    SQLite each sum comes as two columns ``<name>_hi`` and ``<name>_lo`` (module docstring). An ungrouped aggregate
-    gives one row, also over an empty table (zeros). Read it with :func:`bounded_rows`.
+    It returns one row per key: the keys as text (``dp_key_0``, ...), then ``dp_count``, ``dp_units`` and, for a
+    ``sum``, ``mean`` or ``variance``, ``dp_sum`` and (variance) ``dp_sum_squares`` in grid units (grid^2 for
+    squares); on SQLite each sum comes as two columns ``..._hi`` and ``..._lo`` (module docstring). Every label is
+    the query's own, so no table column can shadow one. An ungrouped aggregate gives one row, also over an empty
+    table (zeros). Read it with :func:`bounded_rows`.
+
+    Keys are compared and grouped as the database's text of them (``CAST(column AS VARCHAR)``): a row is in a public
+    key's partition when its text is the key as the spec writes it (an integer key column: ``17``; a date column:
+    ``2013-01-05`` in PostgreSQL's ISO date style; a REAL column in SQLite spells ``17.0``, which matches no key);
+    under partition selection the text is the published key. Values are read as numbers: a NULL (and on PostgreSQL
+    a NaN) value drops its row, and on SQLite so does a value stored as text or a blob (``typeof``).
 
     Args:
         dialect: the SQLAlchemy dialect name (``"postgresql"``, ``"sqlite"``, ...).
@@ -201,17 +213,19 @@ def bounded_select(spec: ReleaseSpec, aggregate: Aggregate, source: BoundedRowsS
     columns = [source.privacy_unit_column, *aggregate.group_by] + ([value_name] if value_name else [])
     raw = _source(source, list(dict.fromkeys(columns)))
     unit = raw.c[source.privacy_unit_column]
-    keys = [raw.c[column] for column in aggregate.group_by]
+    # a key is its text in the database, grouped and compared as such: two values with one text (SQLite's 1 and
+    # '1') are one partition, as the engine reads them, and a public key is the spec's own value (bounded_rows)
+    keys = [sa.cast(raw.c[column], sa.String) for column in aggregate.group_by]
     conditions = [unit.is_not(None)]
     selected = [unit.label(_UNIT), *(key.label(_key_label(i)) for i, key in enumerate(keys))]
     if value_name:
         value = raw.c[value_name]
-        conditions.append(value.is_not(None))
+        conditions.extend(_is_number(value, dialect))
         selected.append(_snapped(value, aggregate, dialect).label(_VALUE))
     if aggregate.public_keys:
         for column, key in zip(aggregate.group_by, keys):
             public = [str(v) for v in aggregate.keys[column]]  # type: ignore[index]
-            conditions.append(sa.cast(key, sa.String).in_(public))
+            conditions.append(key.in_(public))
     rows = sa.select(*selected).where(*conditions).subquery("dp_rows")
     row_keys = [rows.c[_key_label(i)] for i in range(len(keys))]
 
@@ -244,12 +258,12 @@ def bounded_select(spec: ReleaseSpec, aggregate: Aggregate, source: BoundedRowsS
     else:
         final, where = groups, []
     final_keys = [final.c[_key_label(i)] for i in range(len(keys))]
-    outputs = [key.label(name) for key, name in zip(final_keys, aggregate.group_by)]
-    outputs.append(sa.func.coalesce(sa.func.sum(final.c[_KEPT]), 0).label("count"))
-    outputs.append(sa.func.count().label("units"))
+    outputs = list(final_keys)
+    outputs.append(sa.func.coalesce(sa.func.sum(final.c[_KEPT]), 0).label(_output("count")))
+    outputs.append(sa.func.count().label(_output("units")))
     sums = [_SUM] + ([_SUM_SQUARES] if aggregate.kind == "variance" else []) if value_name else []
     for internal in sums:
-        outputs.extend(_exact_sum(final.c[internal], _OUTPUT[internal], dialect))
+        outputs.extend(_exact_sum(final.c[internal], _output(_OUTPUT[internal]), dialect))
     query = sa.select(*outputs).select_from(final).where(*where)
     if final_keys:
         query = query.group_by(*final_keys)
@@ -275,19 +289,30 @@ def bounded_rows(aggregate: Aggregate, names: Sequence[str], rows: Sequence[Sequ
     if a column is missing (a bug: the query names them all)."""
     position = {name: i for i, name in enumerate(names)}
     grid = Fraction(aggregate.grid)
+    public = [_public_keys(aggregate, column) for column in aggregate.group_by]
     result = []
     for row in rows:
-        record: dict[str, Any] = {column: row[position[column]] for column in aggregate.group_by}
-        record["count"] = int(row[position["count"]])
-        record["units"] = int(row[position["units"]])
+        record: dict[str, Any] = {}
+        for i, (column, domain) in enumerate(zip(aggregate.group_by, public)):
+            text = row[position[_key_label(i)]]
+            record[column] = text if domain is None else domain[text]
+        record["count"] = int(row[position[_output("count")]])
+        record["units"] = int(row[position[_output("units")]])
         for name, scale in (("sum", grid), ("sum_squares", grid * grid)):
-            if name in position:
-                record[name] = _integer(row[position[name]]) * scale
-            elif f"{name}_hi" in position:
-                high, low = row[position[f"{name}_hi"]], row[position[f"{name}_lo"]]
+            if _output(name) in position:
+                record[name] = _integer(row[position[_output(name)]]) * scale
+            elif _output(name) + "_hi" in position:
+                high, low = row[position[_output(name) + "_hi"]], row[position[_output(name) + "_lo"]]
                 record[name] = ((_integer(high) << SPLIT_BITS) + _integer(low)) * scale
         result.append(record)
     return result
+
+
+def _public_keys(aggregate: Aggregate, column: str) -> dict[str, Any] | None:
+    """A public key column's keys by their text (the spec's own values), or None under partition selection."""
+    if not aggregate.public_keys:
+        return None
+    return {str(value): value for value in aggregate.keys[column]}  # type: ignore[index]
 
 
 def declared_bounding(source: str, sql: str | None = None) -> dict[str, Any]:
@@ -297,11 +322,19 @@ def declared_bounding(source: str, sql: str | None = None) -> dict[str, Any]:
             "sql_sha256": bounded_sql_sha256(sql) if sql is not None else None}
 
 
-def enforced_bounding(source: str, privacy_unit_column: str, sql: str | None) -> dict[str, Any]:
+def enforced_bounding(source: str, privacy_unit_column: str, sql: str | None, *, parameters: Any = None,
+                      uri: str | None = None) -> dict[str, Any]:
     """The record of an aggregate the operator bounded itself (``source``: ``"table"``, ``"query"`` or
-    ``"file"``), with the generated query's SHA-256 (None for a file, bounded in pandas)."""
-    return {"mode": "enforced", "source": source, "privacy_unit_column": privacy_unit_column,
-            "sql_sha256": bounded_sql_sha256(sql) if sql is not None else None}
+    ``"file"``), with the SHA-256 of the generated query (None for a file, bounded in pandas) and of the
+    ``parameters`` bound to it (compact JSON after the query's text, when there are any), or the file's ``uri``."""
+    record: dict[str, Any] = {"mode": "enforced", "source": source, "privacy_unit_column": privacy_unit_column,
+                              "sql_sha256": None}
+    if sql is not None:
+        text = sql if parameters is None else sql + "\n" + json.dumps(parameters, sort_keys=True, default=str)
+        record["sql_sha256"] = bounded_sql_sha256(text)
+    if uri is not None:
+        record["rows_uri"] = uri
+    return record
 
 
 _OUTPUT = {_SUM: "sum", _SUM_SQUARES: "sum_squares"}
@@ -309,6 +342,23 @@ _OUTPUT = {_SUM: "sum", _SUM_SQUARES: "sum_squares"}
 
 def _key_label(index: int) -> str:
     return f"dp_key_{index}"
+
+
+def _output(name: str) -> str:
+    """The label of an output column (``count``, ``units``, ``sum``, ``sum_squares``)."""
+    return f"dp_{name}"
+
+
+def _is_number(value: Any, dialect: str) -> list[Any]:
+    """The conditions keeping a row whose value is a number: not NULL; on PostgreSQL not NaN (which sorts above
+    every number, so ``LEAST``/``GREATEST`` would make it the upper bound); on SQLite stored as an integer or a real
+    (text sorts above every number there)."""
+    conditions = [value.is_not(None)]
+    if dialect == "postgresql":  # NaN > 'Infinity' (numeric NaN is cast to float8 NaN)
+        conditions.append(sa.not_(value > sa.cast(sa.literal("Infinity"), sa.Float)))
+    elif dialect == "sqlite":
+        conditions.append(sa.func.typeof(value).in_(["integer", "real"]))
+    return conditions
 
 
 def _source(source: BoundedRowsSource, columns: list[str]) -> Any:
@@ -425,17 +475,18 @@ def bound_frame(spec: ReleaseSpec, aggregate: Aggregate, frame: Any, privacy_uni
     contribution = spec.contribution_for(aggregate)
     l0, linf = contribution.max_partitions_contributed, contribution.max_contributions_per_partition
     rows = frame[needed]
-    keep = rows[privacy_unit_column].notna().to_numpy().copy()
-    if aggregate.public_keys:
-        for column in aggregate.group_by:
-            public = {str(v) for v in aggregate.keys[column]}  # type: ignore[index]
-            keep &= rows[column].map(lambda v, public=public: v is not None and v == v and str(v) in public).to_numpy(
-                dtype=bool)
+    keep = rows[privacy_unit_column].notna().to_numpy(dtype=bool).copy()
     data = pd.DataFrame({"unit": rows[privacy_unit_column].to_numpy()})
     for i, column in enumerate(aggregate.group_by):
-        data[f"key_{i}"] = rows[column].to_numpy()
+        # each key as the engine reads it, as text: decided per value, never by the column's dtype (an int column
+        # holding one NULL is float64 in pandas; its 17.0 is the key 17)
+        texts = rows[column].map(lambda value, column=column: _key_text(value, column))
+        if aggregate.public_keys:
+            public = _public_keys(aggregate, column)
+            keep &= texts.isin(list(public)).to_numpy(dtype=bool)  # type: ignore[arg-type]
+        data[f"key_{i}"] = texts.to_numpy(dtype=object)
     if value_column:
-        values = pd.to_numeric(rows[value_column], errors="coerce").astype("float64").to_numpy()
+        values = _frame_numbers(rows[value_column])
         keep &= ~np.isnan(values)
         lower, upper = aggregate.exact_bounds  # type: ignore[misc]
         low, high = grid_range(aggregate)
@@ -475,9 +526,13 @@ def bound_frame(spec: ReleaseSpec, aggregate: Aggregate, frame: Any, privacy_uni
         totals = pd.DataFrame([{name: groups[column].sum() if agg == "sum" else len(groups)
                                 for name, (column, agg) in named.items()}])
     grid = Fraction(aggregate.grid)
+    public_keys = [_public_keys(aggregate, column) for column in aggregate.group_by]
     result = []
     for record in totals.to_dict("records"):
-        row: dict[str, Any] = {column: _python(record[key]) for column, key in zip(aggregate.group_by, keys)}
+        row: dict[str, Any] = {}
+        for column, key, domain in zip(aggregate.group_by, keys, public_keys):
+            text = _python(record[key])
+            row[column] = text if domain is None else domain[text]
         row["count"] = int(record["kept"])
         row["units"] = int(record["units"])
         for name, scale in (("sum", grid), ("sum_squares", grid * grid)):
@@ -489,6 +544,43 @@ def bound_frame(spec: ReleaseSpec, aggregate: Aggregate, frame: Any, privacy_uni
                 row["sum_squares"] = Fraction(0)
         result.append(row)
     return result
+
+
+def _key_text(value: Any, column: str) -> str | None:
+    """A raw key as text, as the engine would read it (:func:`~dp_operators.release.upstream_types.normalise_key`:
+    an integral float or decimal is its integer, a NaN or NA is missing); None for a missing key or one no release
+    can publish (its row then belongs to no public key, and under partition selection to the NULL key)."""
+    from dp_operators.release.upstream_types import InputTypeError, normalise_key
+
+    try:
+        key = normalise_key(value, column)
+    except InputTypeError:  # a bool or a type no key can have: no key, decided for this value alone
+        return None
+    return str(key) if isinstance(key, (str, int)) else None
+
+
+def _frame_numbers(column: Any) -> Any:
+    """A value column as float64, NaN where a value is missing or not a number. A numeric dtype converts as it is;
+    in an object column only int, float and Decimal values are numbers (text is not, as on SQLite), each decided by
+    its own type."""
+    import numpy as np
+    import pandas as pd
+
+    if pd.api.types.is_numeric_dtype(column.dtype) and not pd.api.types.is_bool_dtype(column.dtype):
+        return column.astype("float64").to_numpy(dtype=np.float64, na_value=np.nan)
+    return np.array([_as_float(v) for v in column], dtype=np.float64)
+
+
+def _as_float(value: Any) -> float:
+    """One object-column value as a float, NaN if it is not a number (by its type) or a signalling NaN."""
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, Decimal, np.integer, np.floating)):
+        return float("nan")
+    try:
+        return float(value)
+    except (ValueError, OverflowError):  # Decimal('sNaN'); an int beyond float range is clipped as infinity below
+        return float("nan") if isinstance(value, Decimal) else (float("inf") if value > 0 else float("-inf"))
 
 
 def _python(value: Any) -> Any:

@@ -165,6 +165,16 @@ def test_a_rows_query_is_bounded_per_value_of_its_unit_column(spec_path, warehou
                          value_columns=VALUES).execute(context_for(ti()))
     recorded = output["contribution_bounding"]["mean_bill"]
     assert (recorded["mode"], recorded["source"]) == ("enforced", "query")
+    # the bound parameters are part of what is hashed: another value, another hash
+    spec, _ = load_spec_with_hash(spec_path)
+    source = BoundedRowsSource(privacy_unit_column="patient", query=rows_query, value_columns=VALUES)
+    mean = next(a for a in spec.aggregates if a.name == "mean_bill")
+    assert recorded["sql_sha256"] == bounded_sql_sha256(bounded_sql(spec, mean, source, warehouse[1].dialect.name))
+    parameterised = sql_release(spec_path, conn_id, tmp_path, rows_query=rows_query + " AND bill < :limit",
+                                parameters={"limit": 400}, privacy_unit_column="patient", value_columns=VALUES)
+    first = parameterised.contribution_bounding()["mean_bill"]["sql_sha256"]
+    parameterised.parameters = {"limit": 800}
+    assert parameterised.contribution_bounding()["mean_bill"]["sql_sha256"] != first
 
 
 def test_a_missing_table_fails_before_any_charge(spec_path, tmp_path, monkeypatch):
@@ -188,7 +198,8 @@ def test_a_parquet_file_of_raw_rows_is_bounded_with_pandas(spec_path, tmp_path, 
                                output_uri=f"file://{tmp_path / 'out'}", ledger_conn_id="dp_ledger_clinic",
                                ).execute(context_for(ti()))
     assert output["contribution_bounding"]["mean_bill"] == {
-        "mode": "enforced", "source": "file", "privacy_unit_column": "patient", "sql_sha256": None}
+        "mode": "enforced", "source": "file", "privacy_unit_column": "patient", "sql_sha256": None,
+        "rows_uri": f"file://{rows}"}
     assert len(list(ledger.charges())) == 1
 
 

@@ -255,3 +255,29 @@ def test_a_unit_sum_beyond_64_bits_is_refused_on_every_backend():
     for dialect in ("sqlite", "postgresql", "pandas"):
         assert "beyond the 64-bit integers" in bounding_problem(changed, changed.aggregates[2], "spend",
                                                                 dialect=dialect)
+
+
+def test_a_nan_value_drops_its_row_on_every_backend(backend):
+    """PostgreSQL sorts NaN above every number, so clipping alone would make it the upper bound; SQLite stores it as
+    NULL; pandas reads it as missing: on all three it is a missing value."""
+    spec = visits_spec()
+    rows = [(1, "north", 2.0), (2, "north", float("nan")), (3, "north", float("inf"))]
+    result = backend(spec, "mean_spend", rows)[0]
+    assert (result["count"], result["units"], result["sum"]) == (2, 2, 2 + UPPER)
+
+
+def test_text_in_a_sqlite_value_column_is_no_number(tmp_path):
+    spec = visits_spec()
+    aggregate = next(a for a in spec.aggregates if a.name == "mean_spend")
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'typed.db'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE visits (person integer, region text, spend)")  # no affinity
+        conn.exec_driver_sql("INSERT INTO visits VALUES (1, 'north', 5), (2, 'north', '5'), (3, 'north', 'abc'),"
+                             " (4, 'north', 7.5), (5, 'north', x'00')")
+        result = conn.exec_driver_sql(bounded_sql(spec, aggregate, SOURCE, "sqlite"))
+        (row,) = bounded_rows(aggregate, list(result.keys()), result.fetchall())
+    engine.dispose()
+    assert (row["count"], row["sum"]) == (2, Fraction(25, 2))
+    frame = pd.DataFrame({"person": [1, 2, 3, 4], "region": ["north"] * 4, "spend": [5, "5", "abc", 7.5]})
+    (from_frame,) = bound_frame(spec, aggregate, frame, "person", "spend")
+    assert (from_frame["count"], from_frame["sum"]) == (2, Fraction(25, 2))
