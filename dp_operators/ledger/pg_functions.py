@@ -937,6 +937,41 @@ END
 )
 
 
+_BOUNDING_VARS = """
+  v_steps jsonb;
+  v_declared jsonb;"""
+
+
+def _bounding_check(status: str) -> str:
+    """Statements of :func:`~dp_operators.ledger.structure.bounding_refusal` (variables :data:`_BOUNDING_VARS`) on
+    the locked account ``a`` and ``p_mechanisms`` (checked by :func:`_check_json` to be a JSON array within its
+    bounds): on an account whose stored configuration requires enforced contribution bounding, every step must
+    record ``contribution_bounding.mode`` ``enforced``, else the function returns ``{status: 'bounding_not_enforced',
+    declared: [aggregates]}`` (``[]`` for no step) having written nothing."""
+    return f"""
+  IF a.config IS NOT NULL AND (a.config::jsonb -> '{structure.REQUIRE_ENFORCED_BOUNDING}') = 'true'::jsonb THEN
+    BEGIN
+      -- jsonb refuses a \\u0000 escape, which the readers read (as dp_check_json does)
+      v_steps := replace(p_mechanisms, '{_BACKSLASH}u0000', '{_BACKSLASH}u0020')::jsonb;
+    EXCEPTION WHEN invalid_text_representation OR untranslatable_character OR program_limit_exceeded
+                   OR statement_too_complex OR numeric_value_out_of_range THEN
+      v_steps := NULL;
+    END;
+    IF coalesce(jsonb_typeof(v_steps) <> 'array' OR jsonb_array_length(v_steps) = 0, true) THEN
+      RETURN jsonb_build_object('{status}', 'bounding_not_enforced', 'declared', '[]'::jsonb);
+    END IF;
+    SELECT jsonb_agg(DISTINCT left(coalesce(CASE WHEN jsonb_typeof(m -> 'aggregate') = 'string'
+                                                 AND m ->> 'aggregate' <> '' THEN m ->> 'aggregate' END, '?'), 200))
+      INTO v_declared
+      FROM jsonb_array_elements(v_steps) AS m
+      WHERE NOT coalesce(jsonb_typeof(m) = 'object'
+                         AND (m -> 'contribution_bounding' -> 'mode') = '"enforced"'::jsonb, false);
+    IF v_declared IS NOT NULL THEN
+      RETURN jsonb_build_object('{status}', 'bounding_not_enforced', 'declared', v_declared);
+    END IF;
+  END IF;"""
+
+
 _RESERVE_ARGS = (
     f"{_RELEASE_KEY_ARGS}, p_amount text, p_takeover text, p_delta text, p_mechanisms text, p_spec_hash text, "
     "p_try_number integer, p_context text, p_token_hash text, p_lease_seconds double precision"
@@ -978,7 +1013,7 @@ DECLARE
   v_approval jsonb;
   a dp_budget_accounts;
   c dp_charges;
-  e dp_audit_events;{_CHECK_JSON_VARS}{_LEASE_VARS}{_LOCK_VARS}
+  e dp_audit_events;{_BOUNDING_VARS}{_CHECK_JSON_VARS}{_LEASE_VARS}{_LOCK_VARS}
 BEGIN
 {_SPEND_KEY_ID}{_RELEASE_KEY_CHECK}
   {_amount("v_amount", "p_amount", "amount", False)}
@@ -1041,6 +1076,8 @@ BEGIN
   IF v_replay THEN
     RETURN jsonb_build_object('status', 'replay', 'output', v_output);
   END IF;
+  -- the account's contribution-bounding policy, on the row locked above (a block's or a quota's own record, which
+  -- carries its account's): after the replay of a committed output, before anything is written{_bounding_check("status")}
   -- the first charge of a key on this account is the amount; a later one (an earlier attempt may have drawn noise)
   -- the takeover amount, which is > 0 (ADR 33: a series step's first attempt costs nothing more, a redraw does)
   v_amount_text := p_amount;
@@ -1162,8 +1199,6 @@ DECLARE
   v_stopped text;
   v_stopped_at text;
   v_row dp_budget_accounts;
-  v_steps jsonb;
-  v_declared jsonb;
 BEGIN
   -- which accounts the charge touches (dp_operators.ledger.structure.members_charged), from the account's stored
   -- configuration, which only the governor writes
@@ -1173,31 +1208,6 @@ BEGIN
   SELECT x.config::jsonb INTO v_config FROM dp_budget_accounts AS x WHERE x.name = p_account;
   IF jsonb_typeof(v_config -> 'part_of') = 'object' THEN
     {_fail(BAD_VALUE, "format('account %L is a member of account %L (a block or a team quota): a release names %L and the ledger charges its members', p_account, v_config -> 'part_of' ->> 'account', v_config -> 'part_of' ->> 'account')", "jsonb_build_object('kind', 'member')")}
-  END IF;
-  -- an account that requires enforced contribution bounding (dp_operators.ledger.structure.bounding_refusal; its
-  -- members carry the same policy, and this is the account the release names): every step of the charge must
-  -- record contribution_bounding.mode 'enforced', else nothing is reserved and nothing is written. Mechanisms
-  -- beyond their bound are refused by dp_reserve_member; any that do not read as a non-empty list are refused here.
-  IF (v_config -> '{structure.REQUIRE_ENFORCED_BOUNDING}') = 'true'::jsonb
-      AND coalesce(length(p_mechanisms) <= {MAX_MECHANISMS_CHARS}, true) THEN
-    BEGIN
-      v_steps := replace(p_mechanisms, '{_BACKSLASH}u0000', '{_BACKSLASH}u0020')::jsonb;
-    EXCEPTION WHEN invalid_text_representation OR untranslatable_character OR program_limit_exceeded
-                   OR statement_too_complex THEN
-      v_steps := NULL;
-    END;
-    IF coalesce(jsonb_typeof(v_steps) <> 'array' OR jsonb_array_length(v_steps) = 0, true) THEN
-      RETURN jsonb_build_object('status', 'bounding_not_enforced', 'declared', '[]'::jsonb);
-    END IF;
-    SELECT jsonb_agg(DISTINCT left(coalesce(CASE WHEN jsonb_typeof(m -> 'aggregate') = 'string'
-                                                 AND m ->> 'aggregate' <> '' THEN m ->> 'aggregate' END, '?'), 200))
-      INTO v_declared
-      FROM jsonb_array_elements(v_steps) AS m
-      WHERE NOT coalesce(jsonb_typeof(m) = 'object'
-                         AND (m -> 'contribution_bounding' -> 'mode') = '"enforced"'::jsonb, false);
-    IF v_declared IS NOT NULL THEN
-      RETURN jsonb_build_object('status', 'bounding_not_enforced', 'declared', v_declared);
-    END IF;
   END IF;
   IF jsonb_typeof(v_config -> 'blocks') = 'object' THEN
     IF coalesce(cardinality(p_windows), 0) = 0 THEN
@@ -1249,6 +1259,10 @@ BEGIN
     v_result := v_stopped::jsonb;
     IF v_result ->> 'status' = 'replay' THEN
       RETURN v_result;
+    END IF;
+    -- the member's bounding policy (its locked row's), which writes nothing: nothing to record
+    IF v_result ->> 'status' = 'bounding_not_enforced' THEN
+      RETURN v_result || jsonb_build_object('account', v_stopped_at);
     END IF;
     -- a refusal, recorded on its member alone: the members are as they were before this call, so it refuses again
     v_result := dp_reserve_member(p_key, v_stopped_at, {_RESERVE_PASS});
@@ -1653,7 +1667,7 @@ DECLARE
   v_team text;
   v_quota text;
   a dp_budget_accounts;
-  e dp_audit_events;{_CHECK_JSON_VARS}{_LOCK_VARS}
+  e dp_audit_events;{_BOUNDING_VARS}{_CHECK_JSON_VARS}{_LOCK_VARS}
 BEGIN
 {_SPEND_KEY_ID}{_RELEASE_KEY_CHECK}
   {_amount("v_amount", "p_amount", "amount", True)}
@@ -1687,6 +1701,7 @@ BEGIN
   IF a.config IS NULL OR jsonb_typeof(a.config::jsonb -> 'approval') IS DISTINCT FROM 'object' THEN
     RETURN jsonb_build_object('state', 'no_policy');
   END IF;
+  -- an officer never reviews a charge the account's bounding policy would refuse{_bounding_check("state")}
   v_state := dp_approval_state(a, p_dag_id, p_run_id, p_task_id, p_map_index, p_release_name, p_spec_hash,
                                v_amount, clock_timestamp());
   IF v_state ->> 'state' <> 'none' THEN
@@ -1877,12 +1892,18 @@ def function_problems(conn) -> list[str]:
 
 
 def reserve_enforces_bounding(conn) -> bool:
-    """Whether the installed ``dp_reserve`` of the ledger's schema refuses charges whose contribution bounds were
-    only declared on an account with ``require_enforced_bounding`` (installed by ``dpctl ledger init`` from this
-    version on). ``dpctl ledger apply`` refuses to set the requirement on a ledger whose function predates it, which
-    would record the policy and not enforce it."""
-    source = _sql(conn, (
-        "SELECT p.prosrc FROM pg_catalog.pg_class AS t JOIN pg_catalog.pg_proc AS p ON p.pronamespace = t.relnamespace "
-        "WHERE t.oid = 'dp_charges'::regclass AND p.proname = 'dp_reserve'"
-    )).scalars().all()
-    return len(source) == 1 and f"'{structure.REQUIRE_ENFORCED_BOUNDING}'" in source[0]
+    """Whether the installed spend functions of the ledger's schema refuse charges whose contribution bounds were
+    only declared on an account with ``require_enforced_bounding``: ``dp_reserve_member`` decides it on the account
+    row it locked (installed by ``dpctl ledger init`` from this version on; the version before decided it in
+    ``dp_reserve`` on a row it had not locked, so a reservation waiting on the governor's ``apply`` could pass) and
+    ``dp_request_approval`` refuses such a request. ``dpctl ledger apply`` refuses to set the requirement on a ledger
+    whose functions predate it, which would record the policy and not enforce it (or not in every case)."""
+    rows = _sql(conn, (
+        "SELECT p.proname, p.prosrc FROM pg_catalog.pg_class AS t JOIN pg_catalog.pg_proc AS p "
+        "ON p.pronamespace = t.relnamespace WHERE t.oid = 'dp_charges'::regclass "
+        "AND p.proname IN ('dp_reserve_member', 'dp_request_approval')"
+    )).all()
+    sources = {name: source for name, source in rows}
+    marker = f"'{structure.REQUIRE_ENFORCED_BOUNDING}'"
+    return len(rows) == 2 and all(marker in (sources.get(name) or "")
+                                  for name in ("dp_reserve_member", "dp_request_approval"))

@@ -606,11 +606,6 @@ class Ledger(LedgerBase):
             if parent is None:
                 raise AccountNotFoundError(not_found(account))
             parent_config = config_record(parent.config)
-            if parent_config is not None and not isinstance(parent_config.get("part_of"), Mapping):
-                # the account's (and its members') policy: before anything is written (dp_reserve on PostgreSQL)
-                declared = bounding_refusal(parent_config, mechanisms_text)
-                if declared is not None:
-                    raise BoundingNotEnforcedError.of(account, declared)
             members = members_charged(account, parent_config, windows, key.dag_id)
             if isinstance(members, str):
                 raise ValueError(members)
@@ -632,6 +627,8 @@ class Ledger(LedgerBase):
                 return reserve_on(conn, member) if isinstance(result, Refusal) else result
             conn.savepoint("dp_members", "RELEASE")
             return _combined(key, account, parts)
+
+        named = account
 
         def reserve_on(conn: Connection, account: str) -> Reservation | dict | Refusal:
             chain = AccountChain.lock(conn, account, signing_key)
@@ -658,6 +655,12 @@ class Ledger(LedgerBase):
             for charge in mine:
                 if charge.state == "committed":
                     return json.loads(charge.output)
+            # the account's contribution-bounding policy, on the row locked above (a block's or a quota's own
+            # record carries its account's), after the replay of a committed output and before anything is written
+            # (dp_reserve_member on PostgreSQL); raised, so the transaction, with any member reserved, rolls back
+            declared = bounding_refusal(config_record(row.config), mechanisms_text)
+            if declared is not None:
+                raise BoundingNotEnforcedError.of(named, declared)
             charged = takeover if mine else amount  # a later attempt on this account may follow a drawn one
             problem = series_step_problem(conn, key, account, charged)
             if problem:
@@ -980,7 +983,9 @@ class Ledger(LedgerBase):
 
         Raises:
             AccountNotFoundError, LedgerKeyError, DagNotAllowedError; ValueError: the account has no approval
-                policy, or a bad amount, plan or audit.
+                policy, or a bad amount, plan or audit. BoundingNotEnforcedError: the account requires enforced
+                contribution bounding and a step of ``mechanisms`` only declared its bounds (the charge would be
+                refused, so no request is filed; nothing is written).
         """
         self.check_schema()
         amount = round_up(exact_number(amount, name="amount"))
@@ -1001,6 +1006,8 @@ class Ledger(LedgerBase):
                 raise DagNotAllowedError.of(key.dag_id, account, result["allowed"])
             if result.get("state") == "no_policy":
                 raise ValueError(f"budget account {account!r} requires no approval: nothing to request")
+            if result.get("state") == "bounding_not_enforced":
+                raise BoundingNotEnforcedError.of(account, list(result.get("declared") or ()))
             return result
 
         def work(conn: Connection) -> dict[str, Any]:
@@ -1019,6 +1026,10 @@ class Ledger(LedgerBase):
             policy = approvals.policy_of(row.config)
             if policy is None:
                 raise ValueError(f"budget account {account!r} requires no approval: nothing to request")
+            # an officer never reviews a charge the account's bounding policy would refuse (dp_request_approval)
+            declared = bounding_refusal(config_record(row.config), mechanisms_text)
+            if declared is not None:
+                raise BoundingNotEnforcedError.of(account, declared)
             now = self._db_now(conn)
             state = approvals.approval_state(approvals._key_events(conn, account, key, spec_hash),
                                              row.spend_key_id, amount, approvals.timeout_of(policy), now)
@@ -1068,6 +1079,7 @@ class Ledger(LedgerBase):
                 for part in result["members"]
             ]
             return _combined(key, account, parts)
+        named = account
         account = result.get("account", account)  # a member's refusal names the member
         if status == "reserved":
             return Reservation(
@@ -1084,8 +1096,8 @@ class Ledger(LedgerBase):
             raise BudgetExhaustedError(account, result["unit"], requested, Fraction(result["remaining"]))
         if status in ("approval_required", "approval_rejected"):
             raise approvals.from_status({**result, "account": account}, key)
-        if status == "bounding_not_enforced":
-            raise BoundingNotEnforcedError.of(account, list(result.get("declared") or ()))
+        if status == "bounding_not_enforced":  # named by the account the release names, also for a member
+            raise BoundingNotEnforcedError.of(named, list(result.get("declared") or ()))
         raise AssertionError(f"dp_reserve returned an unknown status {status!r}")  # pragma: no cover
 
     def _driver_call(self, name: str, params: Mapping[str, Any] | list[Mapping[str, Any]]) -> Any:

@@ -64,6 +64,7 @@ from dp_operators.ledger.chain import (
     GOVERNANCE_EVENTS,
     SPEND_EVENTS,
     audit_row_mac,
+    canonical_json,
     legacy_row_hash,
     timestamp_text,
 )
@@ -73,7 +74,7 @@ from dp_operators.ledger.config import LedgerConfig
 from dp_operators.ledger.errors import UnreadableValueError
 from dp_operators.ledger.keys import Keyring
 from dp_operators.ledger import structure
-from dp_operators.ledger.structure import MEMBER_SEPARATOR, QUOTA_PREFIX, structure_of
+from dp_operators.ledger.structure import MEMBER_SEPARATOR, QUOTA_PREFIX, requires_enforced_bounding, structure_of
 from dp_operators.ledger.store import (
     JSON_COLUMNS,
     NUMBER_COLUMNS,
@@ -214,6 +215,10 @@ class _Chain:
     #: whether the account's configuration in force (its last governance event's ``details.config``) requires
     #: enforced contribution bounding
     require_enforced: bool = False
+    #: the configuration record (``details.config``) of the last governance event that recorded one, which the
+    #: account row's ``config`` column must hold (checked once one does: a migrated chain's first events record none)
+    config: Any = None
+    config_recorded: bool = False
 
 
 #: Events about one charge: each must name it.
@@ -639,6 +644,7 @@ class _Verifier:
         if event in ("account_created", "account_updated", "account_migrated", "chain_keyed") and isinstance(
                 details, dict) and "config" in details:
             chain.require_enforced = requires_enforced_bounding(details.get("config"))
+            chain.config, chain.config_recorded = details.get("config"), True
         if event != "reserved" or not chain.require_enforced:
             return
         steps = values.get("mechanisms")
@@ -1054,6 +1060,23 @@ class _Verifier:
             cap = values["cap"]  # None: named unreadable
             if cap is not None and spent > cap:
                 self.problems.add(f"{label}: spent {_show(spent)} exceeds the cap {_show(cap)}")
+        # the configuration record (blocks, quotas, approval policy, require_enforced_bounding): what the last
+        # governance event that recorded one wrote (an unreadable one is named where it is read)
+        config = values.get("config")
+        if chain.config_recorded and (config is not None or account["config"] is None) and config != chain.config:
+            if isinstance(config, dict) and isinstance(chain.config, dict):
+                keys = sorted((k for k in {*config, *chain.config} if config.get(k) != chain.config.get(k)), key=str)
+                which = "; ".join(
+                    f"{shown(k)} {shown(canonical_json(config[k])) if k in config else 'absent'} vs "
+                    f"{shown(canonical_json(chain.config[k])) if k in chain.config else 'absent'}" for k in keys[:5]
+                ) + (f"; and {len(keys) - 5} more" if len(keys) > 5 else "")
+            else:
+                which = (f"{shown(account['config'])} vs "
+                         f"{shown(canonical_json(chain.config) if chain.config is not None else None)}")
+            self.problems.add(
+                f"{label}: config differs from the last governance event in its audit chain ({which}): changed "
+                "outside 'dpctl ledger apply'"
+            )
         stored = chain.stored or {}
         differ = [name for name in schema.ACCOUNT_GOVERNED_COLUMNS if account[name] != stored.get(name)]
         if differ:
@@ -1085,6 +1108,14 @@ class _Verifier:
             allowed = account["allowed_dags"]
         if not isinstance(allowed, list) or sorted(map(str, allowed)) != sorted(wanted.allowed_dags):
             differ.append(f"allowed_dags {shown(account['allowed_dags'])} (configuration: {shown(values['allowed_dags'])})")
+        try:
+            record = _json(account["config"], "config") if account["config"] is not None else None
+        except _BadValue:
+            record = None
+        required = requires_enforced_bounding(record if isinstance(record, dict) else None)
+        if required != bool(getattr(wanted, "require_enforced_bounding", False)):
+            differ.append(f"require_enforced_bounding {str(required).lower()} (configuration: "
+                          f"{str(bool(getattr(wanted, 'require_enforced_bounding', False))).lower()})")
         if differ:
             self.problems.add(f"{label}: differs from the given configuration: " + "; ".join(differ))
 
@@ -1103,7 +1134,7 @@ def verify_ledger(
         keyring: keys to check each row's MAC with (current and retired keys of both roles). ``None``: no MAC is
             checked (:attr:`VerifyReport.authenticated` is ``False``); unkeyed rows' plain hashes still are.
         config: optionally, a ledger configuration; each of its accounts must exist with the accountant, cap,
-            delta, privacy unit and allowed DAGs ``dpctl ledger apply`` would store.
+            delta, privacy unit, allowed DAGs and ``require_enforced_bounding`` ``dpctl ledger apply`` would store.
         governor_key_ids: ids of the governor keys. Governance events must be signed by one; spend events by the
             account's authorised spend key (``spend_key_id`` of the last governance event) or one. ``None``: the
             roles are not checked (any key of ``keyring`` may sign any event).

@@ -235,16 +235,16 @@ def test_apply_refuses_the_requirement_on_a_ledger_whose_spend_function_predates
 
     with team_deployment(pg_database, "bndold", lambda t: {"a": account_config("pure_dp", cap=10, dags=("d",))}) as t:
         with t.raw("postgres").connect() as conn:  # the body of an earlier version: no bounding check
-            source = conn.exec_driver_sql("SELECT prosrc FROM pg_proc WHERE proname = 'dp_reserve' AND "
+            source = conn.exec_driver_sql("SELECT prosrc FROM pg_proc WHERE proname = 'dp_reserve_member' AND "
                                           "pronamespace = current_schema()::regnamespace").scalar_one()
-            start = source.index("  -- an account that requires enforced contribution bounding")
-            end = source.index("  IF jsonb_typeof(v_config -> 'blocks') = 'object' THEN")
+            start = source.index("  -- the account's contribution-bounding policy, on the row locked above")
+            end = source.index("  -- the first charge of a key on this account is the amount")
             old = source[:start] + source[end:]
             identity = conn.exec_driver_sql("SELECT pg_get_function_identity_arguments(oid) FROM pg_proc WHERE "
-                                            "proname = 'dp_reserve' AND pronamespace = current_schema()::regnamespace"
-                                            ).scalar_one()
-            conn.exec_driver_sql(f"CREATE OR REPLACE FUNCTION dp_reserve({identity}) RETURNS jsonb LANGUAGE plpgsql "
-                                 f"SECURITY DEFINER AS $fn${old}$fn$".replace("%", "%%"))
+                                            "proname = 'dp_reserve_member' AND "
+                                            "pronamespace = current_schema()::regnamespace").scalar_one()
+            conn.exec_driver_sql(f"CREATE OR REPLACE FUNCTION dp_reserve_member({identity}) RETURNS jsonb "
+                                 f"LANGUAGE plpgsql AS $fn${old}$fn$".replace("%", "%%"))
         wanted = LedgerConfig(version=1, accounts={
             "a": account_config("pure_dp", cap=10, dags=("d",), require_enforced_bounding=True)})
         with pytest.raises(ValueError, match="predates the requirement.*dpctl ledger init"):
