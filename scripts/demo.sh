@@ -65,6 +65,8 @@ if [ "$status" -eq 0 ]; then
     "source scripts/demo_env.sh && airflow dags test nycflights_series_release 2013-01-02 (releases 1 January; then 2013-01-03, ...)"
   echo "Each day on its own privacy block (dags/nycflights_daily_blocks.py; docs/ledger.md, Privacy blocks):" \
     "source scripts/demo_env.sh && airflow dags test nycflights_daily_blocks 2013-01-02 (charges block nyc_flights_daily@2013-01-01)"
+  echo "The aircraft as privacy unit, its flights bounded by the operator itself (dags/nycflights_aircraft_release.py):" \
+    "source scripts/demo_env.sh && airflow dags test nycflights_aircraft_release (enforced bounds; account nyc_aircraft)"
 else
   echo "'make demo-reset' starts over with a fresh budget."
 fi
