@@ -194,7 +194,8 @@ def bounded_select(spec: ReleaseSpec, aggregate: Aggregate, source: BoundedRowsS
 
     Keys are compared and grouped as the database's text of them (``CAST(column AS VARCHAR)``): a row is in a public
     key's partition when its text is the key as the spec writes it (an integer key column: ``17``; a date column:
-    ``2013-01-05`` in PostgreSQL's ISO date style; a REAL column in SQLite spells ``17.0``, which matches no key);
+    ``2013-01-05`` in PostgreSQL's ISO date style; a whole REAL on SQLite is ``17``; a ``NUMERIC`` with a scale on
+    PostgreSQL spells ``17.0``, which matches no integer key);
     under partition selection the text is the published key. Values are read as numbers: a NULL (and on PostgreSQL
     a NaN) value drops its row, and on SQLite so does a value stored as text or a blob (``typeof``).
 
@@ -215,7 +216,7 @@ def bounded_select(spec: ReleaseSpec, aggregate: Aggregate, source: BoundedRowsS
     unit = raw.c[source.privacy_unit_column]
     # a key is its text in the database, grouped and compared as such: two values with one text (SQLite's 1 and
     # '1') are one partition, as the engine reads them, and a public key is the spec's own value (bounded_rows)
-    keys = [sa.cast(raw.c[column], sa.String) for column in aggregate.group_by]
+    keys = [_key_text_sql(raw.c[column], dialect) for column in aggregate.group_by]
     conditions = [unit.is_not(None)]
     selected = [unit.label(_UNIT), *(key.label(_key_label(i)) for i, key in enumerate(keys))]
     if value_name:
@@ -342,6 +343,18 @@ _OUTPUT = {_SUM: "sum", _SUM_SQUARES: "sum_squares"}
 
 def _key_label(index: int) -> str:
     return f"dp_key_{index}"
+
+
+def _key_text_sql(column: Any, dialect: str) -> Any:
+    """A key column as text: ``CAST(column AS VARCHAR)``; on SQLite a REAL value that is a whole number is the text
+    of its integer (``17.0`` is ``17``, as the engine reads it: pandas writes an integer column holding a NULL as
+    REAL), decided per value by ``typeof``."""
+    text = sa.cast(column, sa.String)
+    if dialect != "sqlite":
+        return text
+    whole = sa.cast(column, sa.BigInteger)
+    return sa.case((sa.and_(sa.func.typeof(column) == "real", column == whole), sa.cast(whole, sa.String)),
+                   else_=text)
 
 
 def _output(name: str) -> str:
@@ -480,7 +493,7 @@ def bound_frame(spec: ReleaseSpec, aggregate: Aggregate, frame: Any, privacy_uni
     for i, column in enumerate(aggregate.group_by):
         # each key as the engine reads it, as text: decided per value, never by the column's dtype (an int column
         # holding one NULL is float64 in pandas; its 17.0 is the key 17)
-        texts = rows[column].map(lambda value, column=column: _key_text(value, column))
+        texts = _key_texts(rows[column], column)
         if aggregate.public_keys:
             public = _public_keys(aggregate, column)
             keep &= texts.isin(list(public)).to_numpy(dtype=bool)  # type: ignore[arg-type]
@@ -557,6 +570,20 @@ def _key_text(value: Any, column: str) -> str | None:
     except InputTypeError:  # a bool or a type no key can have: no key, decided for this value alone
         return None
     return str(key) if isinstance(key, (str, int)) else None
+
+
+def _key_texts(values: Any, column: str) -> Any:
+    """:func:`_key_text` of every value of a key column (a Series of object), computed once per distinct value in a
+    column of one type; per value in an ``object`` column, where distinct values can compare equal across types
+    (``True == 1``) and one of them would decide the other's text."""
+    import pandas as pd
+
+    if values.dtype == object:
+        return values.map(lambda value: _key_text(value, column)).astype(object)
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    texts = [_key_text(value, column) for value in uniques]
+    mapped = [texts[code] if code >= 0 else None for code in codes.tolist()]
+    return pd.Series(mapped, index=values.index, dtype=object)
 
 
 def _frame_numbers(column: Any) -> Any:

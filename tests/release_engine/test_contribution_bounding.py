@@ -281,3 +281,34 @@ def test_text_in_a_sqlite_value_column_is_no_number(tmp_path):
     frame = pd.DataFrame({"person": [1, 2, 3, 4], "region": ["north"] * 4, "spend": [5, "5", "abc", 7.5]})
     (from_frame,) = bound_frame(spec, aggregate, frame, "person", "spend")
     assert (from_frame["count"], from_frame["sum"]) == (2, Fraction(25, 2))
+
+
+def test_a_whole_real_key_on_sqlite_is_the_integer_key_as_in_pandas(tmp_path):
+    """pandas writes an integer column holding a NULL as REAL: its 2.0 is the key 2 on SQLite as in a file."""
+    spec = ReleaseSpec.model_validate({
+        "version": 1, "release": "r", "budget_account": "a", "privacy_unit": "person",
+        "aggregates": [{"name": "c", "kind": "count", "group_by": ["ward"], "keys": {"ward": [1, 2, 3]},
+                        "mechanism": "discrete_laplace", "budget": {"epsilon": 1}}]})
+    aggregate = spec.aggregates[0]
+    frame = pd.DataFrame({"person": [1, 2, 3, 4], "ward": [1, 2, None, 2.5]})  # float64: 1.0, 2.0, NaN, 2.5
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'real.db'}")
+    with engine.begin() as conn:
+        frame.to_sql("visits", conn, index=False)
+        result = conn.exec_driver_sql(bounded_sql(spec, aggregate, BoundedRowsSource("person", table="visits"),
+                                                  "sqlite"))
+        from_sql = bounded_rows(aggregate, list(result.keys()), result.fetchall())
+    engine.dispose()
+    from_frame = bound_frame(spec, aggregate, frame, "person", None)
+    expected = [{"ward": 1, "count": 1, "units": 1}, {"ward": 2, "count": 1, "units": 1}]
+    assert sorted(from_sql, key=repr) == sorted(from_frame, key=repr) == expected
+
+
+def test_a_bool_beside_integer_keys_in_a_file_changes_no_other_row():
+    spec = ReleaseSpec.model_validate({
+        "version": 1, "release": "r", "budget_account": "a", "privacy_unit": "person",
+        "aggregates": [{"name": "c", "kind": "count", "group_by": ["ward"], "keys": {"ward": [1, 2]},
+                        "mechanism": "discrete_laplace", "budget": {"epsilon": 1}}]})
+    base = pd.DataFrame({"person": [1, 2, 3], "ward": pd.Series([1, 2, 1], dtype=object)})
+    neighbour = pd.DataFrame({"person": [0, 1, 2, 3], "ward": pd.Series([True, 1, 2, 1], dtype=object)})
+    assert bound_frame(spec, spec.aggregates[0], neighbour, "person", None) == \
+        bound_frame(spec, spec.aggregates[0], base, "person", None)
