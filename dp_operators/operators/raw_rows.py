@@ -12,6 +12,7 @@ name the table or file and the column, never a value.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,10 @@ from dp_operators.release.bounding import (
 if TYPE_CHECKING:
     from dp_operators.spec import ReleaseSpec
 
+log = logging.getLogger(__name__)
+
 __all__ = ["bounded_file_aggregates", "bounded_sql_aggregates", "bounding_records", "check_raw_rows_arguments",
+           "check_table_schema",
            "sql_dialect"]
 
 #: The SQLAlchemy dialects whose generated SQL the test suite runs (others are tried, as SQLAlchemy compiles them).
@@ -128,26 +132,86 @@ def bounded_sql_aggregates(hook: Any, spec: ReleaseSpec, source: BoundedRowsSour
         parameters: bound to ``source.query`` if it has placeholders (a mapping for named placeholders).
 
     Raises:
-        AirflowFailException: the table or a column does not exist, or another database error a retry cannot fix
-            (its message withheld: it can quote values); :func:`sql_dialect`'s refusal.
-        AirflowException: a lost connection or another retryable database error.
+        AirflowFailException: for ``table``, :func:`check_table_schema`'s refusals (a missing table or column, a
+            value column that is no number), read from the schema before any query; a database error a retry
+            cannot fix (its message withheld: it can quote values; PEP 249 ``ProgrammingError`` ...);
+            :func:`sql_dialect`'s refusal.
+        AirflowException: a lost connection or another retryable database error. SQLite reports an invalid
+            ``rows_query`` as an ``OperationalError``, which also covers a locked database: retried.
     """
     dialect = sql_dialect(hook)
     if isinstance(parameters, list):
         parameters = tuple(parameters)
     where = _connection_name(hook)
+    if source.table is not None:
+        check_table_schema(hook, spec, source, where)
     what = f"table {source.table!r}" if source.table is not None else "the rows query"
     aggregates: dict[str, Any] = {}
     with closing(_connect(hook, where)) as connection:
         for aggregate in spec.aggregates:
             sql = bounded_sql(spec, aggregate, source, dialect)
+            columns = [source.privacy_unit_column, *aggregate.group_by] + (
+                [source.value_column(aggregate)] if source.value_column(aggregate) else [])
             names, rows = _fetch(connection, sql, parameters if source.query is not None else None,
-                                 f"the bounded aggregation of {aggregate.name!r} over {what} on {where} (check that "
-                                 f"the table and the columns {[source.privacy_unit_column, *aggregate.group_by]} "
-                                 "exist)")
+                                 f"the bounded aggregation of {aggregate.name!r} over {what} on {where} (check "
+                                 + ("that the rows query is valid SQL returning " if source.query is not None
+                                    else "that the table has ")
+                                 + f"the columns {columns}; the generated query is "
+                                 "dp_operators.release.bounding.bounded_sql(spec, aggregate, source, dialect))")
             aggregates[aggregate.name] = _aggregate_value(aggregate, spec, bounded_rows(aggregate, names, rows),
                                                           f"the bounded aggregation of {aggregate.name!r}")
     return aggregates
+
+
+def check_table_schema(hook: Any, spec: ReleaseSpec, source: BoundedRowsSource, where: str) -> None:
+    """Refuse, from the table's schema (names and declared types, never a row), a table the bounded aggregation
+    would read wrongly: a missing table or column, a value column that is not numeric (its every value would be
+    dropped as no number, and the release be noise charged for nothing), an integer public key domain over a
+    ``NUMERIC`` key column with a fractional scale (``17.0`` matches no key). Read through the hook's SQLAlchemy
+    engine (``inspect``); a column of no declared type (SQLite) passes.
+
+    Raises:
+        AirflowFailException: naming the table, the column, its type, and the fix.
+    """
+    import sqlalchemy as sa
+
+    schema, _, name = source.table.rpartition(".")  # type: ignore[union-attr]
+    try:
+        engine = hook.get_sqlalchemy_engine()
+        inspector = sa.inspect(engine)
+        if not inspector.has_table(name, schema=schema or None):
+            raise AirflowFailException(f"table {source.table!r} does not exist on {where}; check table= (a "
+                                       "schema-qualified name on PostgreSQL: 'schema.table')")
+        types = {column["name"]: column["type"] for column in inspector.get_columns(name, schema=schema or None)}
+    except AirflowFailException:
+        raise
+    except Exception as error:  # noqa: BLE001 - no inspector for this connection: the query's own errors remain
+        log.info("the schema of table %r could not be read (%s); its columns are checked by the query",
+                 source.table, type(error).__name__)
+        return
+    for aggregate in spec.aggregates:
+        value = source.value_column(aggregate)
+        for column in [source.privacy_unit_column, *aggregate.group_by] + ([value] if value else []):
+            if column not in types:
+                raise AirflowFailException(
+                    f"table {source.table!r} has no column {column!r} (aggregate {aggregate.name!r}; it has "
+                    f"{sorted(types)}); check privacy_unit_column, value_columns and the spec's group_by")
+        kind = types[value] if value else None
+        if kind is not None and not isinstance(kind, (sa.types.NullType, sa.Integer, sa.Numeric, sa.Float)):
+            raise AirflowFailException(
+                f"the value column {value!r} of aggregate {aggregate.name!r} in table {source.table!r} is {kind}, not "
+                "a number: every value would be dropped and the release would be noise. Give a numeric column "
+                "(INTEGER, NUMERIC, REAL, DOUBLE PRECISION), or cast it in rows_query=")
+        if aggregate.public_keys:
+            for column in aggregate.group_by:
+                declared = types[column]
+                integers = all(isinstance(key, int) for key in aggregate.keys[column])  # type: ignore[index]
+                if (integers and isinstance(declared, sa.Numeric) and not isinstance(declared, sa.Float)
+                        and (declared.scale or 0) > 0):
+                    raise AirflowFailException(
+                        f"the key column {column!r} of table {source.table!r} is {declared}: its values read as text "
+                        "with a fraction (17.0), which matches none of the spec's integer keys. Cast it in "
+                        f"rows_query= (CAST({column} AS INTEGER)), or store it as an integer column")
 
 
 def bounded_file_aggregates(uri: str | ObjectStoragePath, spec: ReleaseSpec, privacy_unit_column: str,

@@ -177,15 +177,37 @@ def test_a_rows_query_is_bounded_per_value_of_its_unit_column(spec_path, warehou
     assert parameterised.contribution_bounding()["mean_bill"]["sql_sha256"] != first
 
 
-def test_a_missing_table_fails_before_any_charge(spec_path, tmp_path, monkeypatch):
-    """SQLite reports a missing table as an OperationalError, which covers retryable faults too (a locked file):
-    the task fails (retryably, as for hand-written queries) and nothing is charged."""
+def test_a_missing_table_fails_without_retry_before_any_charge(spec_path, tmp_path, monkeypatch):
     ledger = clinic_ledger(tmp_path, monkeypatch, required=False)
     monkeypatch.setenv("AIRFLOW_CONN_EMPTY_WAREHOUSE",
                        json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "empty.db")}))
-    with pytest.raises(AirflowException, match="check that the table and the columns"):
+    with pytest.raises(AirflowFailException, match="table 'visits' does not exist"):
         sql_release(spec_path, "empty_warehouse", tmp_path, table="visits", privacy_unit_column="patient",
                     value_columns=VALUES).execute(context_for(ti()))
+    assert list(ledger.charges()) == []
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        pytest.param({"privacy_unit_column": "patient_id", "value_columns": VALUES},
+                     r"no column 'patient_id' \(aggregate 'visits_by_ward'; it has \['bill', 'note', 'patient', "
+                     r"'ward'\]\)", id="a unit column the table lacks"),
+        pytest.param({"privacy_unit_column": "patient", "value_columns": {"mean_bill": "amount"}},
+                     "no column 'amount'", id="a value column the table lacks"),
+        pytest.param({"privacy_unit_column": "patient", "value_columns": {"mean_bill": "note"}},
+                     "the value column 'note' of aggregate 'mean_bill' in table 'visits' is TEXT, not a number",
+                     id="a text value column"),
+    ],
+)
+def test_the_table_schema_is_checked_before_any_charge(spec_path, warehouse, tmp_path, monkeypatch, arguments,
+                                                      message):
+    conn_id, engine = warehouse
+    ledger = clinic_ledger(tmp_path, monkeypatch, required=False)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE visits ADD COLUMN note text")
+    with pytest.raises(AirflowFailException, match=message):
+        sql_release(spec_path, conn_id, tmp_path, table="visits", **arguments).execute(context_for(ti()))
     assert list(ledger.charges()) == []
 
 
