@@ -107,6 +107,8 @@ def test_every_published_file_matches(published, tree):
     assert all(v["verdict"] == "matches" and v["path_checked"] and not v["problems"] for v in found.values())
     keys = {json.dumps(v["release_key"], sort_keys=True) for v in found.values()}
     assert keys == {json.dumps(key.as_dict(), sort_keys=True) for key in published.outputs}
+    # the aggregates came from an upstream task: the ledger recorded their bounds as declared
+    assert {v["contribution_bounding"] for v in found.values()} == {"declared"}
 
     table = verify(published, tree)
     assert table.exit_code == 0, table.output
@@ -285,7 +287,7 @@ def test_json_lines_shape(published, tree):
     for line in lines:
         document = json.loads(line)
         assert list(document) == ["file", "format", "release_key", "verdict", "matches", "problems", "notes",
-                                  "path_checked"]
+                                  "path_checked", "contribution_bounding"]
         assert document["file"].startswith("file:///") and document["format"] in FORMATS
         assert document["release_key"] == {"dag_id": DAG, "run_id": RUNS[0], "task_id": "release",
                                            "map_index": -1, "release_name": RELEASE}

@@ -26,7 +26,7 @@ from dp_operators.cli.common import (
     release_app,
 )
 from dp_operators.ledger.bounded import visible
-from dp_operators.ledger.structure import bounding_by_aggregate, describe_bounding
+from dp_operators.ledger.structure import bounding_by_aggregate, bounding_summary, describe_bounding
 
 if TYPE_CHECKING:
     from dp_operators.operators.verification import FileVerdict
@@ -196,21 +196,37 @@ def release_verify(
         if not files:
             _fail(f"no release files (.json, .csv, .parquet) under {path}")
         verdicts = verify_published(files, ledger.stored_output, output_uri)
+        bounding = {verdict.file: _committed_bounding(ledger, verdict.key) for verdict in verdicts}
     with _stdout_pipe():
         if as_json:
             for verdict in verdicts:
-                typer.echo(json.dumps(verdict.as_dict()))
+                typer.echo(json.dumps({**verdict.as_dict(), "contribution_bounding": bounding[verdict.file]}))
         else:
-            _print_verdicts(verdicts, str(root if root.is_dir() else root.parent))
+            _print_verdicts(verdicts, str(root if root.is_dir() else root.parent), bounding)
     if not all(verdict.matches for verdict in verdicts):
         raise typer.Exit(EXIT_INCONSISTENT)
 
 
-def _print_verdicts(verdicts: list[FileVerdict], folder: str) -> None:
-    """A table of ``verdicts`` (file names relative to ``folder``, the URI they lie under) and a count."""
+def _committed_bounding(ledger: Any, key: Any) -> str | None:
+    """How the committed release of ``key`` bounded its contributions, from the mechanisms the ledger recorded with
+    its charge: ``enforced``, ``declared`` or ``mixed`` (:func:`~dp_operators.ledger.structure.bounding_summary`);
+    None when the key has no committed output this ledger can read."""
+    if key is None:
+        return None
+    try:
+        stored = ledger.stored_output(key)
+    except Exception:  # noqa: BLE001 - the verdict already says why the file does not match
+        return None
+    return None if stored is None else bounding_summary(stored.get("mechanisms"))
+
+
+def _print_verdicts(verdicts: list[FileVerdict], folder: str, bounding: dict[str, str | None]) -> None:
+    """A table of ``verdicts`` (file names relative to ``folder``, the URI they lie under), with the contribution
+    bounding the ledger recorded for each file's release, and a count."""
     table = Table(title=f"release files under {visible(folder)}")
     table.add_column("file", overflow="fold")
     table.add_column("release key (dag / run / task / release)", overflow="fold")
+    table.add_column("bounding")
     table.add_column("verdict", overflow="fold")
     for verdict in verdicts:
         key = "-" if verdict.key is None else release_key_cell(verdict.key.as_dict())
@@ -218,7 +234,8 @@ def _print_verdicts(verdicts: list[FileVerdict], folder: str) -> None:
         shown = Text(visible(verdict.verdict), style="green" if verdict.matches else "red")
         if reasons:
             shown.append(": " + "; ".join(map(visible, reasons)))
-        table.add_row(visible(verdict.file.removeprefix(folder.rstrip("/") + "/")), key, shown)
+        table.add_row(visible(verdict.file.removeprefix(folder.rstrip("/") + "/")), key,
+                      bounding.get(verdict.file) or "-", shown)
     console.print(table)
     bad = sum(not verdict.matches for verdict in verdicts)
     console.print(
