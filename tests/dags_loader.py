@@ -10,8 +10,13 @@ DAGS = Path(__file__).resolve().parent.parent / "dags"
 
 
 @cache
-def example_dag_module():
-    spec = importlib.util.spec_from_file_location("adult_census_release_dag", DAGS / "adult_census_release.py")
+def dag_file_module(stem: str):
+    """``dags/<stem>.py`` as a module named ``<stem>_dag``, imported once per process."""
+    spec = importlib.util.spec_from_file_location(f"{stem}_dag", DAGS / f"{stem}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def example_dag_module():
+    return dag_file_module("adult_census_release")

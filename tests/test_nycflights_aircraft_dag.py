@@ -7,11 +7,9 @@ while the same spec with hand-written ``queries=`` is refused before any charge.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
 from fractions import Fraction
-from functools import cache
 
 import pytest
 
@@ -23,9 +21,9 @@ from dp_operators.operators.sql import DPSQLReleaseOperator
 from dp_operators.release.bounding import bounded_sql, bounded_sql_sha256
 
 from airflow_fakes import NoXComTaskInstance, context_for
+from dags_loader import dag_file_module
 from support import REPO, SPEND_KEY, governor, spender
 
-DAG_FILE = REPO / "dags" / "nycflights_aircraft_release.py"
 DAG_ID = "nycflights_aircraft_release"
 ACCOUNT = "nyc_aircraft"
 CONN_ID = "nycflights_aircraft_test"
@@ -42,13 +40,9 @@ HAND_WRITTEN = {
 }
 
 
-@cache
 def dag_module():
     """``dags/nycflights_aircraft_release.py`` as a module (``dags/`` is not a package: Airflow loads it by path)."""
-    loaded = importlib.util.spec_from_file_location("nycflights_aircraft_release_dag", DAG_FILE)
-    module = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(module)
-    return module
+    return dag_file_module("nycflights_aircraft_release")
 
 
 @pytest.fixture(scope="module")
