@@ -108,10 +108,14 @@ def test_the_release_bounds_every_aircraft_in_the_database_and_records_it_as_enf
     source = operator.rows_source()
     expected = {aggregate.name: bounded_sql_sha256(bounded_sql(spec, aggregate, source, "sqlite"))
                 for aggregate in spec.aggregates}
+    bounds = {aggregate.name: spec.contribution_for(aggregate) for aggregate in spec.aggregates}
     assert output["contribution_bounding"] == {
-        name: {"mode": "enforced", "source": "table", "privacy_unit_column": "tailnum", "sql_sha256": expected[name]}
+        name: {"mode": "enforced", "source": "table", "privacy_unit_column": "tailnum", "sql_sha256": expected[name],
+               "max_partitions_contributed": bounds[name].max_partitions_contributed,
+               "max_contributions_per_partition": bounds[name].max_contributions_per_partition}
         for name in names
     }
+    assert output["contribution_bounding"]["mean_dep_delay_by_origin"]["max_contributions_per_partition"] == 25
     steps = output["mechanisms"]
     assert sorted({step["aggregate"] for step in steps}) == sorted(names)
     assert len(steps) == 4  # two counts and a mean's sum and count

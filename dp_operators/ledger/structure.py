@@ -360,6 +360,10 @@ def describe_bounding(bounding: Mapping[str, Any] | None) -> str:
     if bounding.get("mode") == "enforced":
         if isinstance(bounding.get("privacy_unit_column"), str):
             parts.append(f"unit column {bounding['privacy_unit_column'][:64]}")
+        l0, linf = bounding.get("max_partitions_contributed"), bounding.get("max_contributions_per_partition")
+        if type(l0) is int and type(linf) is int:
+            parts.append(f"each unit in at most {l0} key{'s' if l0 != 1 else ''}, at most {linf} "
+                         f"row{'s' if linf != 1 else ''} each")
         if isinstance(bounding.get("sql_sha256"), str):
             parts.append(f"SQL sha256 {bounding['sql_sha256'][:12]}…")
         return f"enforced ({', '.join(parts)})" if parts else "enforced"

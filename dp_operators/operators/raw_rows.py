@@ -113,7 +113,8 @@ def bounding_records(spec: ReleaseSpec, source: BoundedRowsSource, dialect: str,
             raise AirflowFailException(str(error)) from None
         bound = list(parameters) if isinstance(parameters, (list, tuple)) else parameters
         records[aggregate.name] = enforced_bounding(source.kind, source.privacy_unit_column, sql,
-                                                    parameters=bound if source.query is not None and bound else None)
+                                                    parameters=bound if source.query is not None and bound else None,
+                                                    contribution=spec.contribution_for(aggregate))
     return records
 
 

@@ -472,7 +472,8 @@ class DPReleaseOperator(ReleaseLineageMixin, BaseOperator):
         (the operator bounds the rows itself), else ``declared`` by the author of the aggregates. Public: decided
         from the operator's arguments, before anything is read. A subclass reading its own source overrides it."""
         if self.rows_uri is not None:
-            return {aggregate.name: enforced_bounding("file", self.privacy_unit_column, None, uri=str(self.rows_uri))
+            return {aggregate.name: enforced_bounding("file", self.privacy_unit_column, None, uri=str(self.rows_uri),
+                                                      contribution=self.release_spec.contribution_for(aggregate))
                     for aggregate in self.release_spec.aggregates}
         source = "file" if self.aggregates_uri is not None else "upstream"
         return {aggregate.name: declared_bounding(source) for aggregate in self.release_spec.aggregates}

@@ -324,12 +324,17 @@ def declared_bounding(source: str, sql: str | None = None) -> dict[str, Any]:
 
 
 def enforced_bounding(source: str, privacy_unit_column: str, sql: str | None, *, parameters: Any = None,
-                      uri: str | None = None) -> dict[str, Any]:
+                      uri: str | None = None, contribution: Any = None) -> dict[str, Any]:
     """The record of an aggregate the operator bounded itself (``source``: ``"table"``, ``"query"`` or
     ``"file"``), with the SHA-256 of the generated query (None for a file, bounded in pandas) and of the
-    ``parameters`` bound to it (compact JSON after the query's text, when there are any), or the file's ``uri``."""
+    ``parameters`` bound to it (compact JSON after the query's text, when there are any), or the file's ``uri``;
+    with ``contribution`` (the aggregate's :class:`~dp_operators.spec.ContributionBounds`), the L0 and Linf it
+    enforced (``max_partitions_contributed``, ``max_contributions_per_partition``)."""
     record: dict[str, Any] = {"mode": "enforced", "source": source, "privacy_unit_column": privacy_unit_column,
                               "sql_sha256": None}
+    if contribution is not None:
+        record["max_partitions_contributed"] = contribution.max_partitions_contributed
+        record["max_contributions_per_partition"] = contribution.max_contributions_per_partition
     if sql is not None:
         text = sql if parameters is None else sql + "\n" + json.dumps(parameters, sort_keys=True, default=str)
         record["sql_sha256"] = bounded_sql_sha256(text)

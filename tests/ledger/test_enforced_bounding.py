@@ -256,3 +256,12 @@ def test_apply_refuses_the_requirement_on_a_ledger_whose_spend_function_predates
         with pytest.raises(BoundingNotEnforcedError):
             reserve(t.ledger(t.login_a), [declared("count")])
         t.dispose()
+
+
+def test_the_bounds_a_release_enforced_are_described_in_words():
+    record = {"mode": "enforced", "source": "table", "privacy_unit_column": "tailnum", "sql_sha256": "ab" * 32,
+              "max_partitions_contributed": 3, "max_contributions_per_partition": 250}
+    assert describe_bounding(record) == ("enforced (table, unit column tailnum, each unit in at most 3 keys, at most "
+                                         "250 rows each, SQL sha256 abababababab…)")
+    assert "at most 1 key, at most 1 row each" in describe_bounding(
+        {**record, "max_partitions_contributed": 1, "max_contributions_per_partition": 1})

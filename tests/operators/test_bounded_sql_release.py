@@ -118,7 +118,8 @@ def test_a_table_release_is_enforced_and_records_the_generated_sql(spec_path, wa
     for aggregate in spec.aggregates:
         expected = bounded_sql_sha256(bounded_sql(spec, aggregate, source, engine.dialect.name))
         assert output["contribution_bounding"][aggregate.name] == {
-            "mode": "enforced", "source": "table", "privacy_unit_column": "patient", "sql_sha256": expected}
+            "mode": "enforced", "source": "table", "privacy_unit_column": "patient", "sql_sha256": expected,
+            "max_partitions_contributed": 2, "max_contributions_per_partition": 3}
     (charge,) = list(ledger.charges())
     assert {m["contribution_bounding"]["mode"] for m in json.loads(charge["mechanisms"])} == {"enforced"}
     assert len(output["aggregates"]["visits_by_ward"]["rows"]) == 4  # the public wards; dermatology is dropped
@@ -221,6 +222,7 @@ def test_a_parquet_file_of_raw_rows_is_bounded_with_pandas(spec_path, tmp_path, 
                                ).execute(context_for(ti()))
     assert output["contribution_bounding"]["mean_bill"] == {
         "mode": "enforced", "source": "file", "privacy_unit_column": "patient", "sql_sha256": None,
+        "max_partitions_contributed": 2, "max_contributions_per_partition": 3,
         "rows_uri": f"file://{rows}"}
     assert len(list(ledger.charges())) == 1
 
