@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import ObjectStoragePath
 from airflow.sdk.exceptions import AirflowFailException
 
-from dp_operators.operators.sources import _aggregate_value, _connect, _connection_name, _fetch
+from dp_operators.operators.sources import FORMATS, _aggregate_value, _connect, _connection_name, _fetch
 from dp_operators.release.bounding import (
     BoundedRowsSource,
     bound_frame,
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from dp_operators.spec import ReleaseSpec
 
 log = logging.getLogger(__name__)
+#: Raw-rows file formats by suffix: the tabular ones of the sources' formats.
+_ROWS_FORMATS = {suffix: kind.lower() for suffix, kind in FORMATS.items() if kind != "JSON"}
 
 __all__ = ["bounded_file_aggregates", "bounded_sql_aggregates", "bounding_records", "check_raw_rows_arguments",
            "check_table_schema",
@@ -41,8 +43,6 @@ __all__ = ["bounded_file_aggregates", "bounded_sql_aggregates", "bounding_record
 
 #: The SQLAlchemy dialects whose generated SQL the test suite runs (others are tried, as SQLAlchemy compiles them).
 TESTED_DIALECTS = ("postgresql", "sqlite")
-#: Raw-rows file formats by suffix.
-ROWS_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
 
 def check_raw_rows_arguments(spec: ReleaseSpec, privacy_unit_column: str | None,
@@ -227,9 +227,10 @@ def bounded_file_aggregates(uri: str | ObjectStoragePath, spec: ReleaseSpec, pri
     import pandas as pd
 
     path = uri if isinstance(uri, ObjectStoragePath) else ObjectStoragePath(uri)
-    kind = ROWS_FORMATS.get(path.suffix.lower())
+    kind = _ROWS_FORMATS.get(path.suffix.lower())
     if kind is None:
         raise AirflowFailException(f"the rows file {path} has suffix {path.suffix!r}; name it .csv, .parquet or .pq")
+    # not microdata_files.read_table: its parser errors name the offending line, a position in the data
     try:
         with path.open("rb") as handle:
             frame = pd.read_parquet(handle) if kind == "parquet" else pd.read_csv(handle)
@@ -238,6 +239,12 @@ def bounded_file_aggregates(uri: str | ObjectStoragePath, spec: ReleaseSpec, pri
     except Exception as error:  # noqa: BLE001 - the parser's text can quote the file's content
         raise AirflowFailException(f"the rows file {path} is not a readable {kind} file "
                                    f"({type(error).__name__})") from None
+    if kind == "csv":
+        # CSV cells are text: a value cell is the number it spells, cell by cell. pandas types a column by all its
+        # cells, so one unit's stray text ("unknown") would make every value of the column text, which the bounding
+        # drops: a neighbour would empty the aggregate
+        for column in set(value_columns.values()) & set(frame.columns):
+            frame[column] = pd.to_numeric(frame[column], errors="coerce")
     aggregates: dict[str, Any] = {}
     for aggregate in spec.aggregates:
         try:

@@ -68,7 +68,6 @@ if TYPE_CHECKING:
     from dp_operators.spec import Aggregate, ReleaseSpec
 
 __all__ = [
-    "DECLARED",
     "BoundedRowsSource",
     "bound_frame",
     "bounded_rows",
@@ -77,6 +76,8 @@ __all__ = [
     "bounded_sql_sha256",
     "bounding_problem",
     "declared_bounding",
+    "enforced_bounding",
+    "grid_range",
 ]
 
 #: SQLite adds per-unit sums as their high part (``x >> SPLIT_BITS``) and low part (``x & (2^SPLIT_BITS - 1)``):
@@ -87,8 +88,6 @@ MAX_INT64_PER_UNIT = 2**62
 
 #: How a release's contribution bounds came to hold.
 BoundingMode = Literal["enforced", "declared"]
-#: The record of a release whose aggregates the upstream author computed (XCom, files of aggregates).
-DECLARED = {"mode": "declared", "source": "upstream", "privacy_unit_column": None, "sql_sha256": None}
 
 # internal column labels of the generated query (never a table's column: the spec's names are identifiers and
 # may not start with "dp_" ... they may; the labels are only used inside the subqueries, where they cannot clash

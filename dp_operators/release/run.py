@@ -44,8 +44,8 @@ import numpy as np
 from dp_operators import __version__
 from dp_operators.ledger import AccountStatus, AuditChainError, Ledger, LedgerError, ReleaseKey
 from dp_operators.ledger.chain import CanonicalOutput
-from dp_operators.ledger.structure import requires_enforced_bounding
-from dp_operators.release.bounding import DECLARED
+from dp_operators.ledger.structure import bounding_refusal
+from dp_operators.release.bounding import declared_bounding
 from dp_operators.release.columns import largest_magnitude
 from dp_operators.release.diagnostics import DiagnosticsReport
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
@@ -397,7 +397,8 @@ def contribution_bounding(spec: ReleaseSpec, bounding: Mapping[str, Mapping[str,
     unknown = sorted(set(given) - {aggregate.name for aggregate in spec.aggregates})
     if unknown:
         raise ReleaseConfigError(f"contribution bounding is given for {unknown}, which the spec does not release")
-    return {aggregate.name: dict(given.get(aggregate.name, DECLARED)) for aggregate in spec.aggregates}
+    return {aggregate.name: dict(given.get(aggregate.name) or declared_bounding("upstream"))
+            for aggregate in spec.aggregates}
 
 
 def check_bounding_required(spec: ReleaseSpec, bounding: Mapping[str, Mapping[str, Any]],
@@ -409,10 +410,11 @@ def check_bounding_required(spec: ReleaseSpec, bounding: Mapping[str, Mapping[st
     Raises:
         ReleaseConfigError: naming the declared aggregates and how to read them from raw rows.
     """
-    if not requires_enforced_bounding(config):
-        return
-    declared = [name for name, record in bounding.items() if record.get("mode") != "enforced"]
-    if declared:
+    # the ledger's own rule (structure.bounding_refusal, which dp_reserve_member applies), on the records the
+    # charge's mechanisms will carry
+    declared = bounding_refusal(config, [{"aggregate": name, "contribution_bounding": record}
+                                         for name, record in bounding.items()])
+    if declared is not None:
         raise ReleaseConfigError(
             f"budget account {spec.budget_account!r} requires enforced contribution bounding, but the bounds of "
             f"{declared} are declared by their author (aggregates computed upstream or by a hand-written query). "

@@ -151,8 +151,8 @@ def test_an_account_requiring_enforced_bounds_refuses_queries_before_reading_or_
                        json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "empty.db")}))
     queries = {"visits_by_ward": "SELECT ward, COUNT(*) AS count FROM no_such_table GROUP BY ward",
                "mean_bill": "SELECT SUM(bill) AS sum, COUNT(*) AS count FROM no_such_table"}
-    with pytest.raises(AirflowFailException, match=r"requires enforced contribution bounding.*\['visits_by_ward', "
-                                                   r"'mean_bill'\].*Nothing was read or charged"):
+    with pytest.raises(AirflowFailException, match=r"requires enforced contribution bounding.*\['mean_bill', "
+                                                   r"'visits_by_ward'\].*Nothing was read or charged"):
         sql_release(spec_path, "empty_warehouse", tmp_path, queries=queries).execute(context_for(ti()))
     assert list(ledger.charges()) == []
     assert ledger.account("clinic").spent == 0
@@ -225,6 +225,22 @@ def test_a_parquet_file_of_raw_rows_is_bounded_with_pandas(spec_path, tmp_path, 
         "max_partitions_contributed": 2, "max_contributions_per_partition": 3,
         "rows_uri": f"file://{rows}"}
     assert len(list(ledger.charges())) == 1
+
+
+def test_one_units_text_cell_in_a_csv_rows_file_changes_no_other_units_values(spec_path, tmp_path):
+    """A CSV file is read cell by cell: one unit's stray text in the value column is that row's missing value, not
+    a reason to read every value of the column as text."""
+    from dp_operators.operators.raw_rows import bounded_file_aggregates
+
+    spec, _ = load_spec_with_hash(spec_path)
+    rows = list({p: (p, w, b) for p, w, b in visits()}.values())  # one visit a patient: no row is chosen
+    base, neighbour = tmp_path / "base.csv", tmp_path / "neighbour.csv"
+    pd.DataFrame(rows, columns=["patient", "ward", "bill"]).to_csv(base, index=False)
+    pd.DataFrame(rows + [(999, "oncology", "unknown")], columns=["patient", "ward", "bill"]).to_csv(neighbour,
+                                                                                                index=False)
+    means = [bounded_file_aggregates(f"file://{path}", spec, "patient", VALUES)["mean_bill"]
+             for path in (base, neighbour)]
+    assert means[0] == means[1] and means[0]["count"] == len(rows)  # the text cell's row alone is dropped
 
 
 @pytest.mark.parametrize(
