@@ -120,6 +120,8 @@ def charge_in_account_unit(loss: PrivacyLoss, accountant: str) -> Fraction:
         return round_up(loss.amount)
     if loss.unit == "epsilon" and unit == "rho":
         charge = pure_epsilon_to_rho(loss.amount)  # already rounded up to the ledger's resolution
+        if loss.bounded_range:  # epsilon-BR is epsilon^2/8-zCDP (Cesar & Rogers 2021), below epsilon tanh(epsilon/2)
+            charge = min(charge, round_up(loss.amount * loss.amount / 8))
         if loss.laplace is not None:  # the discrete Laplace's own bound for its integer shifts, where certified
             own = discrete_laplace_rho(loss.laplace.scale, loss.laplace.shifts)
             if own is not None and own < charge:

@@ -168,6 +168,9 @@ class PrivacyLoss:
             accounts, which only compose Gaussian mechanisms.
         laplace: for a pure discrete Laplace loss, its scale and integer shifts, with which a ``zcdp`` account
             charges the mechanism's own Rényi bound; ``amount`` must be their epsilon (ValueError otherwise).
+        bounded_range: the ``epsilon`` loss is epsilon-bounded-range (the exponential mechanism: Durfee & Rogers,
+            NeurIPS 2019), which is epsilon-DP and epsilon^2 / 8-zCDP (Cesar & Rogers, ALT 2021): a
+            ``zcdp`` account charges epsilon^2 / 8 (exact for a rational epsilon) instead of epsilon tanh(epsilon/2).
 
     The optional fields default to "absent", so ``PrivacyLoss("rho", rho)`` keeps its old meaning.
     """
@@ -177,6 +180,7 @@ class PrivacyLoss:
     delta: Fraction = Fraction(0)
     gaussian: GaussianNoise | None = None
     laplace: DiscreteLaplaceNoise | None = None
+    bounded_range: bool = False
 
     def __post_init__(self) -> None:
         if self.unit not in ("epsilon", "rho"):
@@ -187,6 +191,8 @@ class PrivacyLoss:
         if not 0 <= delta < 1:
             raise ValueError(f"delta must be in [0, 1), got {self.delta}")
         object.__setattr__(self, "delta", delta)
+        if self.bounded_range and (self.unit != "epsilon" or delta):
+            raise ValueError("a bounded-range loss is a pure epsilon (unit 'epsilon', delta 0)")
         if self.laplace is not None and (self.unit != "epsilon" or self.laplace.epsilon != self.amount):
             raise ValueError(
                 f"discrete Laplace noise of scale {self.laplace.scale} and shifts {self.laplace.shifts} is "

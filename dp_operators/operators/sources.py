@@ -274,7 +274,7 @@ def _located(uri: str | ObjectStoragePath, what: str) -> tuple[ObjectStoragePath
 def _check_csv_keys(path: ObjectStoragePath, kind: str, aggregate: Aggregate) -> None:
     """Refuse a CSV file for an aggregate without a public key domain, and for exact sums (decided by the spec and
     the suffix alone, before the file is read)."""
-    if kind == "CSV" and aggregate.kind != "count" and aggregate.upstream.arithmetic == "exact":
+    if kind == "CSV" and not aggregate.reads_counts and aggregate.upstream.arithmetic == "exact":
         # a CSV cell has no type: "30" and "30.5" would read as an int and a float, so under exact arithmetic one
         # person's cell would decide whether the release runs (a refusal that depends on a value)
         raise AirflowFailException(

@@ -127,8 +127,8 @@ class BoundedRowsSource:
         return "table" if self.table is not None else "query"
 
     def value_column(self, aggregate: Aggregate) -> str | None:
-        """The value column of ``aggregate`` (None for a count)."""
-        if aggregate.kind == "count":
+        """The value column of ``aggregate`` (None for a count, or a quantile's histogram of counts)."""
+        if aggregate.reads_counts:
             return None
         return (self.value_columns or {}).get(aggregate.name)
 
@@ -146,9 +146,10 @@ def bounding_problem(spec: ReleaseSpec, aggregate: Aggregate, value_column: str 
     * on SQLite and in pandas (``dialect`` ``"sqlite"`` or ``"pandas"``) a unit's sum of squares within a key,
       Linf max(|ceil(L/g)|, |floor(U/g)|)^2, must be below :data:`MAX_INT64_PER_UNIT`.
     """
-    if aggregate.kind == "count":
+    if aggregate.reads_counts:
         if value_column is not None:
-            return f"aggregate {aggregate.name!r} is a count: it takes no value column (drop it from value_columns)"
+            return (f"aggregate {aggregate.name!r} is a {aggregate.kind}: it counts rows and takes no value column "
+                    "(drop it from value_columns)")
         return None
     if not value_column:
         return (f"aggregate {aggregate.name!r} is a {aggregate.kind}: give the column whose values it adds in "

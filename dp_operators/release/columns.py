@@ -139,7 +139,7 @@ def columnar_eligible(spec_units_field: str | None, aggregate: Aggregate, schema
     columns (uint64 excepted). Decided by types only."""
     import pyarrow as pa
 
-    if not aggregate.public_keys or aggregate.kind not in ("count", "sum") or spec_units_field is not None:
+    if not aggregate.public_keys or (aggregate.kind not in ("count", "sum") and not aggregate.reads_counts) or spec_units_field is not None:
         return False
     names = {name for name in schema.names if len(schema.get_all_field_indices(name)) == 1}  # duplicates: rows
     for column in aggregate.group_by:

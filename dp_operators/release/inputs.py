@@ -178,7 +178,7 @@ def selection_units_field(spec: ReleaseSpec, aggregate: Aggregate) -> str | None
     for a count with one contribution per partition (the same number), else ``units``."""
     if aggregate.public_keys:
         return None
-    if aggregate.kind == "count" and spec.contribution_for(aggregate).max_contributions_per_partition == 1:
+    if aggregate.reads_counts and spec.contribution_for(aggregate).max_contributions_per_partition == 1:
         return "count"
     return "units"
 

@@ -706,6 +706,8 @@ def check_sampler(spec: ReleaseSpec, steps: list[NoiseStep]) -> None:
     except ImportError as error:
         raise ReleaseConfigError(str(error)) from None
     for step in steps:
+        if not isinstance(step, NoiseStep):  # a quantile's: the project's exact exponential sampler or CDF noise
+            continue
         where = f"aggregate {step.aggregate!r} ({step.component})"
         scale = step.opendp_scale
         try:
@@ -785,6 +787,14 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
     steps: list[NoiseStep] = []
     for aggregate in spec.aggregates:
         contribution = spec.contribution_for(aggregate)
+        if aggregate.releases_quantiles:  # a histogram's quantiles: their own mechanisms (ADR 37)
+            from dp_operators.release.quantiles import plan_quantiles
+
+            try:
+                steps.append(plan_quantiles(aggregate, contribution, accountant, spec.confidence))  # type: ignore[arg-type]
+            except ValueError as error:
+                raise ReleaseConfigError(str(error)) from None
+            continue
         declared_l0 = contribution.max_partitions_contributed
         l0 = partitions_contributed(aggregate, declared_l0)
         per_partition = contribution.max_contributions_per_partition

@@ -53,6 +53,7 @@ from dp_operators.release.inputs import PreparedInputs, prepare_inputs
 from dp_operators.release.plan import ReleasePlan, plan_release
 from dp_operators.release.publish import check_plain_json, in_key_order, publish_aggregate, release_header
 from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, RowsStore, cells_tables, check_rows_files, write_rows_file
+from dp_operators.release.quantiles import draw_quantiles, publish_quantiles
 from dp_operators.release.value_types import aggregate_value_type, grid_problem
 from dp_operators.spec import ReleaseSpec
 from dp_operators.spec.families import consistent_families
@@ -161,6 +162,8 @@ def draw_noise(
     noised: dict[tuple[str, str], np.ndarray] = {}
     selected: dict[str, np.ndarray] = {}
     for aggregate in plan.spec.aggregates:
+        if aggregate.releases_quantiles:  # released by draw_quantiles (their own mechanisms)
+            continue
         positions = None
         if not aggregate.public_keys:
             step = plan.step(aggregate.name, "selection")
@@ -510,6 +513,13 @@ def _noised_output(
     the returned form."""
     spec = plan.spec
     noised, selected = draw_noise(plan, prepared, drawn)
+    quantiles = {
+        aggregate.name: publish_quantiles(
+            aggregate, plan.step(aggregate.name, "quantile"),
+            draw_quantiles(plan.step(aggregate.name, "quantile"), prepared.values[(aggregate.name, "count")], drawn),
+            prepared.keys[aggregate.name])
+        for aggregate in spec.aggregates if aggregate.releases_quantiles
+    }
     consistent: dict[str, Any] = {}
     consistency: dict[str, Any] = {}
     if families is not None:
@@ -531,7 +541,7 @@ def _noised_output(
         },
         "confidence": spec.confidence,
         "aggregates": {
-            aggregate.name: publish_aggregate(
+            aggregate.name: quantiles[aggregate.name] if aggregate.releases_quantiles else publish_aggregate(
                 spec, aggregate, plan, noised, keys[aggregate.name], (rows_writers or {}).get(aggregate.name),
                 consistent.get(aggregate.name), consistency.get(aggregate.name),
             )

@@ -205,7 +205,7 @@ def normalise_key(value: Any, column: str) -> str | int | None | _Unpublishable:
 
 
 def _largest_grid(aggregate: Aggregate) -> Fraction:
-    return max(aggregate.grid, aggregate.grid**2) if aggregate.kind != "count" else Fraction(1)
+    return max(aggregate.grid, aggregate.grid**2) if not aggregate.reads_counts else Fraction(1)
 
 
 def _special(

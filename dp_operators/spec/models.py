@@ -314,7 +314,90 @@ COMPONENTS = {
     "sum": ("sum",),
     "mean": ("sum", "count"),
     "variance": ("sum", "count", "sum_squares"),
+    "quantile": ("count",),
+    "median": ("count",),
 }
+#: Kinds whose upstream rows carry counts (``count``): a count, and the histogram of a quantile or median.
+COUNTED_KINDS = ("count", "quantile", "median")
+#: Kinds released from a histogram over public bins (:class:`QuantileBins`).
+QUANTILE_KINDS = ("quantile", "median")
+#: The most bins a quantile's histogram may have (the continual strategies' longest series).
+MAX_QUANTILE_BINS = 10_000
+#: The mechanisms a quantile or median may name; ``auto`` picks by planned rank error (docs/mechanisms.md).
+QUANTILE_MECHANISMS = ("auto", "exponential", "noised_cdf")
+
+
+def _quantile(value: object) -> Fraction:
+    number = exact_number(value, name="quantiles")
+    if not 0 < number < 1:
+        raise ValueError(f"a quantile is strictly between 0 and 1 (0.5 is the median), got {value!r}")
+    if number.denominator > 10**6:
+        raise ValueError(f"a quantile is a fraction with denominator at most 10^6 (like 0.25 or '1/3'), got {value!r}")
+    return number
+
+
+#: One quantile in (0, 1), read exactly (``0.1`` is 1/10, ``"1/3"`` is 1/3).
+QuantileLevel = Annotated[Fraction, BeforeValidator(_quantile), _AS_TEXT]
+
+
+class QuantileBins(_Strict):
+    """The public bins of a quantile's histogram: the upstream counts rows per bin, and the quantile released is a
+    bin (docs/spec-reference.md, "Quantiles and medians").
+
+    * ``column``: the histogram's key column (upstream rows: this column, the ``group_by`` columns and ``count``).
+    * ``edges``: the bin edges, strictly increasing: ``m + 1`` edges give ``m`` bins. With ``width``, give two
+      edges ``[low, high]`` and the bins are ``low, low + width, ..., high`` (``(high - low) / width`` whole).
+    * ``closed``: which bin holds a value equal to an inner edge: ``left`` (default, ``[lower, upper)``: the bin
+      above it) or ``right`` (``(lower, upper]``: the bin below). Fixed here, so every row has one bin.
+    * ``label``: how the upstream names a bin in ``column``: ``lower_edge`` (default: the bin's lower edge, an
+      integer, as ``FLOOR(x / w) * w`` gives) or ``index`` (1 to m, as PostgreSQL's ``width_bucket`` gives).
+    """
+
+    column: GroupByColumn
+    edges: list[FiniteNumber] = Field(min_length=2)
+    width: FiniteNumber | None = None
+    closed: Literal["left", "right"] = "left"
+    label: Literal["lower_edge", "index"] = "lower_edge"
+    _exact_edges: tuple[Fraction, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _bins(self) -> QuantileBins:
+        edges = [exact_number(edge, name="edges") for edge in self.edges]
+        if self.width is not None:
+            width = exact_number(self.width, name="width")
+            if len(edges) != 2:
+                raise ValueError(f"with 'width', give edges as [low, high], got {len(edges)} edges")
+            if width <= 0:
+                raise ValueError(f"width must be > 0, got {self.width!r}")
+            span = (edges[1] - edges[0]) / width
+            if span.denominator != 1 or span < 1:
+                raise ValueError(f"(high - low) / width must be a whole number of bins, got ({self.edges[1]} - "
+                                 f"{self.edges[0]}) / {self.width} = {float(span):g}")
+            if span > MAX_QUANTILE_BINS:
+                raise ValueError(f"at most {MAX_QUANTILE_BINS:,} bins, got {int(span):,}: use a wider width")
+            edges = [edges[0] + i * width for i in range(int(span) + 1)]
+        if any(b <= a for a, b in zip(edges, edges[1:])):
+            raise ValueError("edges must be strictly increasing")
+        if len(edges) - 1 > MAX_QUANTILE_BINS:
+            raise ValueError(f"at most {MAX_QUANTILE_BINS:,} bins, got {len(edges) - 1:,}")
+        if self.label == "lower_edge" and any(edge.denominator != 1 for edge in edges[:-1]):
+            raise ValueError("label lower_edge names each bin by its lower edge, which must then be a whole number; "
+                             "use label: index (1 to m, as width_bucket gives) for fractional edges")
+        self._exact_edges = tuple(edges)
+        return self
+
+    @property
+    def exact_edges(self) -> tuple[Fraction, ...]:
+        """The ``m + 1`` edges as exact fractions (``width`` expanded)."""
+        return self._exact_edges
+
+    @property
+    def labels(self) -> list[int]:
+        """The key each bin has in ``column``, in order: its lower edge, or its index 1..m."""
+        if self.label == "index":
+            return list(range(1, len(self._exact_edges)))
+        return [int(edge) for edge in self._exact_edges[:-1]]
+
 
 
 class Aggregate(_Strict):
@@ -326,15 +409,18 @@ class Aggregate(_Strict):
     named like a row field (:data:`~dp_operators.spec.names.RESERVED_COLUMNS`: ``value``, ``count``...)."""
 
     name: str
-    kind: Literal["count", "sum", "mean", "variance"]
+    kind: Literal["count", "sum", "mean", "variance", "quantile", "median"]
     group_by: list[GroupByColumn] = Field(default_factory=list)
     keys: dict[str, list[KeyValue]] | None = None
     partition_selection: PartitionSelection | None = None
     bounds: tuple[FiniteNumber, FiniteNumber] | None = None
     grid: Grid = typed.Grid(1)
-    mechanism: Literal["discrete_laplace", "discrete_gaussian", "auto"]
+    mechanism: Literal["discrete_laplace", "discrete_gaussian", "auto", "exponential", "noised_cdf"]
     budget: Budget
     contribution: ContributionBounds | None = None
+    #: a quantile's or median's public bins (:class:`QuantileBins`) and levels (a median: [0.5])
+    bins: QuantileBins | None = None
+    quantiles: list[QuantileLevel] | None = None
     non_finite: NonFinitePolicy = NonFinitePolicy()
     out_of_range: Literal["clamp"] = "clamp"
     upstream: UpstreamSums = UpstreamSums()
@@ -345,6 +431,59 @@ class Aggregate(_Strict):
     @classmethod
     def _name_is_identifier(cls, value: str) -> str:
         return check_name(value, "aggregate names")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _median_levels(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("kind") == "median" and data.get("quantiles") is None:
+            return {**data, "quantiles": [Fraction(1, 2)]}
+        return data
+
+    @model_validator(mode="after")
+    def _histogram(self) -> Aggregate:
+        """A quantile or median is released from a histogram over its public bins: ``bins.column`` is appended to
+        ``group_by`` (last, so each group's bins are contiguous) with the bins' labels as its keys, and the
+        aggregate is read as counts over those keys. Checked here: no ``bounds``, a mechanism of
+        :data:`QUANTILE_MECHANISMS`, the levels; the other kinds take no ``bins`` or ``quantiles``."""
+        if self.kind not in QUANTILE_KINDS:
+            if self.bins is not None or self.quantiles is not None:
+                raise ValueError(f"'bins' and 'quantiles' belong to a quantile or median, not a {self.kind}")
+            if self.mechanism in ("exponential", "noised_cdf"):
+                raise ValueError(f"mechanism {self.mechanism} releases a quantile or median; a {self.kind} takes "
+                                 "discrete_laplace, discrete_gaussian or auto")
+            return self
+        if self.bins is None:
+            raise ValueError(f"a {self.kind} needs 'bins': the histogram's column and its public edges, e.g. "
+                             "bins: {column: age_bin, edges: [0, 100], width: 1}")
+        if self.mechanism not in QUANTILE_MECHANISMS:
+            raise ValueError(f"a {self.kind} is released by mechanism exponential, noised_cdf or auto, got "
+                             f"{self.mechanism}")
+        levels = list(self.quantiles or [])
+        if not levels:
+            raise ValueError("a quantile needs 'quantiles': the levels wanted, e.g. [0.1, 0.5, 0.9]")
+        if self.kind == "median" and levels != [Fraction(1, 2)]:
+            raise ValueError(f"a median releases the 0.5 quantile; use kind: quantile for {[str(q) for q in levels]}")
+        if len(set(levels)) != len(levels):
+            raise ValueError("quantiles lists a level twice")
+        if self.bounds is not None:
+            raise ValueError(f"a {self.kind} takes no 'bounds': its bins are public, and one record moves one count")
+        if self.upstream.arithmetic != "exact":
+            raise ValueError(f"a {self.kind}'s histogram holds counts: upstream.arithmetic binary64 does not apply")
+        if self.partition_selection is not None:
+            raise ValueError(f"a {self.kind} over groups found in the data (partition_selection) is not supported "
+                             "yet: give the groups' public 'keys'")
+        if self.mechanism == "noised_cdf" and self.budget.form != "rho":
+            raise ValueError("mechanism noised_cdf is one Gaussian measurement of the histogram's prefix sums: give "
+                             f"budget {{rho}}, got {self.budget.form} (or use mechanism exponential or auto)")
+        column, labels = self.bins.column, self.bins.labels
+        if self.group_by and self.group_by[-1] == column and (self.keys or {}).get(column) == labels:
+            return self  # derived already (a copy of a validated aggregate)
+        if column in self.group_by or column in (self.keys or {}):
+            raise ValueError(f"bins.column {column!r} is the histogram's column: do not list it in group_by or keys "
+                             "(its keys are the bins' labels)")
+        object.__setattr__(self, "group_by", [*self.group_by, column])
+        object.__setattr__(self, "keys", {**(self.keys or {}), column: labels})
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Aggregate:
@@ -366,7 +505,7 @@ class Aggregate(_Strict):
                 raise ValueError(f"keys.{column} is empty; list the public values of {column!r}")
             if len({str(v) for v in values}) != len(values):
                 raise ValueError(f"keys.{column} lists a value twice")
-        if self.kind != "count":
+        if self.kind not in COUNTED_KINDS:
             if self.bounds is None:
                 raise ValueError(f"a {self.kind} needs clipping 'bounds: [lower, upper]'")
             lower, upper = self.bounds
@@ -379,7 +518,7 @@ class Aggregate(_Strict):
             raise ValueError("a count takes no 'bounds' (its per-contribution sensitivity is 1)")
         if self.bounds is not None:
             self._exact_bounds = tuple(exact_number(b, name="bounds") for b in self.bounds)  # type: ignore[assignment]
-        if self.kind == "count" and self.upstream.arithmetic != "exact":
+        if self.kind in COUNTED_KINDS and self.upstream.arithmetic != "exact":
             raise ValueError(
                 "upstream.arithmetic binary64 applies to sums, means and variances; a count is an integer "
                 "(a float count is read as the number it holds)"
@@ -393,7 +532,7 @@ class Aggregate(_Strict):
                 "another replacement can differ from a neighbour's total by more than the sensitivity), got "
                 f"{self.non_finite.replace_with}; use nan: drop to ignore such rows instead"
             )
-        allowed = MECHANISM_BUDGETS[self.mechanism]
+        allowed = MECHANISM_BUDGETS.get(self.mechanism, ("epsilon", "rho", "epsilon_delta"))
         if self.budget.form not in allowed:
             raise ValueError(
                 f"mechanism {self.mechanism} is calibrated from {' or '.join(allowed)}, "
@@ -432,6 +571,22 @@ class Aggregate(_Strict):
         """``(lower, upper)`` of the clipping ``bounds`` as exact fractions (a float is the decimal it was written
         as: ``0.1`` is 1/10), read once at validation; None for a count."""
         return self._exact_bounds
+
+    @property
+    def reads_counts(self) -> bool:
+        """True when the upstream rows carry counts: a count, or a quantile's or median's histogram."""
+        return self.kind in COUNTED_KINDS
+
+    @property
+    def releases_quantiles(self) -> bool:
+        """True for a quantile or median (released from a histogram over :attr:`bins`)."""
+        return self.kind in QUANTILE_KINDS
+
+    @property
+    def outer_group_by(self) -> list[str]:
+        """The ``group_by`` columns a quantile is released per (its histogram's column excluded); every column for
+        the other kinds."""
+        return self.group_by[:-1] if self.releases_quantiles else list(self.group_by)
 
     @property
     def components(self) -> tuple[str, ...]:
@@ -657,7 +812,7 @@ class ReleaseSpec(_Strict):
         aggregate's ``grid`` and the smallest grid that fits."""
         problems = []
         for index, aggregate in enumerate(self.aggregates):
-            if aggregate.kind == "count":
+            if aggregate.kind in COUNTED_KINDS:
                 continue  # Linf = max_contributions_per_partition, already in range
             per_partition = self.contribution_for(aggregate).max_contributions_per_partition
             where = "the aggregate's contribution" if aggregate.contribution else "the spec's contribution"

@@ -1,0 +1,406 @@
+"""Quantiles and medians from a histogram over public bins (``kind: quantile`` / ``median``): the plan, the
+release and the published form. docs/mechanisms.md ("Quantiles") and ADR 37 give the argument.
+
+The upstream hands counts per bin (a ``GROUP BY`` of the bin, or ``width_bucket``), per group of the spec's
+``group_by``; :class:`~dp_operators.spec.models.QuantileBins` fixes the bins. Two mechanisms, chosen from public
+parameters only (the spec, the account's accountant, the confidence):
+
+* ``exponential``: for each level q = a/b and group, the exponential mechanism over the bins with the integer
+  utility ``-d_i``, ``d_i`` = b times the rank distance from the target rank qN to bin i's ranks
+  (:func:`~dp_operators.mechanisms.exponential.quantile_rank_distances`), sampled exactly
+  (:func:`~dp_operators.mechanisms.exponential.sample_exponential_mechanism`). One record changes every utility by
+  at most max(a, b - a), all of them inside an interval of width W = 2 max(a, b - a); with
+  ``gamma = epsilon / (k W)`` (k the records one privacy unit can add) the mechanism is epsilon-bounded-range
+  (Durfee & Rogers, NeurIPS 2019), hence epsilon-DP and epsilon^2/8-zCDP (Cesar & Rogers, ALT 2021). The levels
+  share the budget equally.
+* ``noised_cdf``: one Gaussian measurement of the histogram's prefix sums (the cumulative counts), by the strategies
+  of :mod:`dp_operators.continual.strategies` (the binary tree, with or without Honaker's estimates, or the
+  square-root factorization; the lowest planned worst-prefix error), the bins playing the steps of a series. Every
+  level follows by post-processing: the first bin whose noised cumulative count reaches q times the noised total.
+
+``auto`` takes the mechanism with the smaller planned rank half-width (the worst over the levels).
+
+Published per group and level: ``value`` (the bin's closed edge: the value a bin of width-1 integer data holds),
+``bin`` (its edges), ``rank_half_width`` (records, from public parameters: with probability at least the spec's
+confidence the released bin is within that many ranks of the target rank), and for the noised CDF an ``interval``
+of values holding the true quantile at that confidence (the bins the rank interval spans, from the noised
+cumulative counts: post-processing). The exponential mechanism releases no counts, so its ``interval`` is
+unbounded (``[null, null]``): its guarantee is in ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Sequence
+
+import numpy as np
+
+from dp_operators.accounting import PrivacyLoss
+from dp_operators.accounting.budget import GaussianNoise
+from dp_operators.spec.models import Aggregate, Budget, ContributionBounds
+
+#: Bits of the dyadic epsilon a ``{rho}`` budget gives the exponential mechanism: the largest multiple of 2^-40
+#: at most sqrt(8 rho), so that its charge epsilon^2 / 8 is exact and within the budget.
+EPSILON_BITS = 40
+
+
+def level_text(level: Fraction) -> str:
+    """A quantile level as published: its decimal when it has one (``0.5``, ``0.125``), else ``a/b``."""
+    denominator = level.denominator
+    for prime in (2, 5):
+        while denominator % prime == 0:
+            denominator //= prime
+    if denominator != 1:
+        return f"{level.numerator}/{level.denominator}"
+    digits = 0
+    while (level * 10**digits).denominator != 1:
+        digits += 1
+    return f"{float(level):.{digits}f}"
+
+
+def epsilon_for_rho(rho: Fraction) -> Fraction:
+    """sqrt(8 rho) when it is rational (rho = 1/50 gives 2/5), else the largest multiple of 2^-EPSILON_BITS below
+    it (exact integer square roots): the epsilon whose bounded-range charge epsilon^2 / 8 fits ``rho``."""
+    square = 8 * rho
+    top, bottom = math.isqrt(square.numerator), math.isqrt(square.denominator)
+    if top * top == square.numerator and bottom * bottom == square.denominator:
+        return Fraction(top, bottom)
+    scaled = math.isqrt(math.floor(8 * rho * (1 << (2 * EPSILON_BITS))))
+    return Fraction(scaled, 1 << EPSILON_BITS)
+
+
+def _value(number: Fraction) -> int | float:
+    return int(number) if number.denominator == 1 else float(number)
+
+
+@dataclass(frozen=True)
+class QuantileStep:
+    """The plan of one quantile or median aggregate: its mechanism, budget and planned accuracy (public only).
+
+    Attributes:
+        aggregate: the aggregate's name.
+        mechanism: ``exponential`` or ``noised_cdf``.
+        budget: the aggregate's written budget.
+        quantiles: the levels, exact.
+        bins: m, the number of bins of each group's histogram.
+        groups: G, the number of groups (1 when not grouped).
+        l0, linf: the contribution bounds (L0 capped by the G*m partitions).
+        records_per_unit: k = L0 * Linf, the most records one privacy unit adds to the histograms.
+        epsilon_each: the exponential mechanism's epsilon per level (and group), exact; None for the CDF.
+        cdf_strategy: the CDF's strategy (:mod:`dp_operators.continual.strategies`); None for the exponential.
+        cdf_noise: the CDF's :class:`~dp_operators.continual.noise.SeriesNoise`; None for the exponential.
+        rank_half_widths: per level, the published rank half-width (records) at ``confidence``.
+        cdf_half_width: the CDF only: h, every noised cumulative count of a group is within h of the true one
+            with probability at least ``confidence`` (records).
+        confidence: the spec's confidence.
+        candidates: ``{mechanism: worst planned rank half-width}`` of every mechanism ``auto`` compared.
+    """
+
+    aggregate: str
+    mechanism: str
+    budget: Budget
+    quantiles: tuple[Fraction, ...]
+    bins: int
+    groups: int
+    l0: int
+    linf: int
+    records_per_unit: int
+    epsilon_each: Fraction | None
+    cdf_strategy: str | None
+    cdf_noise: Any
+    rank_half_widths: tuple[float, ...]
+    cdf_half_width: float | None
+    confidence: float
+    candidates: tuple[tuple[str, float], ...] = ()
+    declared_l0: int | None = None
+    component: str = "quantile"
+    sampler: str = "vectorised"
+    noise_delta: Fraction = Fraction(0)
+    threshold: int | None = None
+    threshold_delta: Fraction | None = None
+
+    @property
+    def partitions(self) -> int:
+        """The number of groups released (each with one value per level)."""
+        return self.groups
+
+    @property
+    def delta(self) -> Fraction:
+        return Fraction(0)
+
+    @property
+    def epsilon(self) -> Fraction | None:
+        """The exponential mechanism's pure epsilon over all levels (basic composition); None for the CDF."""
+        if self.epsilon_each is None:
+            return None
+        return self.epsilon_each * len(self.quantiles)
+
+    @property
+    def rho(self) -> Fraction:
+        """The zCDP rho: sum of epsilon^2 / 8 over the levels (bounded range), or the CDF's Gaussian
+        measurement's Delta^2 / (2 sigma^2), exact."""
+        if self.epsilon_each is not None:
+            return self.epsilon_each**2 / 8 * len(self.quantiles)
+        noise = self.cdf_noise
+        return noise.candidate.sensitivity_squared * self._step_sensitivity_squared / (2 * noise.candidate.noise_variance)
+
+    @property
+    def _step_sensitivity_squared(self) -> Fraction:
+        return Fraction(self.linf**2 * cdf_group_multiplier(self.l0, self.bins, self.groups))
+
+    def privacy_loss(self, accountant: str) -> PrivacyLoss:
+        """The loss to charge to an ``accountant`` account. The exponential mechanism: pure epsilon (``pure_dp``,
+        ``approx_dp``), and on ``zcdp`` the sum of its levels' epsilon^2 / 8 (each level bounded-range; the sum is
+        what composition gives, below (sum epsilon)^2 / 8). The CDF: its exact rho, with its Gaussian noise
+        parameters (a ``gaussian_dp`` account refuses the discrete Gaussian, as for every release)."""
+        if self.epsilon_each is not None:
+            if accountant == "zcdp":
+                return PrivacyLoss("rho", self.rho)
+            return PrivacyLoss("epsilon", self.epsilon, bounded_range=len(self.quantiles) == 1)
+        noise = self.cdf_noise
+        gaussian = GaussianNoise(noise.candidate.noise_variance,
+                                 noise.candidate.sensitivity_squared * self._step_sensitivity_squared, discrete=True)
+        return PrivacyLoss("rho", self.rho, gaussian=gaussian)
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-safe description recorded in the ledger and published: enough to re-derive the guarantee."""
+        described: dict[str, Any] = {
+            "aggregate": self.aggregate,
+            "component": self.component,
+            "mechanism": self.mechanism,
+            "calibrated_to": {name: float(getattr(self.budget, name)) for name in ("epsilon", "rho", "delta")
+                              if getattr(self.budget, name) is not None},
+            "quantiles": [level_text(q) for q in self.quantiles],
+            "bins": self.bins,
+            "partitions": self.groups,
+            "max_partitions_contributed": self.l0,
+            "max_contributions_per_partition": self.linf,
+            "records_per_unit": self.records_per_unit,
+            "rank_half_width": list(self.rank_half_widths),
+            "rho": float(self.rho),
+            "rho_exact": str(self.rho),
+        }
+        if self.declared_l0 is not None and self.declared_l0 != self.l0:
+            described["max_partitions_contributed_declared"] = self.declared_l0
+        if self.epsilon_each is not None:
+            described.update(
+                epsilon=float(self.epsilon), epsilon_exact=str(self.epsilon),
+                epsilon_per_quantile_exact=str(self.epsilon_each), bounded_range=True,
+                sampler="exact_inverse_cdf",
+            )
+        else:
+            noise = self.cdf_noise
+            described.update(
+                strategy=self.cdf_strategy,
+                sensitivity_squared_exact=str(noise.candidate.sensitivity_squared * self._step_sensitivity_squared),
+                noise_variance_exact=str(noise.candidate.noise_variance),
+                lattice_exact=str(noise.lattice),
+                sigma2_lattice_units_exact=str(noise.sigma2),
+                cdf_half_width=self.cdf_half_width,
+                sampler="vectorised",
+            )
+        if self.candidates:
+            described["candidates"] = dict(self.candidates)
+        return described
+
+
+def cdf_group_multiplier(l0: int, bins: int, groups: int) -> int:
+    """How many groups' worth of the worst one-group sensitivity^2 one privacy unit can reach: it touches at most
+    L0 partitions, at most ``bins`` of them in one group, so at most ceil(L0 / bins) groups (of ``groups``) fully.
+    The strategies' sensitivity^2 f is superadditive over disjoint steps (their matrices are entrywise
+    non-negative), so sum_g f(k_g) <= ceil(L0 / m) f(min(L0, m)) over any split of L0 contributions."""
+    return min(groups, -(-l0 // bins))
+
+
+def _em_rank_half_width(bins: int, level: Fraction, epsilon: Fraction, records: int, alpha: float) -> float:
+    from dp_operators.mechanisms.exponential import rank_error_bound
+
+    return rank_error_bound(bins, level, epsilon, records, alpha)
+
+
+def _cdf_noise(bins: int, l0: int, linf: int, groups: int, rho: Fraction, strategy: str = "auto") -> Any:
+    from dp_operators.continual.noise import SeriesNoise
+    from dp_operators.continual.plan import plan_series, strategy_of
+    from dp_operators.continual.strategies import Participation
+
+    participation = Participation(min(l0, bins), 1)
+    squared = Fraction(linf * linf * cdf_group_multiplier(l0, bins, groups))
+    plan = plan_series(bins, participation, rho, step_sensitivity_squared=squared, mechanism=strategy)
+    return SeriesNoise(strategy_of(plan.chosen.mechanism, bins), plan.chosen, Fraction(1))
+
+
+def cdf_simultaneous_half_width(noise: Any, confidence: float) -> float:
+    """h: with probability at least ``confidence`` every noised prefix sum of one group is within h of the true one
+    (a union bound over the m prefixes, each at 1 - (1 - confidence) / m: :meth:`SeriesNoise.half_width
+    <dp_operators.continual.noise.SeriesNoise.half_width>`, which is exact on the integer lattice or a
+    sub-Gaussian bound). Public parameters only."""
+    bins = noise.strategy.horizon
+    each = 1 - (1 - confidence) / bins
+    variances = noise.strategy.step_variances()
+    # the widest prefix has the largest variance; the tree's integer-weight decoders depend on the number of terms
+    # too, so those take the largest over the distinct term counts
+    candidates = {int(np.argmax(variances))}
+    if noise.strategy.name in ("summed_increments", "binary_tree"):
+        candidates |= {(1 << bits) - 1 for bits in range(1, bins.bit_length() + 1) if (1 << bits) - 1 < bins}
+        candidates.add(bins - 1)
+    return max(noise.half_width(step, each) for step in sorted(candidates))
+
+
+def plan_quantiles(aggregate: Aggregate, contribution: ContributionBounds, accountant: str | None,
+                   confidence: float) -> QuantileStep:
+    """The plan of a quantile or median aggregate (public parameters only).
+
+    The exponential mechanism's epsilon per level: ``{epsilon}`` (or ``{epsilon, delta}``, whose delta is not
+    used) split equally over the levels; ``{rho}``: the largest dyadic epsilon with epsilon^2 / 8 <= rho / levels.
+    The CDF needs ``{rho}`` and an account that composes zCDP (``zcdp``, or no accountant given). ``auto`` takes
+    the smaller worst planned rank half-width (ties: the exponential mechanism).
+
+    Raises:
+        ValueError: ``noised_cdf`` with a budget or account it cannot be charged to (the spec refuses the first).
+    """
+    levels = tuple(aggregate.quantiles or ())
+    bins_model = aggregate.bins
+    assert bins_model is not None and levels
+    bins = len(bins_model.labels)
+    partitions = aggregate.partition_count or bins
+    groups = partitions // bins
+    declared_l0 = contribution.max_partitions_contributed
+    l0 = min(declared_l0, partitions)
+    linf = contribution.max_contributions_per_partition
+    records = l0 * linf
+    alpha = 1 - confidence
+    budget = aggregate.budget
+    if budget.form == "rho":
+        epsilon_each = epsilon_for_rho(budget.rho / len(levels))
+    else:
+        epsilon_each = budget.epsilon / len(levels)
+    options: dict[str, QuantileStep] = {}
+    if aggregate.mechanism in ("auto", "exponential") and epsilon_each > 0:
+        widths = tuple(_em_rank_half_width(bins, q, epsilon_each, records, alpha) for q in levels)
+        options["exponential"] = QuantileStep(
+            aggregate.name, "exponential", budget, levels, bins, groups, l0, linf, records, epsilon_each, None, None,
+            widths, None, confidence, declared_l0=declared_l0)
+    cdf_possible = budget.form == "rho" and accountant in (None, "zcdp")
+    if aggregate.mechanism == "noised_cdf" and not cdf_possible:
+        raise ValueError(f"aggregate {aggregate.name!r}: mechanism noised_cdf is a Gaussian measurement charged in "
+                         f"zCDP; a {accountant} account cannot be charged for it: use mechanism exponential")
+    if aggregate.mechanism in ("auto", "noised_cdf") and cdf_possible:
+        noise = _cdf_noise(bins, l0, linf, groups, budget.rho)
+        h = cdf_simultaneous_half_width(noise, confidence)
+        widths = tuple(float(h * (1 + q)) for q in levels)
+        options["noised_cdf"] = QuantileStep(
+            aggregate.name, "noised_cdf", budget, levels, bins, groups, l0, linf, records, None,
+            noise.strategy.name, noise, widths, h, confidence, declared_l0=declared_l0)
+    if not options:
+        raise ValueError(f"aggregate {aggregate.name!r}: no quantile mechanism fits budget {budget.form}")
+    compared = tuple((name, max(step.rank_half_widths)) for name, step in options.items())
+    chosen = min(options.values(), key=lambda step: max(step.rank_half_widths))  # min keeps the first: exponential
+    if aggregate.mechanism == "auto":
+        from dataclasses import replace
+
+        chosen = replace(chosen, candidates=compared)
+    return chosen
+
+
+def _bin_edges(aggregate: Aggregate, index: int) -> tuple[Fraction, Fraction]:
+    edges = aggregate.bins.exact_edges  # type: ignore[union-attr]
+    return edges[index], edges[index + 1]
+
+
+def _closed_edge(aggregate: Aggregate, index: int) -> Fraction:
+    lower, upper = _bin_edges(aggregate, index)
+    return lower if aggregate.bins.closed == "left" else upper  # type: ignore[union-attr]
+
+
+def _first_reaching(cumulative: Sequence[Fraction], target: Fraction) -> int:
+    """The first index whose value is at least ``target``; the last index when none is (exact comparisons)."""
+    for index, value in enumerate(cumulative):
+        if value >= target:
+            return index
+    return len(cumulative) - 1
+
+
+def draw_quantiles(step: QuantileStep, counts: np.ndarray, drawn: list[str]) -> list[list[dict[str, Any]]]:
+    """The released bins of every group and level: ``result[g][j]`` is ``{"bin": index, "lower_bin": index,
+    "upper_bin": index}`` (the interval's bins for the CDF; None for the exponential mechanism).
+
+    ``counts`` is the histograms' integer vector, shape (groups * bins,), each group's bins contiguous (the key
+    domain's order, the bin column last). ``drawn`` records each draw before it starts (:func:`run_release`'s
+    rule: a caller knows whether noise may exist). Work is fixed by the public parameters: every bin is scored,
+    or every prefix noised, whatever the counts."""
+    from dp_operators.mechanisms.exponential import quantile_rank_distances, sample_exponential_mechanism
+    from dp_operators.mechanisms.exponential import bounded_range_width
+
+    results: list[list[dict[str, Any]]] = []
+    m = step.bins
+    for group in range(step.groups):
+        histogram = [int(value) for value in counts[group * m:(group + 1) * m].tolist()]
+        released: list[dict[str, Any]] = []
+        if step.mechanism == "exponential":
+            for level in step.quantiles:
+                gamma = step.epsilon_each / (step.records_per_unit * bounded_range_width(level))
+                distances = quantile_rank_distances(histogram, level)
+                drawn.append(step.component)
+                released.append({"bin": sample_exponential_mechanism(distances, gamma),
+                                 "lower_bin": None, "upper_bin": None})
+        else:
+            noise = step.cdf_noise
+            drawn.append(step.component)
+            history: list[list[int]] = []
+            cumulative: list[Fraction] = []
+            total = 0
+            for t in range(m):
+                history.append(noise.draw(t))
+                total += histogram[t]
+                cumulative.append(total + noise.total_noise(history))
+            noised_total = cumulative[-1]
+            h = Fraction(step.cdf_half_width)
+            for level in step.quantiles:
+                released.append({
+                    "bin": _first_reaching(cumulative, level * noised_total),
+                    "lower_bin": _first_reaching([c + h for c in cumulative], level * (noised_total - h)),
+                    "upper_bin": _first_reaching([c - h for c in cumulative], level * (noised_total + h)),
+                })
+        results.append(released)
+    return results
+
+
+def publish_quantiles(aggregate: Aggregate, step: QuantileStep, released: list[list[dict[str, Any]]],
+                      keys: Sequence[tuple]) -> dict[str, Any]:
+    """The published form of a quantile or median aggregate (post-processing of the released bins only): rows keyed
+    by the groups' columns and ``quantile``, each with ``value``, ``bin``, ``rank_half_width``, ``interval`` and
+    ``half_width`` (see the module docstring)."""
+    m = step.bins
+    outer = aggregate.outer_group_by
+    rows = []
+    edges = aggregate.bins.exact_edges  # type: ignore[union-attr]
+    for group, bins in enumerate(released):
+        key = keys[group * m][:-1] if outer else ()
+        for level, width, chosen in zip(step.quantiles, step.rank_half_widths, bins):
+            index = chosen["bin"]
+            value = _closed_edge(aggregate, index)
+            lower, upper = _bin_edges(aggregate, index)
+            row: dict[str, Any] = dict(zip(outer, key))
+            row.update(quantile=level_text(level), value=_value(value), bin=[_value(lower), _value(upper)],
+                       bin_label=aggregate.bins.labels[index], rank_half_width=width)  # type: ignore[union-attr]
+            if chosen["lower_bin"] is None:
+                row.update(interval=[None, None], half_width=None)
+            else:
+                low = edges[min(chosen["lower_bin"], index)]
+                high = edges[max(chosen["upper_bin"], index) + 1]
+                row.update(interval=[_value(low), _value(high)], half_width=float(max(value - low, high - value)))
+            rows.append(dict(sorted(row.items())))
+    published: dict[str, Any] = {
+        "kind": aggregate.kind,
+        "mechanism": step.mechanism if step.cdf_strategy is None else f"noised_cdf:{step.cdf_strategy}",
+        "budget": {name: float(getattr(aggregate.budget, name)) for name in ("epsilon", "rho", "delta")
+                   if getattr(aggregate.budget, name) is not None},
+        "group_by": [*outer, "quantile"],
+        "bins": {"column": aggregate.bins.column, "count": m,  # type: ignore[union-attr]
+                 "low": _value(edges[0]), "high": _value(edges[-1]),
+                 "closed": aggregate.bins.closed},  # type: ignore[union-attr]
+        "rows": rows,
+    }
+    return published
