@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import json
 import datetime as dt
 import os
@@ -228,7 +230,8 @@ def spec_plan(
         if chosen:
             eps = row["charge_as_epsilon"]
             cells += [_decimal(row["charge"]), "-" if eps is None else f"{eps:.4g}"]
-        cells += [f"{row['half_width']:.4g}", str(row["partitions"] if row["partitions"] is not None else "selected")]
+        width = f"{row['half_width']:.4g}" + (" ranks" if row.get("half_width_unit") == "ranks" else "")
+        cells += [width, str(row["partitions"] if row["partitions"] is not None else "selected")]
         table.add_row(*cells)
         if index in mean_rows:
             mean = mean_rows[index]
@@ -534,9 +537,40 @@ def _runs_remaining(account, charge: Fraction, delta_charge: Fraction | None) ->
     return min(limits, key=lambda limit: limit[0])  # min keeps the first of equals: the account's unit on a tie
 
 
+def _quantile_plan_row(step, described: dict, accountant: str | None, as_epsilon) -> dict:
+    """A quantile's plan row: its mechanism's parameter, the records one unit moves, and the largest planned rank
+    half-width over its levels (records)."""
+    if step.mechanism == "exponential":
+        scale = f"epsilon {float(step.epsilon_each):.6g} per level"
+    else:
+        scale = f"{step.cdf_strategy}, sigma = {math.sqrt(float(step.cdf_noise.candidate.noise_variance)):.6g}"
+    row = {
+        "aggregate": step.aggregate,
+        "component": f"quantile ({', '.join(described['quantiles'])})",
+        "mechanism": step.mechanism,
+        "scale": scale,
+        "l1_sensitivity": float(step.records_per_unit),
+        "l2_sensitivity": float(step.records_per_unit),
+        "l0": str(step.l0),
+        "calibrated_to": ", ".join(f"{name} {value:g}" for name, value in described["calibrated_to"].items()),
+        "half_width": max(step.rank_half_widths),
+        "half_width_unit": "ranks",
+        "partitions": step.partitions,
+        "noise": described,
+    }
+    if accountant is not None:
+        from dp_operators.accounting import charge_in_account_unit
+
+        charge = charge_in_account_unit(step.privacy_loss(accountant), accountant)
+        row.update(charge=str(charge), charge_as_epsilon=as_epsilon(charge))
+    return row
+
+
 def _plan_row(step, accountant: str | None, as_epsilon, alpha: float) -> dict:
     """One noised step of a plan as plain JSON (public parameters only)."""
     described = step.describe()
+    if step.component == "quantile":
+        return _quantile_plan_row(step, described, accountant, as_epsilon)
     scale = (
         f"b = {described['scale']:.6g}" if step.mechanism == "discrete_laplace" else f"sigma = {described['sigma']:.6g}"
     )

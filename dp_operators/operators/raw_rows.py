@@ -197,6 +197,8 @@ def check_table_schema(hook: Any, spec: ReleaseSpec, source: BoundedRowsSource, 
                 raise AirflowFailException(
                     f"table {source.table!r} has no column {column!r} (aggregate {aggregate.name!r}; it has "
                     f"{sorted(types)}); check privacy_unit_column, value_columns and the spec's group_by")
+        if aggregate.releases_quantiles:  # the histogram's column holds the values the bins sort
+            value = aggregate.bins.column  # type: ignore[union-attr]
         kind = types[value] if value else None
         if kind is not None and not isinstance(kind, (sa.types.NullType, sa.Integer, sa.Numeric, sa.Float)):
             raise AirflowFailException(
@@ -204,7 +206,7 @@ def check_table_schema(hook: Any, spec: ReleaseSpec, source: BoundedRowsSource, 
                 "a number: every value would be dropped and the release would be noise. Give a numeric column "
                 "(INTEGER, NUMERIC, REAL, DOUBLE PRECISION), or cast it in rows_query=")
         if aggregate.public_keys:
-            for column in aggregate.group_by:
+            for column in aggregate.outer_group_by:
                 declared = types[column]
                 integers = all(isinstance(key, int) for key in aggregate.keys[column])  # type: ignore[index]
                 if (integers and isinstance(declared, sa.Numeric) and not isinstance(declared, sa.Float)

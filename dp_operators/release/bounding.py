@@ -218,6 +218,10 @@ def bounded_select(spec: ReleaseSpec, aggregate: Aggregate, source: BoundedRowsS
     # '1') are one partition, as the engine reads them, and a public key is the spec's own value (bounded_rows)
     keys = [_key_text_sql(raw.c[column], dialect) for column in aggregate.group_by]
     conditions = [unit.is_not(None)]
+    if aggregate.releases_quantiles:  # the histogram's column holds values: each row goes to its bin's label
+        binned = raw.c[aggregate.bins.column]  # type: ignore[union-attr]
+        conditions.extend(_is_number(binned, dialect))
+        keys[-1] = _bin_label_sql(binned, aggregate, dialect)
     selected = [unit.label(_UNIT), *(key.label(_key_label(i)) for i, key in enumerate(keys))]
     if value_name:
         value = raw.c[value_name]
@@ -362,6 +366,39 @@ def _key_text_sql(column: Any, dialect: str) -> Any:
                    else_=text)
 
 
+def uniform_width(aggregate: Aggregate) -> Fraction | None:
+    """The common width of a quantile's bins, or None when the edges are not equally spaced."""
+    edges = aggregate.bins.exact_edges  # type: ignore[union-attr]
+    width = edges[1] - edges[0]
+    return width if all(b - a == width for a, b in zip(edges, edges[1:])) else None
+
+
+def _bin_label_sql(value: Any, aggregate: Aggregate, dialect: str) -> Any:
+    """The text of the label of the bin ``value`` falls in (``bins``: ``closed: left`` puts an edge value in the
+    bin above it, ``right`` in the bin below), values beyond the edges in the first or last bin, as a histogram
+    clipped upstream has them. Equally spaced edges: ``FLOOR((x - low) / width)`` (``CEIL(...) - 1`` closed right)
+    clamped to the bins, in the database's double arithmetic (a value within a rounding of an inner edge may go to
+    either side of it, by a rule fixed per value); other edges: a ``CASE`` over them."""
+    bins = aggregate.bins  # type: ignore[union-attr]
+    edges, labels = bins.exact_edges, bins.labels
+    width = uniform_width(aggregate)
+    last = len(labels) - 1
+    if width is not None:
+        position = (sa.cast(value, sa.Float) - float(edges[0])) / float(width)
+        index = sa.func.floor(position) if bins.closed == "left" else sa.func.ceil(position) - 1
+        index = _least(_greatest(sa.cast(index, sa.BigInteger), sa.literal(0, sa.BigInteger), dialect),
+                       sa.literal(last, sa.BigInteger), dialect)
+        label = index + 1 if bins.label == "index" else sa.literal(int(edges[0]), sa.BigInteger) + index * int(width)
+        return sa.cast(label, sa.String)
+    below = (lambda edge: value < float(edge)) if bins.closed == "left" else (lambda edge: value <= float(edge))
+    return sa.case(*((below(edge), str(label)) for edge, label in zip(edges[1:-1], labels)),
+                   else_=str(labels[-1]))
+
+
+def _greatest(a: Any, b: Any, dialect: str) -> Any:
+    return sa.func.max(a, b) if dialect == "sqlite" else sa.func.greatest(a, b)
+
+
 def _output(name: str) -> str:
     """The label of an output column (``count``, ``units``, ``sum``, ``sum_squares``)."""
     return f"dp_{name}"
@@ -463,6 +500,17 @@ def _integer(value: Any) -> int:
 # ------------------------------------------------------------------------------------------------------- pandas
 
 
+def _bin_labels(values: Any, aggregate: Aggregate) -> Any:
+    """The text of the bin label of each value (binary64), as :func:`_bin_label_sql` assigns them."""
+    import numpy as np
+
+    bins = aggregate.bins  # type: ignore[union-attr]
+    inner = np.array([float(edge) for edge in bins.exact_edges[1:-1]])
+    index = np.searchsorted(inner, values, side="right" if bins.closed == "left" else "left")
+    labels = np.array([str(label) for label in bins.labels], dtype=object)
+    return labels[index]
+
+
 def bound_frame(spec: ReleaseSpec, aggregate: Aggregate, frame: Any, privacy_unit_column: str,
                 value_column: str | None, *, seed: int | None = None) -> list[dict[str, Any]]:
     """The bounded aggregation of ``aggregate`` over a pandas DataFrame or an Arrow table of raw rows, with the same
@@ -496,6 +544,11 @@ def bound_frame(spec: ReleaseSpec, aggregate: Aggregate, frame: Any, privacy_uni
     keep = rows[privacy_unit_column].notna().to_numpy(dtype=bool).copy()
     data = pd.DataFrame({"unit": rows[privacy_unit_column].to_numpy()})
     for i, column in enumerate(aggregate.group_by):
+        if aggregate.releases_quantiles and i == len(aggregate.group_by) - 1:  # values to their bins' labels
+            binned = _frame_numbers(rows[column])
+            keep &= ~np.isnan(binned)
+            data[f"key_{i}"] = _bin_labels(np.where(np.isnan(binned), 0.0, binned), aggregate)
+            continue
         # each key as the engine reads it, as text: decided per value, never by the column's dtype (an int column
         # holding one NULL is float64 in pandas; its 17.0 is the key 17)
         texts = _key_texts(rows[column], column)

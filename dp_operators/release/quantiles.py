@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dp_operators.accounting import PrivacyLoss
+from dp_operators.accounting import Epsilon, PrivacyLoss
 from dp_operators.accounting.budget import GaussianNoise
 from dp_operators.spec.models import Aggregate, Budget, ContributionBounds
 
@@ -272,10 +272,11 @@ def plan_quantiles(aggregate: Aggregate, contribution: ContributionBounds, accou
     records = l0 * linf
     alpha = 1 - confidence
     budget = aggregate.budget
+    # typed once here (docs/adr/0028): the sampler and the accuracy take it as it is
     if budget.form == "rho":
-        epsilon_each = epsilon_for_rho(budget.rho / len(levels))
+        epsilon_each = Epsilon(epsilon_for_rho(budget.rho / len(levels)))
     else:
-        epsilon_each = budget.epsilon / len(levels)
+        epsilon_each = Epsilon(budget.epsilon / len(levels))
     options: dict[str, QuantileStep] = {}
     if aggregate.mechanism in ("auto", "exponential") and epsilon_each > 0:
         widths = tuple(_em_rank_half_width(bins, q, epsilon_each, records, alpha) for q in levels)

@@ -78,7 +78,7 @@ def test_example_spec_is_valid():
                      id="empty key domain"),
         pytest.param("aggregates.0.group_by", ["education"], "people_by_education_sex", "keys must give",
                      id="keys and group_by disagree"),
-        pytest.param("aggregates.0.kind", "median", "aggregates[0](people_by_education_sex).kind", "count",
+        pytest.param("aggregates.0.kind", "mode", "aggregates[0](people_by_education_sex).kind", "count",
                      id="unknown kind"),
         pytest.param("aggregates.0.mechanism", "laplace", "mechanism", "discrete_laplace", id="float mechanism"),
         pytest.param("contribution.max_partitions_contributed", 0, "contribution.max_partitions_contributed",
