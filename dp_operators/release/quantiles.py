@@ -316,11 +316,10 @@ def _closed_edge(aggregate: Aggregate, index: int) -> Fraction:
 
 
 def _first_reaching(cumulative: Sequence[Fraction], target: Fraction) -> int:
-    """The first index whose value is at least ``target``; the last index when none is (exact comparisons)."""
-    for index, value in enumerate(cumulative):
-        if value >= target:
-            return index
-    return len(cumulative) - 1
+    """The first index whose value is at least ``target``; the last index when none is (exact comparisons, every
+    one of them made: the work does not depend on where the first is)."""
+    reached = [value >= target for value in cumulative]
+    return reached.index(True) if True in reached else len(cumulative) - 1
 
 
 def draw_quantiles(step: QuantileStep, counts: np.ndarray, drawn: list[str]) -> list[list[dict[str, Any]]]:

@@ -253,3 +253,36 @@ def observe_quantiles(tmp_path, caplog):
         return error, [(r.name, r.levelname, r.getMessage()) for r in caplog.records], list(ledger.charges()), output
 
     return run
+
+
+@pytest.mark.parametrize("mechanism", ["exponential", "noised_cdf"])
+def test_neighbouring_histograms_cost_the_same_work(mechanism, tmp_path, monkeypatch):
+    """The work of a draw is counted (never timed): the weights bounded, the noised prefixes decoded and compared
+    are the same for a histogram and its neighbours."""
+    from dp_operators.continual.noise import SeriesNoise
+    from dp_operators.mechanisms import exponential
+    from dp_operators.release import quantiles
+
+    counted: dict[str, int] = {}
+
+    def counting(name, function):
+        def wrapper(*args, **kwargs):
+            counted[name] = counted.get(name, 0) + 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(exponential, "_weight_bounds", counting("weights", exponential._weight_bounds))
+    monkeypatch.setattr(SeriesNoise, "total_noise", counting("decoded", SeriesNoise.total_noise))
+    monkeypatch.setattr(quantiles, "_first_reaching", counting("searched", quantiles._first_reaching))
+    budget = {"rho": "1/2"}
+    spec = _spec(_median(kind="quantile", quantiles=[0.25, 0.5], bins={"column": "x", "edges": [0, 16], "width": 1},
+                         mechanism=mechanism, budget=budget))
+    base = [{"x": i, "count": c} for i, c in enumerate([0, 5, 0, 2, 9, 0, 0, 1, 40, 0, 0, 0, 3, 0, 0, 7])]
+    neighbours = [base, base + [{"x": 15, "count": 1}], base + [{"x": 0, "count": 1}], []]
+    work = []
+    for run, rows in enumerate(neighbours):
+        counted.clear()
+        ledger = make_ledger(tmp_path / f"w{run}.db", cap="10", accountant="zcdp", dags=(DAG,), account="acct")
+        run_release(spec, {"hours": rows}, ledger, _key(), spec_hash="0" * 64)
+        work.append(dict(counted))
+    assert work[0] and all(w == work[0] for w in work)
