@@ -58,6 +58,7 @@ benchmarks: $(VENV)/.installed
 	$(BIN)/python benchmarks/continual_decoder.py
 	$(BIN)/python benchmarks/series_steps.py
 	$(BIN)/python benchmarks/contribution_bounding.py
+	$(BIN)/python benchmarks/quantiles.py
 
 clean:
 	rm -rf $(VENV) .demo .cache build *.egg-info

@@ -58,6 +58,8 @@ def compute_adult_aggregates(path: Path) -> dict:
         ],
         "people_by_age_band": [{"age_band": band, "count": int(count)} for band, count in by_age_band.items()],
         "mean_hours_per_week": {"sum": int(hours.sum()), "count": int(len(hours))},
+        # the median's histogram over the spec's bins: one row per hour (a bin's lower edge) present in the data
+        "median_hours_per_week": [{"hours_per_week": int(h), "count": int(c)} for h, c in hours.value_counts().items()],
     }
 
 

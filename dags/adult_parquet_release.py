@@ -2,8 +2,9 @@
 
 ``stage_aggregates`` computes the same true aggregates as ``adult_census_release`` (its
 ``compute_adult_aggregates``), writes each one as a Parquet file (the spec's ``group_by`` columns and the value
-columns its kind needs: ``count``, or ``sum`` and ``count`` for the mean) to a staging folder, and returns only the
-mapping aggregate name -> file URI. ``release`` (``DPReleaseOperator``) reads those files itself
+columns its kind needs: ``count``, or ``sum`` and ``count`` for the mean; the median's histogram as
+``hours_per_week`` and ``count``, one row per bin) to a staging folder, and returns only the mapping aggregate
+name -> file URI. ``release`` (``DPReleaseOperator``) reads those files itself
 (:func:`dp_operators.operators.sources.read_reference`), noises them as ``config/releases/adult_census.yaml`` says
 after charging the budget account ``census_adult``, and publishes the release as JSON and Parquet.
 

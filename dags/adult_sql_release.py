@@ -8,10 +8,11 @@ charges the budget account ``census_adult`` (shared with ``adult_census_release`
 and publishes JSON and CSV files, the released rows into the table ``dp_releases`` of the same database (a SQL sink
 keyed by the release key), and an asset event.
 
-The queries are portable SQL (``CASE``, ``SUM``, ``COUNT``): pointing ``adult_sqlite`` at a PostgreSQL database runs
-them unchanged there (install the postgres provider). Neither task logs a number computed from the table: pandas'
-``to_sql`` is used for the load because ``DbApiHook.insert_rows`` logs how many rows it wrote, and the operator reads
-the results through the DB-API cursor because ``DbApiHook.run`` logs the number of rows (keys) a query returned.
+The queries are portable SQL (``CASE``, ``SUM``, ``COUNT``, ``GROUP BY``): pointing ``adult_sqlite`` at a
+PostgreSQL database runs them unchanged there (install the postgres provider). Neither task logs a number computed
+from the table: pandas' ``to_sql`` is used for the load because ``DbApiHook.insert_rows`` logs how many rows it wrote,
+and the operator reads the results through the DB-API cursor because ``DbApiHook.run`` logs the number of rows (keys)
+a query returned.
 
 Environment:
     DP_OPERATORS_ADULT_CSV: the Adult table (default: ``.data/adult.csv`` as ``make demo`` builds it, else
@@ -57,15 +58,17 @@ def _age_band_sql() -> str:
 
 
 LOW, HIGH = HOURS_BOUNDS
+#: ``hours_per_week`` clipped to [1, 99], as the mean's bounds declare and the median's bins (one per hour) need.
+CLIPPED_HOURS = (
+    f"CASE WHEN hours_per_week < {LOW} THEN {LOW} WHEN hours_per_week > {HIGH} THEN {HIGH} ELSE hours_per_week END"
+)
 #: One query per aggregate of the spec: one row per key, value columns named as the spec's kinds need.
 QUERIES = {
     "people_by_education_sex": "SELECT education, sex, COUNT(*) AS count FROM adult GROUP BY education, sex",
     "people_by_age_band": f"SELECT {_age_band_sql()} AS age_band, COUNT(*) AS count FROM adult GROUP BY 1",
-    # the mean's values clipped to the spec's bounds [1, 99] in the query, as the spec declares
-    "mean_hours_per_week": (
-        f"SELECT SUM(CASE WHEN hours_per_week < {LOW} THEN {LOW} WHEN hours_per_week > {HIGH} THEN {HIGH} "
-        "ELSE hours_per_week END) AS sum, COUNT(*) AS count FROM adult"
-    ),
+    "mean_hours_per_week": f"SELECT SUM({CLIPPED_HOURS}) AS sum, COUNT(*) AS count FROM adult",
+    # the median's histogram: one row per bin (its lower edge, the clipped hour) with people in it
+    "median_hours_per_week": f"SELECT {CLIPPED_HOURS} AS hours_per_week, COUNT(*) AS count FROM adult GROUP BY 1",
 }
 
 

@@ -64,11 +64,11 @@ def binary64_spec(spec: ReleaseSpec, max_rows: int = 100_000) -> ReleaseSpec:
     """``spec`` with every sum, mean and variance declared ``upstream: {arithmetic: binary64, max_rows}``.
 
     A CSV file is refused for such an aggregate under ``exact`` (its cells carry no type: "30" reads as an int,
-    "30.5" as a float); under binary64 it is read. Counts keep the default (binary64 applies to sums only).
-    ``max_rows`` 100,000 bounds UCI Adult's 48,842 rows per partition."""
+    "30.5" as a float); under binary64 it is read. Counts, and the histograms of medians and quantiles, keep the
+    default (binary64 applies to sums only). ``max_rows`` 100,000 bounds UCI Adult's 48,842 rows per partition."""
     document = spec.model_dump(mode="json", exclude_unset=True)
     for aggregate in document["aggregates"]:
-        if aggregate["kind"] != "count":
+        if aggregate["kind"] not in ("count", "median", "quantile"):
             aggregate["upstream"] = {"arithmetic": "binary64", "max_rows": max_rows}
     return parse_spec(yaml.safe_dump(document, sort_keys=False), source=f"{spec.release}, binary64")
 

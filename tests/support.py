@@ -36,12 +36,15 @@ EXAMPLE_SUM_LINF = 49
 def example_charge() -> Fraction:
     """The rho the example spec is charged on a zCDP account: the Gaussian's 9/200, plus the Laplace counts at
     epsilon 0.3 and the mean's count half at epsilon 0.1, converted by epsilon * tanh(epsilon / 2), plus the mean's
-    sum half (epsilon 0.1, 49 grid units) at the discrete Laplace's own bound (docs/adr/0015).
+    sum half (epsilon 0.1, 49 grid units) at the discrete Laplace's own bound (docs/adr/0015), plus the median's
+    exponential mechanism at epsilon 0.4, bounded range: 0.4^2 / 8 = 1/50 (docs/mechanisms.md).
     ``test_example_charge_is_the_composed_rho`` checks it against mpmath."""
     from dp_operators.accounting import discrete_laplace_rho, pure_epsilon_to_rho
 
     sum_half = discrete_laplace_rho(Fraction(EXAMPLE_SUM_LINF * 10), ((EXAMPLE_SUM_LINF, 1),))
-    return Fraction(9, 200) + pure_epsilon_to_rho(Fraction(3, 10)) + pure_epsilon_to_rho(Fraction(1, 10)) + sum_half
+    median = Fraction(1, 50)
+    return (Fraction(9, 200) + pure_epsilon_to_rho(Fraction(3, 10)) + pure_epsilon_to_rho(Fraction(1, 10)) + sum_half
+            + median)
 
 
 def discrete_laplace_kl_reference(epsilon, shift: int):

@@ -44,6 +44,22 @@ def test_show_prints_values_half_widths_and_the_charge_verbatim(tmp_path: Path):
     assert runner.invoke(app, ["release", "show", str(tmp_path)]).exit_code == 0
 
 
+def test_show_prints_a_quantiles_rank_half_width(tmp_path: Path):
+    """A quantile's row shows its rank half-width: alone when it has no value interval (the exponential mechanism),
+    beside the value half-width when it has one (the noised CDF)."""
+    rows = {"kind": "quantile", "mechanism": "exponential", "group_by": ["quantile"], "rows": [
+        {"quantile": "0.5", "value": 40, "bin": [40, 41], "bin_label": 40, "rank_half_width": 18.977130309221486,
+         "interval": [None, None], "half_width": None},
+        {"quantile": "0.9", "value": 55, "bin": [55, 56], "bin_label": 55, "rank_half_width": 7.5,
+         "interval": [52, 58], "half_width": 3.0},
+    ]}
+    path = tmp_path / "release.json"
+    path.write_text(json.dumps({**RELEASE, "aggregates": {"hours": rows}}))
+    result = runner.invoke(app, ["release", "show", str(path)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "18.98 ranks" in result.output and "3 (7.5 ranks)" in result.output
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

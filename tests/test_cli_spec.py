@@ -57,17 +57,19 @@ def test_plan_without_a_ledger_shows_mechanisms_scales_and_half_widths(monkeypat
 
 
 def test_plan_with_a_ledger_reports_charges_and_runs_left_without_spending(tmp_path):
-    ledger = make_ledger(tmp_path / "plan.db", cap="1/2")
+    ledger = make_ledger(tmp_path / "plan.db", cap="3/5")  # the example account's cap (config/ledgers.yaml)
     url = f"sqlite:///{tmp_path / 'plan.db'}"
     result = runner.invoke(app, ["spec", "plan", str(EXAMPLE_SPEC), "--url", url, "--json"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)
     # rho 0.045 (Gaussian) + Laplace counts at epsilons 0.3, 0.1 charged eps * tanh(eps / 2), + the mean's sum at
-    # epsilon 0.1 over 49 grid units charged its own KL (docs/adr/0015)
+    # epsilon 0.1 over 49 grid units charged its own KL (docs/adr/0015), + the median's exponential mechanism at
+    # epsilon 0.4 charged as bounded range, 0.4^2 / 8 (docs/mechanisms.md)
     expected = 0.045 + sum(eps * math.tanh(eps / 2) for eps in (0.3, 0.1))
     expected += float(discrete_laplace_kl_reference(Fraction(1, 10), EXAMPLE_SUM_LINF))
+    expected += 0.4**2 / 8
     assert float(Fraction(plan["charge_per_run"])) == pytest.approx(expected, rel=1e-9)
-    assert plan["runs_remaining"] == 5  # floor(0.5 / 0.0995)
+    assert plan["runs_remaining"] == 5  # floor(0.6 / 0.1195)
     assert plan["charge_per_run_as_epsilon"] > 0
     assert all("charge_as_epsilon" in step for step in plan["steps"])
     table = runner.invoke(app, ["spec", "plan", str(EXAMPLE_SPEC), "--url", url])

@@ -70,7 +70,8 @@ def test_release_publishes_every_public_key_and_charges_the_plan(example_spec, a
 
 
 def test_example_charge_is_the_composed_rho():
-    """Reference: rho = 0.045 + 0.3 tanh(0.15) + 0.1 tanh(0.05) + KL of the 49-unit Laplace sum at 50 digits."""
+    """Reference: rho = 0.045 + 0.3 tanh(0.15) + 0.1 tanh(0.05) + KL of the 49-unit Laplace sum at 50 digits, plus
+    the median's 0.4^2 / 8."""
     import mpmath
 
     # each charge is rounded up to 12 significant digits (the sum's also carries a 1e-9 relative margin)
@@ -80,10 +81,12 @@ def test_example_charge_is_the_composed_rho():
             + mpmath.mpf("0.3") * mpmath.tanh(mpmath.mpf("0.15"))
             + mpmath.mpf("0.1") * mpmath.tanh(mpmath.mpf("0.05"))
             + discrete_laplace_kl_reference(Fraction(1, 10), EXAMPLE_SUM_LINF)
+            + mpmath.mpf("0.4") ** 2 / 8
         )
         charged = mpmath.mpf(example_charge().numerator) / example_charge().denominator
         assert exact <= charged < exact + mpmath.mpf("1e-11")
-    assert example_charge() < Fraction(1, 10)  # below the old epsilon^2 / 2 conversion
+    # the Laplace parts below the old epsilon^2 / 2 conversion (which makes the counts and the mean rho 1/10)
+    assert example_charge() < Fraction(1, 10) + Fraction(1, 50)
 
 
 def test_missing_key_is_a_noised_zero_and_unknown_key_is_dropped(example_spec, adult_aggregates, ledger, caplog):

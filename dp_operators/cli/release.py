@@ -143,7 +143,12 @@ def _bounding_by_aggregate(release: dict) -> dict:
 
 
 def _shown_half_width(row: dict) -> str:
-    """A row's half-width, or the interval of a saturated value (an unbounded side shown as ...)."""
+    """A row's half-width, or the interval of a saturated value (an unbounded side shown as ...). A quantile's row
+    also has its rank half-width (records), its only guarantee when it has no value interval (the exponential
+    mechanism): ``18.98 ranks``, or ``3 (7.5 ranks)``."""
+    if row.get("rank_half_width") is not None:
+        ranks = f"{row['rank_half_width']:.4g} ranks"
+        return ranks if row["half_width"] is None else f"{row['half_width']:.3g} ({ranks})"
     if row.get("saturated") and row["half_width"] is None:
         lower, upper = row["interval"]
         ends = ["..." if end is None else f"{end:.6g}" for end in (lower, upper)]

@@ -207,7 +207,9 @@ def release_figure(aggregate: dict[str, Any]) -> dict[str, Any]:
 
     Returns:
         the figure: one point per value with asymmetric error bars from ``lower`` to ``upper``; a point open on a
-        side has no bar there and a triangle marker pointing to its open side (a diamond when both are open).
+        side has no bar there and a triangle marker pointing to its open side (a diamond when both are open); a
+        quantile with no value interval (the exponential mechanism's: ``rank_half_width`` only) is a plain point
+        whose hover text gives its rank half-width.
         A value's category label is its group-by key's values joined with `` · `` (the aggregate's name without
         a group-by); the column names are the category axis's title. Up to :data:`MAX_COLUMNS` values the
         categories are on x (values on y, ``error_y``); with more, on y from the top down in the values' order
@@ -229,10 +231,16 @@ def release_figure(aggregate: dict[str, Any]) -> dict[str, Any]:
         values.append(value)
         above.append(bar_above)
         below.append(bar_below)
-        symbols.append(markers.get((lower is None, upper is None), "diamond"))
+        ranks = row.get("rank_half_width")  # a quantile's, in records
         named = "<br>".join(f"{_label(column)} = {_label(key[column])}" for column in key) or _label(label)
+        if ranks is not None and lower is None and upper is None:  # a quantile whose guarantee is in ranks only
+            symbols.append(markers[(False, False)])
+            hover.append(f"{named}<br>value {_bound(value, '')}<br>within {ranks:.4g} ranks of its target")
+            continue
+        symbols.append(markers.get((lower is None, upper is None), "diamond"))
         hover.append(f"{named}<br>value {_bound(value, '')}<br>"
-                     f"interval [{_bound(_double(lower), '-∞')}, {_bound(_double(upper), '+∞')}]")
+                     f"interval [{_bound(_double(lower), '-∞')}, {_bound(_double(upper), '+∞')}]"
+                     + (f"<br>within {ranks:.4g} ranks of its target" if ranks is not None else ""))
     confidence = aggregate.get("confidence")
     shown_confidence = f" ({confidence * 100:.6g}% interval)" if _double(confidence) else ""
     value_title = {"text": "published value" + shown_confidence}

@@ -1393,16 +1393,17 @@ def _published_values(aggregate: dict[str, Any], limit: int | None) -> tuple[lis
     for row in rows[:limit]:
         row = row if isinstance(row, dict) else {}
         lower, upper = _interval(row, published_interval)
-        values.append(
-            {
-                "key": {column: row.get(column) for column in group_by},
-                "value": row.get("value"),
-                "half_width": row.get("half_width"),
-                "lower": lower,
-                "upper": upper,
-                "saturated": bool(row.get("saturated", False)),
-            }
-        )
+        shown = {
+            "key": {column: row.get(column) for column in group_by},
+            "value": row.get("value"),
+            "half_width": row.get("half_width"),
+            "lower": lower,
+            "upper": upper,
+            "saturated": bool(row.get("saturated", False)),
+        }
+        if _is_number(row.get("rank_half_width")):  # a quantile's guarantee in ranks (records)
+            shown["rank_half_width"] = row["rank_half_width"]
+        values.append(shown)
     return values, total
 
 
@@ -1594,6 +1595,7 @@ def _plan(plan: Any) -> dict[str, Any] | None:
             "aggregate": _text(step.get("aggregate"), 200), "component": _text(step.get("component"), 80),
             "mechanism": _text(step.get("mechanism"), 80),
             "half_width": step.get("half_width") if _is_number(step.get("half_width")) else None,
+            **({"rank_half_width": step["rank_half_width"]} if _is_number(step.get("rank_half_width")) else {}),
         } for step in steps[:MAX_PLAN_STEPS] if isinstance(step, dict)],
         "mechanisms_total": len(steps),
     }

@@ -33,8 +33,12 @@ def approval_plan(spec: Any, accountant: str, error: ApprovalRequiredError,
     alpha = 1 - float(spec.confidence)
     steps = []
     for step in plan.steps:
-        steps.append({"aggregate": step.aggregate, "component": step.component, "mechanism": step.mechanism,
-                      "half_width": step.half_width(alpha)})
+        shown_step = {"aggregate": step.aggregate, "component": step.component, "mechanism": step.mechanism}
+        if step.component == "quantile":  # a quantile's accuracy is in ranks (records), not in value units
+            shown_step.update(half_width=None, rank_half_width=max(step.rank_half_widths))
+        else:
+            shown_step["half_width"] = step.half_width(alpha)
+        steps.append(shown_step)
     remaining = Fraction(str(error.remaining)) if error.remaining is not None else None
     if blocks:
         remaining = min(left for _, left in blocks)

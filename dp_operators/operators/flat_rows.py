@@ -34,6 +34,10 @@ def release_rows(output: Mapping[str, Any]) -> list[dict[str, Any]]:
     * ``lower``, ``upper``: the interval's ends (``value -+ half_width`` rounded outwards to floats); ``None`` on
       the unbounded side of a saturated value.
 
+    A quantile or median row (its ``key`` holds ``quantile``) has its value interval's ends and ``half_width``
+    (the noised CDF's), or ``None`` for all three and ``saturated`` false when the exponential mechanism released it:
+    its guarantee is then in ranks, the ``rank_half_width`` of the JSON output (docs/mechanisms.md).
+
     Order: aggregates sorted by name (whatever the dict's insertion order: a replay returns the ledger's canonical
     JSON, whose key order may differ from the first run's), then rows in the output's order. A grouped aggregate
     whose partition selection released no key has no row.

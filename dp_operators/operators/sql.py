@@ -46,6 +46,9 @@ class DPSQLReleaseOperator(DPReleaseOperator):
                 "people_by_age_band": "sql/age_bands.sql",   # a file beside the DAG, rendered by Jinja
                 "mean_hours_per_week":   # clipped to the spec's bounds [1, 99] (PostgreSQL: LEAST, GREATEST)
                     "SELECT SUM(MIN(MAX(hours_per_week, 1), 99)) AS sum, COUNT(*) AS count FROM adult",
+                "median_hours_per_week":   # a histogram: one row per bin (its lower edge), hours clipped as above
+                    "SELECT MIN(MAX(hours_per_week, 1), 99) AS hours_per_week, COUNT(*) AS count FROM adult "
+                    "GROUP BY 1",
             },
             output_uri="s3://stats/dp",
         )

@@ -26,7 +26,7 @@ def airflow_env(tmp_path_factory, adult_csv):
     config = home / "ledgers.yaml"
     # the repository's account, with a cap that fits exactly two runs of the example spec
     config.write_text(
-        (REPO / "config" / "ledgers.yaml").read_text().replace("cap: 0.5 ", f"cap: {2 * example_charge()} ")
+        (REPO / "config" / "ledgers.yaml").read_text().replace("cap: 0.6 ", f"cap: {2 * example_charge()} ")
     )
     env = airflow_environment(home, DP_OPERATORS_ADULT_CSV=str(adult_csv))
     migrate_metadata(env)
@@ -61,6 +61,10 @@ def test_first_run_releases_every_cell_and_charges_the_spec_total(runs, airflow_
     assert [r["age_band"] for r in first["aggregates"]["people_by_age_band"]["rows"]] == [
         "17-24", "25-34", "35-44", "45-54", "55-64", "65-74", "75+"
     ]
+    # the median: one of the 99 one-hour bins, its guarantee in ranks (no value interval)
+    (median,) = first["aggregates"]["median_hours_per_week"]["rows"]
+    assert median["quantile"] == "0.5" and median["bin"] == [median["value"], median["value"] + 1]
+    assert 1 <= median["value"] <= 99 and median["rank_half_width"] > 0 and median["interval"] == [None, None]
     charge = next(c for c in airflow_env["ledger"].charges() if c["run_id"] == first["release_key"]["run_id"])
     from dp_operators.spec import load_spec
 
@@ -81,7 +85,7 @@ def test_third_run_is_refused_and_the_ledger_holds_two_charges(runs, airflow_env
 
 def test_raw_aggregates_appear_in_no_log_ledger_or_rendered_field(runs, airflow_env, adult_aggregates):
     true_values = {adult_aggregates["mean_hours_per_week"]["sum"], adult_aggregates["mean_hours_per_week"]["count"]}
-    for aggregate in ("people_by_education_sex", "people_by_age_band"):
+    for aggregate in ("people_by_education_sex", "people_by_age_band", "median_hours_per_week"):
         true_values |= {row["count"] for row in adult_aggregates[aggregate] if row["count"] >= 1000}
     pattern = re.compile(r"(?<![\w.:=/+-])(" + "|".join(map(str, sorted(true_values))) + r")(?![\w.:])")
 

@@ -49,7 +49,11 @@ def test_a_large_charge_waits_for_the_officer(tmp_path, held_ledger, adult_aggre
     plan = request["plan"]
     assert plan["charge"] == request["amount"] and Fraction(plan["remaining_after"]) == Fraction(
         2 * example_charge()) - Fraction(request["amount"])
-    assert plan["mechanisms"] and all(step["half_width"] > 0 for step in plan["mechanisms"])
+    # each step with its expected half-width; a quantile's in ranks (records)
+    assert plan["mechanisms"] and all(
+        (step["rank_half_width"] if step["component"] == "quantile" else step["half_width"]) > 0
+        for step in plan["mechanisms"])
+    assert any(step["component"] == "quantile" for step in plan["mechanisms"])  # the example's median
     with pytest.raises(AirflowRescheduleException):  # still waiting: the same request, not a second one
         _operator(tmp_path).execute(context_for(FakeTaskInstance(adult_aggregates)))
     assert len(officer.approval_requests()) == 1

@@ -54,7 +54,7 @@ def test_execute_publishes_xcom_files_and_asset_event(tmp_path, ledger_conn, adu
     assert ti.pushed == {"release_location": (folder / "release.json").as_uri()}  # the folder's "%" as "%25"
     csv_lines = (folder / "release.csv").read_text().splitlines()
     assert csv_lines[0] == "aggregate,kind,key,value,half_width,confidence,mechanism,saturated,lower,upper"
-    assert len(csv_lines) == 1 + 32 + 7 + 1
+    assert len(csv_lines) == 1 + 32 + 7 + 1 + 1  # header, the counts, the mean, the median
     assert (folder / "release.csv").read_text() == release_csv(output)
     ((asset, extra),) = emitted_events(context, op)
     assert asset == op.release_asset and asset.uri == "dp-release://adult_census_statistics/"

@@ -93,14 +93,21 @@ def test_release_rows_are_the_published_values_aggregates_sorted(output):
     rows = release_rows(output)
     spec_domain = output["aggregates"]["people_by_education_sex"]["rows"]
     assert [r["aggregate"] for r in rows] == (
-        ["mean_hours_per_week"] + ["people_by_age_band"] * 7 + ["people_by_education_sex"] * len(spec_domain)
+        ["mean_hours_per_week", "median_hours_per_week"] + ["people_by_age_band"] * 7
+        + ["people_by_education_sex"] * len(spec_domain)
     )
     assert all(list(row) == list(COLUMNS) for row in rows)
     mean = rows[0]
     published = output["aggregates"]["mean_hours_per_week"]
     assert (mean["key"], mean["kind"], mean["value"], mean["half_width"], mean["mechanism"]) == (
         "{}", "mean", published["value"], published["half_width"], "discrete_laplace")
-    education = rows[8:]
+    # the median (exponential mechanism) publishes no value interval, only ranks: its row's interval is empty too
+    median, (published,) = rows[1], output["aggregates"]["median_hours_per_week"]["rows"]
+    assert (median["key"], median["kind"], median["value"], median["mechanism"]) == (
+        '{"quantile":"0.5"}', "median", published["value"], "exponential")
+    assert (median["half_width"], median["lower"], median["upper"]) == (None, None, None) == (
+        published["half_width"], *published["interval"])
+    education = rows[9:]
     assert [json.loads(r["key"]) for r in education] == [
         {"education": r["education"], "sex": r["sex"]} for r in spec_domain
     ]
@@ -109,6 +116,8 @@ def test_release_rows_are_the_published_values_aggregates_sorted(output):
     for row in rows:
         assert row["confidence"] == output["confidence"] == 0.95
         assert row["saturated"] is False
+        if row is median:
+            continue
         assert row["lower"] <= row["value"] - row["half_width"] < row["value"] + row["half_width"] <= row["upper"]
         assert row["upper"] - row["lower"] == pytest.approx(2 * row["half_width"])
 
@@ -126,8 +135,10 @@ def test_csv_holds_the_rows_with_empty_fields_for_none(output):
     parsed = list(csv.DictReader(io.StringIO(text)))
     assert parsed == [{c: sinks._csv_field(v) if isinstance(v, bool) or v is None else str(v)
                        for c, v in row.items()} for row in release_rows(output)]
-    assert parsed[1]["value"] == str(output["aggregates"]["people_by_age_band"]["rows"][0]["value"])
-    assert parsed[1]["saturated"] == "false"
+    assert parsed[2]["value"] == str(output["aggregates"]["people_by_age_band"]["rows"][0]["value"])
+    assert parsed[2]["saturated"] == "false"
+    median = [parsed[1][c] for c in ("aggregate", "half_width", "lower", "upper")]
+    assert median == ["median_hours_per_week", "", "", ""]  # no value interval: empty fields, as for None
 
 
 def test_a_grouped_aggregate_that_released_no_key_has_no_row(tmp_path):
@@ -291,7 +302,7 @@ def test_sql_sink_writes_the_rows_once_per_release_key(sql_target, releases):
     conn_id, table, engine = sql_target
     first, second, replay = releases
     sink = SQLTableSink(conn_id, table)
-    assert sink.write(first) == len(release_rows(first)) == 40
+    assert sink.write(first) == len(release_rows(first)) == 41
     rows = stored(engine, table)
     assert [{c: r[c] for c in COLUMNS} for r in rows] == expected_rows(first)
     released_at = dt.datetime.fromisoformat(first["released_at"])
@@ -302,13 +313,13 @@ def test_sql_sink_writes_the_rows_once_per_release_key(sql_target, releases):
         assert (at if at.tzinfo else at.replace(tzinfo=dt.timezone.utc)) == released_at
 
     for replayed in (replay, reversed_keys(first)):
-        assert sink.write(replayed) == 40
+        assert sink.write(replayed) == 41
         assert stored(engine, table) == rows  # same count, same content
 
-    assert sink.write(second) == 40
+    assert sink.write(second) == 41
     assert stored(engine, table, "r1") == rows  # the first release untouched
     assert [{c: r[c] for c in COLUMNS} for r in stored(engine, table, "r2")] == expected_rows(second)
-    assert len(stored(engine, table)) == 80
+    assert len(stored(engine, table)) == 82
 
 
 def test_sql_sink_without_create_table_needs_the_table(sql_target, output):
@@ -316,7 +327,7 @@ def test_sql_sink_without_create_table_needs_the_table(sql_target, output):
     with pytest.raises(sa.exc.SQLAlchemyError):
         SQLTableSink(conn_id, table, create_table=False).write(output)
     SQLTableSink(conn_id, table).write(output)  # creates it
-    assert SQLTableSink(conn_id, table, create_table=False).write(output) == 40
+    assert SQLTableSink(conn_id, table, create_table=False).write(output) == 41
 
 
 @pytest.mark.parametrize("sql_target", ["postgresql"], indirect=True)

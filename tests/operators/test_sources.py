@@ -72,7 +72,7 @@ def test_formats_can_be_mixed_and_suffixes_are_case_insensitive(tmp_path, exampl
     reference = {
         aggregate.name: str(write_aggregate(tmp_path / f"{aggregate.name}{suffix}", aggregate,
                                             adult_aggregates[aggregate.name]))
-        for aggregate, suffix in zip(example_spec.aggregates, (".CSV", ".pq", ".Json"))
+        for aggregate, suffix in zip(example_spec.aggregates, (".CSV", ".pq", ".Json", ".PARQUET"), strict=True)
     }
     assert_same_inputs(example_spec, read_reference(reference, example_spec), adult_aggregates)
 
@@ -362,7 +362,7 @@ def _refusal(tmp_path: Path, case: str):
         pytest.param("ragged csv row", "a row whose number of fields differs from its header", id="ragged CSV"),
         pytest.param("empty csv", "is empty; write a header row", id="empty CSV"),
         pytest.param("table file for a spec of several aggregates", "holds the rows of one aggregate, but the spec "
-                     "releases 3", id="one CSV for three aggregates"),
+                     "releases 4", id="one CSV for four aggregates"),
     ],
 )
 def test_refusals_name_the_file_and_column_never_a_value(tmp_path, case, message, caplog, capsys):

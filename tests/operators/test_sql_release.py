@@ -227,7 +227,7 @@ def test_operator_releases_from_sql_and_a_retry_runs_no_query(tmp_path, adult_sq
         connection.execute("DROP TABLE adult")
     assert sql_operator(tmp_path, adult_sqlite).execute(context_for(FakeTaskInstance(try_number=2))) == output
     assert len(list(ledger_conn.charges())) == 1
-    assert "reading the aggregates of 3 queries on connection 'adult_test_sqlite'" in capsys.readouterr().out
+    assert "reading the aggregates of 4 queries on connection 'adult_test_sqlite'" in capsys.readouterr().out
 
 
 def test_operator_logs_no_true_aggregate(tmp_path, adult_sqlite, ledger_conn, adult_aggregates, capsys, caplog):
@@ -248,7 +248,8 @@ def test_a_connection_without_a_sql_hook_is_refused_before_any_charge(tmp_path, 
     ("overrides", "message"),
     [
         pytest.param({"queries": {"people_by_age_band": "SELECT 1"}},
-                     r"missing \['people_by_education_sex', 'mean_hours_per_week'\]", id="missing queries"),
+                     r"missing \['people_by_education_sex', 'mean_hours_per_week', 'median_hours_per_week'\]",
+                     id="missing queries"),
         pytest.param({"queries": dict(sql_dag_module().QUERIES, people_by_race="SELECT 1")},
                      r"not in the spec: \['people_by_race'\]", id="extra query"),
         pytest.param({"aggregates_task_id": "compute"}, "drop aggregates_task_id", id="an XCom source too"),
