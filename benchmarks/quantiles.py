@@ -15,13 +15,13 @@ published ``rank_half_width``; the worst level), the empirical 95th percentile o
 the CDF's, whose releases are few, pooled over its nine deciles), for the exponential mechanism also the exact one
 from its law (``exponential_mechanism_probabilities``), and for the noised CDF the max std of the noised prefix
 sums: planned, sqrt(noise_variance * max step_variances), and empirical (RMS of the exact noise at that prefix over
-``--repeats`` draws of ``SeriesNoise``, with its 95 % sampling margin).
+``--repeats`` draws of the CDF measurement, with its 95 % sampling margin).
 
 Targets (issue; 95 %, ranks, m = 1000, rho = 1): exponential median within 3.5 ranks (9.9 at rho = 0.125); nine
 deciles by the exponential mechanism (rho / 9 each) within 10.5 ranks each; one noised CDF for every quantile: max
-std 4.2 with ``tree_honaker``, 2.3 with ``sqrt_factorization``. Judged at the target's precision (0.1 rank): the
-exponential rows on the empirical p95 and the plan at m = 1000, the CDF rows on the planned std (the empirical std,
-a sampling estimate, is printed as its check).
+std 4.2 with ``tree_consistent`` (the tree made consistent by least squares), 2.3 with ``sqrt_factorization``.
+Judged at the target's precision (0.1 rank): the exponential rows on the empirical p95 and the plan at m = 1000,
+the CDF rows on the planned std (the empirical std, a sampling estimate, is printed as its check).
 
 OpenDP: ``make_private_quantile`` over the histogram expanded to records (each bin's lower edge repeated by its
 count), candidates the bins' lower edges, symmetric distance (d_in = 1: one record, as records_per_unit = 1 here),
@@ -43,7 +43,7 @@ import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -56,12 +56,8 @@ from dp_operators.mechanisms.exponential import (
     quantile_rank_distances,
 )
 from dp_operators.release import plan_release
-from dp_operators.release.quantiles import (
-    QuantileStep,
-    _cdf_noise,
-    cdf_simultaneous_half_width,
-    draw_quantiles,
-)
+from dp_operators.release.cdf import cdf_measurement
+from dp_operators.release.quantiles import QuantileStep, draw_quantiles
 from dp_operators.spec import ReleaseSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,7 +95,7 @@ SETTINGS = (
     Setting("EM median", MEDIAN, "exponential", Fraction(1), 3.5),
     Setting("EM median", MEDIAN, "exponential", Fraction(1, 8), 9.9),
     Setting("EM 9 deciles (rho/9 each)", DECILES, "exponential", Fraction(1), 10.5),
-    Setting("CDF tree_honaker", DECILES, "noised_cdf", Fraction(1), 4.2, "tree_honaker"),
+    Setting("CDF tree_consistent", DECILES, "noised_cdf", Fraction(1), 4.2, "tree_consistent"),
     Setting("CDF sqrt_factorization", DECILES, "noised_cdf", Fraction(1), 2.3, "sqrt_factorization"),
 )
 
@@ -139,23 +135,18 @@ def histograms(adult_path: str) -> dict[str, Histogram]:
 
 
 def plan(histogram: Histogram, setting: Setting) -> QuantileStep:
-    """The engine's plan of the setting's aggregate over the histogram's bins; for the CDF, the strategy swapped in
-    (the spec cannot name one) with its half-widths re-derived as ``plan_quantiles`` does."""
+    """The engine's plan of the setting's aggregate over the histogram's bins (the CDF's strategy named by the
+    spec's ``cdf_strategy``)."""
     high = histogram.low + histogram.width * len(histogram.counts)
     aggregate = {"name": "q", "kind": "median" if setting.levels == MEDIAN else "quantile",
                  "bins": {"column": histogram.column, "edges": [histogram.low, high], "width": histogram.width},
-                 "mechanism": setting.mechanism, "budget": {"rho": str(setting.rho)}}
+                 "mechanism": setting.mechanism, "budget": {"rho": str(setting.rho)},
+                 **({"cdf_strategy": setting.strategy} if setting.strategy else {})}
     if setting.levels != MEDIAN:
         aggregate["quantiles"] = [str(q) for q in setting.levels]
     spec = ReleaseSpec.model_validate({"version": 1, "release": "quantiles_benchmark", "budget_account": "benchmark",
                                        "privacy_unit": "person", "aggregates": [aggregate]})
-    step = plan_release(spec, accountant="zcdp").steps[0]
-    if setting.strategy is not None:
-        noise = _cdf_noise(step.bins, step.l0, step.linf, step.groups, setting.rho, strategy=setting.strategy)
-        half = cdf_simultaneous_half_width(noise, step.confidence)
-        step = replace(step, cdf_strategy=noise.strategy.name, cdf_noise=noise, cdf_half_width=half,
-                       rank_half_widths=tuple(float(half * (1 + q)) for q in step.quantiles))
-    return step
+    return plan_release(spec, accountant="zcdp").steps[0]
 
 
 def rank_errors(counts: np.ndarray, level: Fraction) -> np.ndarray:
@@ -218,18 +209,18 @@ def measure(adult_path: str, name: str, index: int, repeats: int, cdf_repeats: i
             quantile_rank_distances(histogram.counts, q),
             step.epsilon_each / (step.records_per_unit * bounded_range_width(q))) for q in step.quantiles]
         row["exact"] = max(p95(e, law) for e, law in zip(errors, laws))
-        row["opendp"], row["noiseless"] = opendp_p95(histogram, step.quantiles, float(step.rho / len(step.quantiles)), repeats)
+        per_level = float(step.rho / len(step.quantiles))
+        row["opendp"], row["noiseless"] = opendp_p95(histogram, step.quantiles, per_level, repeats)
     else:
-        noise = step.cdf_noise
-        row["std"] = math.sqrt(float(noise.candidate.noise_variance) * float(max(noise.strategy.step_variances())))
+        row["std"] = step.cdf_noise.worst_std
     return row
 
 
 def noise_std(bins: int, strategy: str, repeats: int) -> float:
     """The RMS over ``repeats`` draws of the exact noise on the prefix with the largest planned variance."""
-    noise = _cdf_noise(bins, 1, 1, 1, Fraction(1), strategy=strategy)
-    worst = int(np.argmax(noise.strategy.step_variances()))
-    draws = [float(noise.total_noise([noise.draw(t) for t in range(worst + 1)])) for _ in range(repeats)]
+    noise = cdf_measurement(strategy, bins, 1, 1, 1, Fraction(1))
+    worst = int(np.argmax(noise.prefix_variances()))
+    draws = [float(noise.noised_prefixes([0] * bins)[worst]) for _ in range(repeats)]
     return math.sqrt(math.fsum(x * x for x in draws) / repeats)
 
 
@@ -254,7 +245,7 @@ def main() -> None:
     found = histograms(args.adult)
     # the slowest first (the tree's CDF at m = 1000), so that the workers end together
     tasks = sorted(((name, i) for name in found for i in range(len(SETTINGS))),
-                   key=lambda task: (SETTINGS[task[1]].strategy != "tree_honaker", -len(found[task[0]].counts)))
+                   key=lambda task: (SETTINGS[task[1]].strategy != "tree_consistent", -len(found[task[0]].counts)))
     sizes = sorted({len(h.counts) for h in found.values()})
     strategies = [s.strategy for s in SETTINGS if s.strategy]
     with ProcessPoolExecutor(args.workers) as pool:

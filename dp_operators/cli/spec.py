@@ -543,7 +543,7 @@ def _quantile_plan_row(step, described: dict, accountant: str | None, as_epsilon
     if step.mechanism == "exponential":
         scale = f"epsilon {float(step.epsilon_each):.6g} per level"
     else:
-        scale = f"{step.cdf_strategy}, sigma = {math.sqrt(float(step.cdf_noise.candidate.noise_variance)):.6g}"
+        scale = f"{step.cdf_strategy}, sigma = {math.sqrt(float(step.cdf_noise.noise_variance)):.6g}"
     row = {
         "aggregate": step.aggregate,
         "component": f"quantile ({', '.join(described['quantiles'])})",

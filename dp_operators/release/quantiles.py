@@ -39,6 +39,7 @@ import numpy as np
 
 from dp_operators.accounting import Epsilon, PrivacyLoss
 from dp_operators.accounting.budget import GaussianNoise
+from dp_operators.release.cdf import CdfMeasurement, cdf_measurement
 from dp_operators.spec.models import Aggregate, Budget, ContributionBounds
 
 #: Bits of the dyadic epsilon a ``{rho}`` budget gives the exponential mechanism: the largest multiple of 2^-40
@@ -89,8 +90,8 @@ class QuantileStep:
         l0, linf: the contribution bounds (L0 capped by the G*m partitions).
         records_per_unit: k = L0 * Linf, the most records one privacy unit adds to the histograms.
         epsilon_each: the exponential mechanism's epsilon per level (and group), exact; None for the CDF.
-        cdf_strategy: the CDF's strategy (:mod:`dp_operators.continual.strategies`); None for the exponential.
-        cdf_noise: the CDF's :class:`~dp_operators.continual.noise.SeriesNoise`; None for the exponential.
+        cdf_strategy: the CDF's strategy (:data:`~dp_operators.release.cdf.CDF_STRATEGIES`); None for the exponential.
+        cdf_noise: the CDF's :class:`~dp_operators.release.cdf.CdfMeasurement`; None for the exponential.
         rank_half_widths: per level, the published rank half-width (records) at ``confidence``.
         cdf_half_width: the CDF only: h, every noised cumulative count of a group is within h of the true one
             with probability at least ``confidence`` (records).
@@ -143,12 +144,7 @@ class QuantileStep:
         measurement's Delta^2 / (2 sigma^2), exact."""
         if self.epsilon_each is not None:
             return self.epsilon_each**2 / 8 * len(self.quantiles)
-        noise = self.cdf_noise
-        return noise.candidate.sensitivity_squared * self._step_sensitivity_squared / (2 * noise.candidate.noise_variance)
-
-    @property
-    def _step_sensitivity_squared(self) -> Fraction:
-        return Fraction(self.linf**2 * cdf_group_multiplier(self.l0, self.bins, self.groups))
+        return self.cdf_noise.rho
 
     def privacy_loss(self, accountant: str) -> PrivacyLoss:
         """The loss to charge to an ``accountant`` account. The exponential mechanism: pure epsilon (``pure_dp``,
@@ -160,8 +156,7 @@ class QuantileStep:
                 return PrivacyLoss("rho", self.rho)
             return PrivacyLoss("epsilon", self.epsilon, bounded_range=len(self.quantiles) == 1)
         noise = self.cdf_noise
-        gaussian = GaussianNoise(noise.candidate.noise_variance,
-                                 noise.candidate.sensitivity_squared * self._step_sensitivity_squared, discrete=True)
+        gaussian = GaussianNoise(noise.noise_variance, noise.sensitivity_squared, discrete=True)
         return PrivacyLoss("rho", self.rho, gaussian=gaussian)
 
     def describe(self) -> dict[str, Any]:
@@ -191,27 +186,10 @@ class QuantileStep:
                 sampler="exact_inverse_cdf",
             )
         else:
-            noise = self.cdf_noise
-            described.update(
-                strategy=self.cdf_strategy,
-                sensitivity_squared_exact=str(noise.candidate.sensitivity_squared * self._step_sensitivity_squared),
-                noise_variance_exact=str(noise.candidate.noise_variance),
-                lattice_exact=str(noise.lattice),
-                sigma2_lattice_units_exact=str(noise.sigma2),
-                cdf_half_width=self.cdf_half_width,
-                sampler="vectorised",
-            )
+            described.update(self.cdf_noise.describe(), cdf_half_width=self.cdf_half_width, sampler="vectorised")
         if self.candidates:
             described["candidates"] = dict(self.candidates)
         return described
-
-
-def cdf_group_multiplier(l0: int, bins: int, groups: int) -> int:
-    """How many groups' worth of the worst one-group sensitivity^2 one privacy unit can reach: it touches at most
-    L0 partitions, at most ``bins`` of them in one group, so at most ceil(L0 / bins) groups (of ``groups``) fully.
-    The strategies' sensitivity^2 f is superadditive over disjoint steps (their matrices are entrywise
-    non-negative), so sum_g f(k_g) <= ceil(L0 / m) f(min(L0, m)) over any split of L0 contributions."""
-    return min(groups, -(-l0 // bins))
 
 
 def _em_rank_half_width(bins: int, level: Fraction, epsilon: Fraction, records: int, alpha: float) -> float:
@@ -220,32 +198,17 @@ def _em_rank_half_width(bins: int, level: Fraction, epsilon: Fraction, records: 
     return rank_error_bound(bins, level, epsilon, records, alpha)
 
 
-def _cdf_noise(bins: int, l0: int, linf: int, groups: int, rho: Fraction, strategy: str = "auto") -> Any:
-    from dp_operators.continual.noise import SeriesNoise
-    from dp_operators.continual.plan import plan_series, strategy_of
-    from dp_operators.continual.strategies import Participation
-
-    participation = Participation(min(l0, bins), 1)
-    squared = Fraction(linf * linf * cdf_group_multiplier(l0, bins, groups))
-    plan = plan_series(bins, participation, rho, step_sensitivity_squared=squared, mechanism=strategy)
-    return SeriesNoise(strategy_of(plan.chosen.mechanism, bins), plan.chosen, Fraction(1))
-
-
-def cdf_simultaneous_half_width(noise: Any, confidence: float) -> float:
-    """h: with probability at least ``confidence`` every noised prefix sum of one group is within h of the true one
-    (a union bound over the m prefixes, each at 1 - (1 - confidence) / m: :meth:`SeriesNoise.half_width
-    <dp_operators.continual.noise.SeriesNoise.half_width>`, which is exact on the integer lattice or a
-    sub-Gaussian bound). Public parameters only."""
-    bins = noise.strategy.horizon
-    each = 1 - (1 - confidence) / bins
-    variances = noise.strategy.step_variances()
-    # the widest prefix has the largest variance; the tree's integer-weight decoders depend on the number of terms
-    # too, so those take the largest over the distinct term counts
-    candidates = {int(np.argmax(variances))}
-    if noise.strategy.name in ("summed_increments", "binary_tree"):
-        candidates |= {(1 << bits) - 1 for bits in range(1, bins.bit_length() + 1) if (1 << bits) - 1 < bins}
-        candidates.add(bins - 1)
-    return max(noise.half_width(step, each) for step in sorted(candidates))
+def cdf_step(aggregate: Aggregate, noise: CdfMeasurement, l0: int, linf: int, confidence: float,
+             declared_l0: int | None = None) -> QuantileStep:
+    """The plan of ``aggregate`` released by the CDF measurement ``noise``: h = its half-width holding every prefix
+    at once at ``confidence`` (:meth:`CdfMeasurement.half_width`), and each level's rank half-width h (1 + q)."""
+    levels = tuple(aggregate.quantiles or ())
+    bins = noise.bins
+    groups = (aggregate.partition_count or bins) // bins
+    h = noise.half_width(confidence)
+    return QuantileStep(aggregate.name, "noised_cdf", aggregate.budget, levels, bins, groups, l0, linf, l0 * linf,
+                        None, noise.name, noise, tuple(float(h * (1 + q)) for q in levels), h, confidence,
+                        declared_l0=declared_l0)
 
 
 def plan_quantiles(aggregate: Aggregate, contribution: ContributionBounds, accountant: str | None,
@@ -288,12 +251,8 @@ def plan_quantiles(aggregate: Aggregate, contribution: ContributionBounds, accou
         raise ValueError(f"aggregate {aggregate.name!r}: mechanism noised_cdf is a Gaussian measurement charged in "
                          f"zCDP; a {accountant} account cannot be charged for it: use mechanism exponential")
     if aggregate.mechanism in ("auto", "noised_cdf") and cdf_possible:
-        noise = _cdf_noise(bins, l0, linf, groups, budget.rho)
-        h = cdf_simultaneous_half_width(noise, confidence)
-        widths = tuple(float(h * (1 + q)) for q in levels)
-        options["noised_cdf"] = QuantileStep(
-            aggregate.name, "noised_cdf", budget, levels, bins, groups, l0, linf, records, None,
-            noise.strategy.name, noise, widths, h, confidence, declared_l0=declared_l0)
+        options["noised_cdf"] = cdf_step(aggregate, cdf_measurement(aggregate.cdf_strategy, bins, l0, linf, groups,
+                                                                    budget.rho), l0, linf, confidence, declared_l0)
     if not options:
         raise ValueError(f"aggregate {aggregate.name!r}: no quantile mechanism fits budget {budget.form}")
     compared = tuple((name, max(step.rank_half_widths)) for name, step in options.items())
@@ -346,15 +305,8 @@ def draw_quantiles(step: QuantileStep, counts: np.ndarray, drawn: list[str]) -> 
                 released.append({"bin": sample_exponential_mechanism(distances, gamma),
                                  "lower_bin": None, "upper_bin": None})
         else:
-            noise = step.cdf_noise
             drawn.append(step.component)
-            history: list[list[int]] = []
-            cumulative: list[Fraction] = []
-            total = 0
-            for t in range(m):
-                history.append(noise.draw(t))
-                total += histogram[t]
-                cumulative.append(total + noise.total_noise(history))
+            cumulative = step.cdf_noise.noised_prefixes(histogram)
             noised_total = cumulative[-1]
             h = Fraction(step.cdf_half_width)
             for level in step.quantiles:

@@ -421,6 +421,8 @@ class Aggregate(_Strict):
     #: a quantile's or median's public bins (:class:`QuantileBins`) and levels (a median: [0.5])
     bins: QuantileBins | None = None
     quantiles: list[QuantileLevel] | None = None
+    #: a noised CDF's strategy: ``auto`` (the smaller published half-width), ``tree_consistent``, ``sqrt_factorization``
+    cdf_strategy: Literal["auto", "tree_consistent", "sqrt_factorization"] = "auto"
     non_finite: NonFinitePolicy = NonFinitePolicy()
     out_of_range: Literal["clamp"] = "clamp"
     upstream: UpstreamSums = UpstreamSums()
@@ -446,8 +448,9 @@ class Aggregate(_Strict):
         aggregate is read as counts over those keys. Checked here: no ``bounds``, a mechanism of
         :data:`QUANTILE_MECHANISMS`, the levels; the other kinds take no ``bins`` or ``quantiles``."""
         if self.kind not in QUANTILE_KINDS:
-            if self.bins is not None or self.quantiles is not None:
-                raise ValueError(f"'bins' and 'quantiles' belong to a quantile or median, not a {self.kind}")
+            if self.bins is not None or self.quantiles is not None or self.cdf_strategy != "auto":
+                raise ValueError(f"'bins', 'quantiles' and 'cdf_strategy' belong to a quantile or median, not a "
+                                 f"{self.kind}")
             if self.mechanism in ("exponential", "noised_cdf"):
                 raise ValueError(f"mechanism {self.mechanism} releases a quantile or median; a {self.kind} takes "
                                  "discrete_laplace, discrete_gaussian or auto")
@@ -472,6 +475,9 @@ class Aggregate(_Strict):
         if self.partition_selection is not None:
             raise ValueError(f"a {self.kind} over groups found in the data (partition_selection) is not supported "
                              "yet: give the groups' public 'keys'")
+        if self.cdf_strategy != "auto" and self.mechanism == "exponential":
+            raise ValueError(f"cdf_strategy {self.cdf_strategy} applies to mechanism noised_cdf (or auto), not "
+                             "exponential")
         if self.mechanism == "noised_cdf" and self.budget.form != "rho":
             raise ValueError("mechanism noised_cdf is one Gaussian measurement of the histogram's prefix sums: give "
                              f"budget {{rho}}, got {self.budget.form} (or use mechanism exponential or auto)")

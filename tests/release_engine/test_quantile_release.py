@@ -150,7 +150,7 @@ def test_a_unit_in_several_groups_is_charged_for_every_group_it_reaches():
                           accountant="zcdp").steps[0]
     # the charge is the budget in both cases; the noise grows with the groups the unit can reach (3 of 3)
     assert one.rho == spread.rho == 1
-    assert spread.cdf_noise.candidate.noise_variance > 3 * one.cdf_noise.candidate.noise_variance
+    assert spread.cdf_noise.noise_variance > 3 * one.cdf_noise.noise_variance
 
 
 # -- the release ----------------------------------------------------------------------------------------------------
