@@ -55,3 +55,11 @@ def test_both_strategies_plan_the_accuracy_set_for_a_thousand_bins():
     assert cdf_measurement("auto", 1000, 1, 1, 1, Fraction(1)).name == "sqrt_factorization"
     with pytest.raises(ValueError, match="unknown CDF strategy"):
         cdf_measurement("binary_tree", 1000, 1, 1, 1, Fraction(1))
+
+
+def test_more_bins_than_the_square_root_decodes_in_time_take_the_tree():
+    from dp_operators.release.cdf import SQRT_MAX_BINS
+
+    assert cdf_measurement("auto", SQRT_MAX_BINS + 1, 1, 1, 1, Fraction(1)).name == "tree_consistent"
+    with pytest.raises(ValueError, match="at most 2,048 bins"):
+        cdf_measurement("sqrt_factorization", SQRT_MAX_BINS + 1, 1, 1, 1, Fraction(1))
