@@ -13,7 +13,7 @@ from fractions import Fraction
 from typing import Any, NoReturn
 
 from dp_operators.ledger import ReleaseKey
-from dp_operators.ledger.errors import ApprovalRequiredError
+from dp_operators.ledger.errors import ApprovalRequiredError, BoundingNotEnforcedError
 from dp_operators.operators.lease_wait import LEASE_WAIT_MARGIN, LEASE_WAIT_MIN
 
 #: How often a waiting task looks again (at most: it wakes at the request's timeout if that comes first).
@@ -21,9 +21,12 @@ APPROVAL_POLL = dt.timedelta(minutes=5)
 
 
 def approval_plan(spec: Any, accountant: str, error: ApprovalRequiredError,
-                  blocks: list[tuple[str, Fraction]] | None = None) -> tuple[dict[str, Any], list[dict]]:
+                  blocks: list[tuple[str, Fraction]] | None = None,
+                  bounding: dict[str, dict[str, Any]] | None = None) -> tuple[dict[str, Any], list[dict]]:
     """The plan a request shows the officer (mechanisms with their expected half-widths at the spec's confidence,
-    the charge, the budget left after it) and the mechanisms as the reservation records them. Public parameters
+    the charge, the budget left after it) and the mechanisms as the reservation records them, each with its
+    aggregate's ``contribution_bounding`` record (``bounding``, as :func:`~dp_operators.release.run_release` takes
+    it; declared where absent). Public parameters
     only: the plan is the spec's, no data is read. ``blocks``: on an account with privacy blocks, each window the
     run reads with its block's remaining budget; the plan then lists them, and ``remaining_after`` is the least
     any of them keeps (the run's release key and spec fix its windows, so the grant covers exactly these)."""
@@ -54,7 +57,12 @@ def approval_plan(spec: Any, accountant: str, error: ApprovalRequiredError,
     if blocks:
         charge = Fraction(str(error.amount))
         shown["blocks"] = [{"window": window, "remaining_after": str(max(left - charge, 0))} for window, left in blocks]
-    return shown, [step.describe() for step in plan.steps]
+    from dp_operators.release.run import contribution_bounding
+
+    # the mechanisms as the reservation will record them, with each aggregate's bounding record: an account that
+    # requires enforced bounding judges the request by them, and the officer sees what will be charged
+    records = contribution_bounding(spec, bounding)
+    return shown, [{**step.describe(), "contribution_bounding": records[step.aggregate]} for step in plan.steps]
 
 
 def wait_for_approval(operator: Any, ledger: Any, key: ReleaseKey, error: ApprovalRequiredError,
@@ -75,9 +83,13 @@ def wait_for_approval(operator: Any, ledger: Any, key: ReleaseKey, error: Approv
         from dp_operators.ledger.structure import block_account
 
         blocks = [(window, ledger.account(block_account(error.account, window)).remaining) for window in windows]
-    plan, mechanisms = approval_plan(spec, accountant, error, blocks)
-    state = ledger.request_approval(key, account=error.account, amount=error.amount, mechanisms=mechanisms,
-                                    spec_hash=operator.spec_sha256, plan=plan, audit=audit)
+    plan, mechanisms = approval_plan(spec, accountant, error, blocks, operator.contribution_bounding())
+    try:
+        state = ledger.request_approval(key, account=error.account, amount=error.amount, mechanisms=mechanisms,
+                                        spec_hash=operator.spec_sha256, plan=plan, audit=audit)
+    except BoundingNotEnforcedError as refused:  # the account's requirement: a retry would be refused the same way
+        raise AirflowFailException(f"budget account {error.account!r} refuses the approval request: {refused}; "
+                                   "nothing was reserved") from None
     if state["state"] == "rejected":
         how = "rejected by timeout" if state.get("reason") == "timeout" else "rejected by a privacy officer"
         raise AirflowFailException(f"the charge of {error.amount} on budget account {error.account!r} for release "
