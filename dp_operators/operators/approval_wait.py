@@ -38,7 +38,11 @@ def approval_plan(spec: Any, accountant: str, error: ApprovalRequiredError,
     for step in plan.steps:
         shown_step = {"aggregate": step.aggregate, "component": step.component, "mechanism": step.mechanism}
         if step.component == "quantile":  # a quantile's accuracy is in ranks (records), not in value units
-            shown_step.update(half_width=None, rank_half_width=max(step.rank_half_widths))
+            described = step.describe()
+            shown_step.update(half_width=None, rank_half_width=max(step.rank_half_widths),
+                              quantiles=described["quantiles"])
+            if step.epsilon_each is not None:
+                shown_step["epsilon_per_quantile"] = str(step.epsilon_each)
         else:
             shown_step["half_width"] = step.half_width(alpha)
         steps.append(shown_step)
