@@ -46,7 +46,7 @@ def test_show_prints_values_half_widths_and_the_charge_verbatim(tmp_path: Path):
 
 def test_show_prints_a_quantiles_rank_half_width(tmp_path: Path):
     """A quantile's row shows its rank half-width: alone when it has no value interval (the exponential mechanism),
-    beside the value half-width when it has one (the noised CDF)."""
+    beside its value interval when it has one (the noised CDF: not symmetric around the bin's edge)."""
     rows = {"kind": "quantile", "mechanism": "exponential", "group_by": ["quantile"], "rows": [
         {"quantile": "0.5", "value": 40, "bin": [40, 41], "bin_label": 40, "rank_half_width": 18.977130309221486,
          "interval": [None, None], "half_width": None},
@@ -57,7 +57,7 @@ def test_show_prints_a_quantiles_rank_half_width(tmp_path: Path):
     path.write_text(json.dumps({**RELEASE, "aggregates": {"hours": rows}}))
     result = runner.invoke(app, ["release", "show", str(path)], terminal_width=200)
     assert result.exit_code == 0, result.output
-    assert "18.98 ranks" in result.output and "3 (7.5 ranks)" in result.output
+    assert "within 18.98 ranks" in result.output and "[52, 58] (within 7.5 ranks)" in result.output
 
 
 @pytest.mark.parametrize(

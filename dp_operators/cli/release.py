@@ -145,10 +145,13 @@ def _bounding_by_aggregate(release: dict) -> dict:
 def _shown_half_width(row: dict) -> str:
     """A row's half-width, or the interval of a saturated value (an unbounded side shown as ...). A quantile's row
     also has its rank half-width (records), its only guarantee when it has no value interval (the exponential
-    mechanism): ``18.98 ranks``, or ``3 (7.5 ranks)``."""
-    if row.get("rank_half_width") is not None:
-        ranks = f"{row['rank_half_width']:.4g} ranks"
-        return ranks if row["half_width"] is None else f"{row['half_width']:.3g} ({ranks})"
+    mechanism): ``within 18.98 ranks``, or its value interval with them, ``[48, 51] (within 7.5 ranks)``."""
+    if row.get("rank_half_width") is not None:  # a quantile: within so many records of its target rank
+        ranks = f"within {row['rank_half_width']:.4g} ranks"
+        interval = row.get("interval")
+        if row.get("half_width") is None or not isinstance(interval, list) or len(interval) != 2:
+            return ranks
+        return f"[{interval[0]}, {interval[1]}] ({ranks})"
     if row.get("saturated") and row["half_width"] is None:
         lower, upper = row["interval"]
         ends = ["..." if end is None else f"{end:.6g}" for end in (lower, upper)]

@@ -546,11 +546,12 @@ def _quantile_plan_row(step, described: dict, accountant: str | None, as_epsilon
         scale = f"{step.cdf_strategy}, sigma = {math.sqrt(float(step.cdf_noise.noise_variance)):.6g}"
     row = {
         "aggregate": step.aggregate,
-        "component": f"quantile ({', '.join(described['quantiles'])})",
+        "component": f"quantile ({', '.join(described['quantiles'])}) over {step.bins:,} bins",
         "mechanism": step.mechanism,
         "scale": scale,
         "l1_sensitivity": float(step.records_per_unit),
-        "l2_sensitivity": float(step.records_per_unit),
+        "l2_sensitivity": (float(step.records_per_unit) if step.cdf_noise is None
+                           else math.sqrt(float(step.cdf_noise.sensitivity_squared))),
         "l0": str(step.l0),
         "calibrated_to": ", ".join(f"{name} {value:g}" for name, value in described["calibrated_to"].items()),
         "half_width": max(step.rank_half_widths),

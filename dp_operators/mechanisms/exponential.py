@@ -19,7 +19,8 @@ Sampling (:func:`sample_exponential_mechanism`), exactly as stated, with no floa
 * V is written in binary from ``os.urandom``: after p bits, V lies in [A, A+1) / 2^p.
 * Every weight is bounded by integers L_j <= 2^p w_j <= U_j: exp(-gamma) by
   :func:`~dp_operators.mechanisms.vectorised_bounds.exp_neg_bounds` at a guard precision, raised to the power
-  d_j - min d by square-and-multiply rounded down (lower) and up (upper). The exponent is capped at the least
+  d_j - min d by a fixed schedule of products with a public table of exp(-gamma 2^j), rounded down (lower) and up
+  (upper): one product per bit of the capped exponent, by 1 where the bit is 0. The exponent is capped at the least
   distance whose argument gamma d exceeds 0.7 p + 2 > p ln 2 + 2 (public: it depends on gamma and p only); a weight
   at or beyond it is below e^-2 2^-p and gets the bounds 0 and the capped power's upper bound (at most 1).
 * Each boundary S_k / Z = S_k / (S_k + T_k), T_k = Z - S_k, increases with S_k and decreases with T_k, so the prefix
@@ -32,7 +33,8 @@ Sampling (:func:`sample_exponential_mechanism`), exactly as stated, with no floa
   probability 1.
 
 Cost: the work at the first precision is fixed by the number of candidates m and the public gamma: one bound on
-exp(-gamma), one power per candidate whatever the distances (equal distances are not merged), prefix and suffix
+exp(-gamma) and a table of exp(-gamma 2^j), the same 2 bitlen(cap) products per candidate whatever the distances (a 0
+bit of the exponent multiplies by 1; equal distances are not merged), prefix and suffix
 sums of m integers, a binary search. Only the refinement depends on the data, and it runs with probability below
 2 m^2 2^-p (:func:`start_precision`: under 2^-127 at the first precision). Python integers are not constant-time;
 this bounds the count of operations, not their duration.
@@ -51,7 +53,7 @@ from fractions import Fraction
 import numpy as np
 
 from dp_operators.mechanisms._rational import as_open_unit_interval, as_positive_rational
-from dp_operators.mechanisms.vectorised_bounds import _ceil_div, _pow_ceil, _pow_floor, exp_neg_bounds
+from dp_operators.mechanisms.vectorised_bounds import _ceil_div, exp_neg_bounds
 
 __all__ = [
     "bounded_range_width",
@@ -171,29 +173,50 @@ def start_precision(m: int) -> int:
     return 128 + 2 * (m - 1).bit_length()
 
 
+def _product_down(a: int, b: int, w: int) -> int:
+    """floor(a b / 2^w): a product of two w-bit fixed-point numbers rounded down."""
+    return (a * b) >> w
+
+
+def _product_up(a: int, b: int, w: int) -> int:
+    """ceil(a b / 2^w): rounded up."""
+    return -((-(a * b)) >> w)
+
+
 def _weight_bounds(shifted: list[int], gamma: Fraction, p: int) -> tuple[list[int], list[int]]:
     """Integers (L, U) with L_j <= 2^p exp(-gamma d_j) <= U_j, d_j = shifted[j] >= 0; U_j - L_j <= 2.
 
     exp(-gamma d) is exp(-gamma)^e with e = min(d, cap), cap the least integer with gamma cap > 0.7 p + 2 (public:
-    it depends on gamma and p only): bounds on exp(-gamma) from ``exp_neg_bounds`` at w = p + 2 bitlen(cap) + 64
-    bits, powers by square-and-multiply rounded down and up (``_pow_floor``, ``_pow_ceil``: each rounding adds one
-    unit of 2^-w, each squaring at most doubles the width, so the width stays below 2^(w - p)), then rounded to p
-    bits outward. For d >= cap the lower bound is 0 and the upper one that of exp(-gamma cap) (exp decreases):
-    2^p exp(-gamma cap) < e^-2, so that upper bound is at most 1.
+    it depends on gamma and p only). Bounds on exp(-gamma) come from ``exp_neg_bounds`` at w = p + 2 bitlen(cap) + 64
+    bits; a public table holds bounds on exp(-gamma 2^j), j < bitlen(cap), by squaring rounded down and up. Every
+    candidate's power then takes the same bitlen(cap) steps, each one product rounded down and one rounded up: by
+    the table entry where e has a 1 bit, by 1 (2^w) where it has a 0, so the count of products is fixed by gamma and
+    p, never by the distances (each rounding adds one unit of 2^-w and a squaring at most doubles the width, so the
+    width stays below 2^(w - p)); then rounded to p bits outward. For d >= cap the lower bound is 0 and the upper one
+    that of exp(-gamma cap) (exp decreases): 2^p exp(-gamma cap) < e^-2, so that upper bound is at most 1.
     """
     threshold = _CAP_SLOPE * p + _CAP_OFFSET
     cap = math.floor(threshold / gamma) + 1
-    w = p + 2 * cap.bit_length() + 64
+    steps = cap.bit_length()
+    w = p + 2 * steps + 64
+    one = 1 << w
     base_lo, base_hi = exp_neg_bounds(gamma.numerator, gamma.denominator, w)
+    table_lo, table_hi = [base_lo], [base_hi]
+    for _ in range(1, steps):
+        table_lo.append((table_lo[-1] * table_lo[-1]) >> w)
+        table_hi.append(_ceil_div(table_hi[-1] * table_hi[-1], one))
     shift = w - p
     unit = 1 << shift
     lower, upper = [], []
     for d in shifted:
         e = min(d, cap)
-        lo = _pow_floor(base_lo, e, w) >> shift
-        hi = _ceil_div(_pow_ceil(base_hi, e, w), unit)
-        lower.append(lo if d < cap else 0)
-        upper.append(hi)
+        lo = hi = one
+        for j in range(steps):  # the same products for every e: a 0 bit multiplies by 1
+            bit = (e >> j) & 1
+            lo = _product_down(lo, table_lo[j] if bit else one, w)
+            hi = _product_up(hi, table_hi[j] if bit else one, w)
+        lower.append(lo >> shift if d < cap else 0)
+        upper.append(_ceil_div(hi, unit))
     return lower, upper
 
 

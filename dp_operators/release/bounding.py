@@ -366,37 +366,30 @@ def _key_text_sql(column: Any, dialect: str) -> Any:
                    else_=text)
 
 
-def uniform_width(aggregate: Aggregate) -> Fraction | None:
-    """The common width of a quantile's bins, or None when the edges are not equally spaced."""
-    edges = aggregate.bins.exact_edges  # type: ignore[union-attr]
-    width = edges[1] - edges[0]
-    return width if all(b - a == width for a, b in zip(edges, edges[1:])) else None
-
-
 def _bin_label_sql(value: Any, aggregate: Aggregate, dialect: str) -> Any:
-    """The text of the label of the bin ``value`` falls in (``bins``: ``closed: left`` puts an edge value in the
-    bin above it, ``right`` in the bin below), values beyond the edges in the first or last bin, as a histogram
-    clipped upstream has them. Equally spaced edges: ``FLOOR((x - low) / width)`` (``CEIL(...) - 1`` closed right)
-    clamped to the bins, in the database's double arithmetic (a value within a rounding of an inner edge may go to
-    either side of it, by a rule fixed per value); other edges: a ``CASE`` over them."""
+    """The text of the label of the bin ``value`` falls in, by comparisons with the bins' edges only (no arithmetic
+    on the value, so no rounding, overflow or cast can fail on one row): a balanced ``CASE`` tree over the inner
+    edges, ``log2(m)`` comparisons a row. ``closed: left`` puts a value equal to an edge in the bin above it, ``right``
+    in the bin below; values beyond the edges (infinities included) go to the first or last bin, as a histogram
+    clipped upstream has them. Each edge is the double nearest it (an integer edge exactly), as pandas compares
+    (:func:`_bin_labels`)."""
     bins = aggregate.bins  # type: ignore[union-attr]
-    edges, labels = bins.exact_edges, bins.labels
-    width = uniform_width(aggregate)
-    last = len(labels) - 1
-    if width is not None:
-        position = (sa.cast(value, sa.Float) - float(edges[0])) / float(width)
-        index = sa.func.floor(position) if bins.closed == "left" else sa.func.ceil(position) - 1
-        index = _least(_greatest(sa.cast(index, sa.BigInteger), sa.literal(0, sa.BigInteger), dialect),
-                       sa.literal(last, sa.BigInteger), dialect)
-        label = index + 1 if bins.label == "index" else sa.literal(int(edges[0]), sa.BigInteger) + index * int(width)
-        return sa.cast(label, sa.String)
-    below = (lambda edge: value < float(edge)) if bins.closed == "left" else (lambda edge: value <= float(edge))
-    return sa.case(*((below(edge), str(label)) for edge, label in zip(edges[1:-1], labels)),
-                   else_=str(labels[-1]))
+    edges, labels = bins.exact_edges, [str(label) for label in bins.labels]
 
+    def literal(edge: Fraction) -> Any:
+        return sa.literal(int(edge), sa.BigInteger) if edge.denominator == 1 else sa.literal(float(edge), sa.Float)
 
-def _greatest(a: Any, b: Any, dialect: str) -> Any:
-    return sa.func.max(a, b) if dialect == "sqlite" else sa.func.greatest(a, b)
+    def below(index: int) -> Any:  # the value lies in a bin below bin ``index`` (whose lower edge is edges[index])
+        edge = literal(edges[index])
+        return value < edge if bins.closed == "left" else value <= edge
+
+    def tree(low: int, high: int) -> Any:  # the label among bins low..high
+        if low == high:
+            return sa.literal(labels[low], sa.String)
+        middle = (low + high + 1) // 2
+        return sa.case((below(middle), tree(low, middle - 1)), else_=tree(middle, high))
+
+    return tree(0, len(labels) - 1)
 
 
 def _output(name: str) -> str:

@@ -13,9 +13,9 @@ published prefixes are the true ones plus ``B z``, computed here exactly in rati
 * :class:`SquareRootCdf` (``sqrt_factorization``): the square-root factorization of ADR 32
   (:class:`~dp_operators.continual.strategies.SquareRootToeplitz`), the bins playing the steps.
 
-Sensitivity: one privacy unit adds at most Linf records to each of at most k = min(L0, m) bins of a group, and fills
-at most g = min(G, ceil(L0 / m)) groups (:func:`group_multiplier`); both strategies' squared sensitivity for k
-contributions is exact for the worst pattern (k contiguous bins from the first), and superadditive over groups.
+Sensitivity: one privacy unit adds at most Linf records to each of at most L0 bins over the groups
+(:func:`unit_sensitivity_squared`); each strategy's squared sensitivity for k bins of one group is exact for the
+worst pattern (k contiguous bins from the first).
 Everything but :meth:`CdfMeasurement.noised_prefixes` is a function of public parameters.
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
@@ -37,12 +38,21 @@ CDF_STRATEGIES = ("tree_consistent", "sqrt_factorization")
 SQRT_MAX_BINS = 2048
 
 
-def group_multiplier(l0: int, bins: int, groups: int) -> int:
-    """How many groups' worth of the worst one-group squared sensitivity one privacy unit can reach: it touches at
-    most L0 partitions, at most ``bins`` of them in one group, so it fills at most ceil(L0 / bins) of the ``groups``.
-    Both strategies' matrices are entrywise non-negative, so their squared sensitivity is superadditive over
-    disjoint bins, and the worst split of L0 contributions over groups is full groups."""
-    return min(groups, -(-l0 // bins))
+def unit_sensitivity_squared(per_group: Callable[[int], Fraction], bins: int, l0: int, groups: int) -> Fraction:
+    """The squared L2 sensitivity of the measurement of every group, for one privacy unit in at most L0 partitions
+    (bins of any group), each moved by 1: ``per_group(k)`` is one group's for k of its bins (non-decreasing).
+
+    With L0 <= m, or one group, the unit's worst is k = min(L0, m) bins of one group: the strategies' matrices are
+    entrywise non-negative, so ``per_group`` is superadditive over disjoint bins, and bins spread over groups move
+    the measurement less than the same bins in one. With L0 > m and several groups a unit fills k_g <= m bins of
+    each of at most min(G, L0) groups, sum k_g <= L0; ``per_group(k) / k`` is not monotone (it peaks below m for the
+    square root and dips after each power of 2 for the tree), so full groups need not be the worst. Then the bound
+    is the smaller of min(G, L0) per_group(m) and min(L0, G m) max_k per_group(k) / k (sum_g per_group(k_g) =
+    sum_g k_g per_group(k_g) / k_g)."""
+    if groups == 1 or l0 <= bins:
+        return Fraction(per_group(min(l0, bins)))
+    ratio = max(Fraction(per_group(k), k) for k in range(1, bins + 1))
+    return min(min(groups, l0) * Fraction(per_group(bins)), min(l0, groups * bins) * ratio)
 
 
 def tree_sensitivity_squared(leaves: int, contributions: int) -> int:
@@ -106,11 +116,12 @@ class ConsistentTreeCdf(CdfMeasurement):
 
     name = "tree_consistent"
 
-    def __init__(self, bins: int, contributions: int, per_bin_squared: Fraction, rho: Fraction) -> None:
+    def __init__(self, bins: int, l0: int, linf: int, groups: int, rho: Fraction) -> None:
         self.leaves = 1 << (bins - 1).bit_length()
         self.levels = self.leaves.bit_length()  # node sizes 1, 2, ..., M
-        squared = tree_sensitivity_squared(self.leaves, min(contributions, bins)) * Fraction(per_bin_squared)
-        super().__init__(bins, squared, rho)
+        squared = unit_sensitivity_squared(lambda k: Fraction(tree_sensitivity_squared(self.leaves, k)), bins, l0,
+                                           groups)
+        super().__init__(bins, squared * linf * linf, rho)
 
     def _weights(self, t: int) -> tuple[Fraction, list[tuple[int, Fraction]]]:
         """The prefix of bins 0..t as a combination of the Haar coefficients of ``A^T y``: the constant's weight,
@@ -179,15 +190,27 @@ class SquareRootCdf(CdfMeasurement):
 
     name = "sqrt_factorization"
 
-    def __init__(self, bins: int, contributions: int, per_bin_squared: Fraction, rho: Fraction) -> None:
+    def __init__(self, bins: int, l0: int, linf: int, groups: int, rho: Fraction) -> None:
         from dp_operators.continual.noise import SeriesNoise
-        from dp_operators.continual.plan import plan_series
-        from dp_operators.continual.strategies import Participation, SquareRootToeplitz
+        from dp_operators.continual.plan import Candidate
+        from dp_operators.continual.strategies import GRID_BITS, SquareRootToeplitz
 
-        plan = plan_series(bins, Participation(min(contributions, bins), 1), rho,
-                           step_sensitivity_squared=per_bin_squared, mechanism="sqrt_factorization")
-        self.series = SeriesNoise(SquareRootToeplitz(bins), plan.chosen, Fraction(1))
-        super().__init__(bins, plan.chosen.sensitivity_squared * Fraction(per_bin_squared), rho)
+        strategy = SquareRootToeplitz(bins)
+        numerators = strategy.numerators
+        partial = [0]
+        for numerator in numerators:
+            partial.append(partial[-1] + numerator)
+
+        def per_group(k: int) -> Fraction:  # k contiguous bins from the first: column sums P_t - P_(t-k)
+            return Fraction(sum((partial[t + 1] - partial[max(t + 1 - k, 0)]) ** 2 for t in range(bins)),
+                            1 << (2 * GRID_BITS))
+
+        squared = unit_sensitivity_squared(per_group, bins, l0, groups) * linf * linf
+        super().__init__(bins, squared, rho)
+        variances = strategy.step_variances()
+        candidate = Candidate(self.name, squared, self.noise_variance, math.sqrt(float(self.noise_variance)
+                              * float(variances.max())), math.sqrt(float(self.noise_variance) * float(variances.mean())))
+        self.series = SeriesNoise(strategy, candidate, Fraction(1))
 
     def prefix_variances(self) -> np.ndarray:
         return self.series.strategy.step_variances() * float(self.noise_variance)
@@ -211,25 +234,24 @@ class SquareRootCdf(CdfMeasurement):
                 "sigma2_lattice_units_exact": str(self.series.sigma2)}
 
 
-def cdf_measurement(strategy: str, bins: int, l0: int, linf: int, groups: int, rho: Fraction) -> CdfMeasurement:
-    """The measurement of ``strategy`` (``auto``: the one with the smaller :meth:`~CdfMeasurement.half_width` at 95 %,
-    ties to the tree; the square root only up to :data:`SQRT_MAX_BINS` bins) for m = ``bins``, L0, Linf,
+def cdf_measurement(strategy: str, bins: int, l0: int, linf: int, groups: int, rho: Fraction,
+                    confidence: float = 0.95) -> CdfMeasurement:
+    """The measurement of ``strategy`` (``auto``: the one with the smaller :meth:`~CdfMeasurement.half_width` at
+    ``confidence``, the one published, ties to the tree; the square root only up to :data:`SQRT_MAX_BINS` bins) for m = ``bins``, L0, Linf,
     G = ``groups`` and the budget ``rho`` (public parameters only).
 
     Raises:
         ValueError: an unknown strategy; ``sqrt_factorization`` over more than :data:`SQRT_MAX_BINS` bins.
     """
-    per_bin = Fraction(linf * linf * group_multiplier(l0, bins, groups))
-    contributions = min(l0, bins)
     if strategy == "tree_consistent":
-        return ConsistentTreeCdf(bins, contributions, per_bin, rho)
+        return ConsistentTreeCdf(bins, l0, linf, groups, rho)
     if strategy == "sqrt_factorization":
         if bins > SQRT_MAX_BINS:
             raise ValueError(f"cdf_strategy sqrt_factorization takes at most {SQRT_MAX_BINS:,} bins (its exact decoder "
                              f"grows as m^3), got {bins:,}: use tree_consistent or auto, or wider bins")
-        return SquareRootCdf(bins, contributions, per_bin, rho)
+        return SquareRootCdf(bins, l0, linf, groups, rho)
     if strategy != "auto":
         raise ValueError(f"unknown CDF strategy {strategy!r}; expected auto or one of {', '.join(CDF_STRATEGIES)}")
     names = [name for name in CDF_STRATEGIES if name != "sqrt_factorization" or bins <= SQRT_MAX_BINS]
     candidates = [cdf_measurement(name, bins, l0, linf, groups, rho) for name in names]
-    return min(candidates, key=lambda candidate: candidate.half_width(0.95))
+    return min(candidates, key=lambda candidate: candidate.half_width(confidence))

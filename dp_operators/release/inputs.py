@@ -218,7 +218,11 @@ class UngroupedRows(list):
     of nobody (:data:`EMPTY_UNGROUPED_ROW`). Decided by this type, never by the number of rows."""
 
 
-def _key_type_mismatch(column: str, found: type, declared: set[type]) -> str:
+def _key_type_mismatch(column: str, found: type, declared: set[type], bins: bool = False) -> str:
+    if bins:  # a quantile's histogram column: its labels are the spec's integers
+        return (f"histogram column {column!r} holds {found.__name__} labels but the bins are labelled by integers "
+                "(their lower edges, or 1..m with label: index), so no row could match; cast the column to int "
+                "upstream")
     if found is int:
         fix = ("cast the column to str upstream (zero-padded where the spec's keys are, e.g. pandas "
                ".astype(str).str.zfill(5)), or list the spec's keys as integers")
@@ -296,7 +300,8 @@ def _read_aggregate(
             for column in aggregate.group_by if domain_types else ():
                 kind = key_kind(row[column])  # by the type alone, so a refusal never depends on the value
                 if kind is not None and kind not in domain_types[column]:
-                    raise InputTypeError(column, _key_type_mismatch(column, kind, domain_types[column]))
+                    histogram = aggregate.releases_quantiles and column == aggregate.group_by[-1]
+                    raise InputTypeError(column, _key_type_mismatch(column, kind, domain_types[column], histogram))
             publishable = UNPUBLISHABLE not in key
             inside = publishable and (
                 not aggregate.public_keys or (None not in key and tuple(str(v) for v in key) in totals)

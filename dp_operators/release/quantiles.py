@@ -140,10 +140,13 @@ class QuantileStep:
 
     @property
     def rho(self) -> Fraction:
-        """The zCDP rho: sum of epsilon^2 / 8 over the levels (bounded range), or the CDF's Gaussian
-        measurement's Delta^2 / (2 sigma^2), exact."""
+        """The zCDP rho: over the levels, the sum of epsilon^2 / 8 (bounded range; Cesar & Rogers 2021), or of
+        epsilon tanh(epsilon / 2) where that is smaller (above epsilon 8; every epsilon-DP mechanism), or the CDF's
+        Gaussian measurement's Delta^2 / (2 sigma^2), exact."""
         if self.epsilon_each is not None:
-            return self.epsilon_each**2 / 8 * len(self.quantiles)
+            from dp_operators.accounting import pure_epsilon_to_rho
+
+            return min(self.epsilon_each**2 / 8, pure_epsilon_to_rho(self.epsilon_each)) * len(self.quantiles)
         return self.cdf_noise.rho
 
     def privacy_loss(self, accountant: str) -> PrivacyLoss:
@@ -152,9 +155,9 @@ class QuantileStep:
         what composition gives, below (sum epsilon)^2 / 8). The CDF: its exact rho, with its Gaussian noise
         parameters (a ``gaussian_dp`` account refuses the discrete Gaussian, as for every release)."""
         if self.epsilon_each is not None:
-            if accountant == "zcdp":
+            if accountant == "zcdp":  # each level epsilon-BR: epsilon^2/8, or the tanh bound where smaller (eps > 8)
                 return PrivacyLoss("rho", self.rho)
-            return PrivacyLoss("epsilon", self.epsilon, bounded_range=len(self.quantiles) == 1)
+            return PrivacyLoss("epsilon", self.epsilon, bounded_range=True)  # a sum of BR losses is BR
         noise = self.cdf_noise
         gaussian = GaussianNoise(noise.noise_variance, noise.sensitivity_squared, discrete=True)
         return PrivacyLoss("rho", self.rho, gaussian=gaussian)
@@ -251,8 +254,8 @@ def plan_quantiles(aggregate: Aggregate, contribution: ContributionBounds, accou
         raise ValueError(f"aggregate {aggregate.name!r}: mechanism noised_cdf is a Gaussian measurement charged in "
                          f"zCDP; a {accountant} account cannot be charged for it: use mechanism exponential")
     if aggregate.mechanism in ("auto", "noised_cdf") and cdf_possible:
-        options["noised_cdf"] = cdf_step(aggregate, cdf_measurement(aggregate.cdf_strategy, bins, l0, linf, groups,
-                                                                    budget.rho), l0, linf, confidence, declared_l0)
+        measurement = cdf_measurement(aggregate.cdf_strategy, bins, l0, linf, groups, budget.rho, confidence)
+        options["noised_cdf"] = cdf_step(aggregate, measurement, l0, linf, confidence, declared_l0)
     if not options:
         raise ValueError(f"aggregate {aggregate.name!r}: no quantile mechanism fits budget {budget.form}")
     compared = tuple((name, max(step.rank_half_widths)) for name, step in options.items())
@@ -319,6 +322,21 @@ def draw_quantiles(step: QuantileStep, counts: np.ndarray, drawn: list[str]) -> 
     return results
 
 
+def _published_bins(aggregate: Aggregate) -> dict[str, Any]:
+    """The bins as published: column, count, ``closed``, ``label`` and the edges (``low``, ``high`` and ``width``
+    when equally spaced, else every edge)."""
+    bins = aggregate.bins  # type: ignore[union-attr]
+    edges = bins.exact_edges
+    published: dict[str, Any] = {"column": bins.column, "count": len(edges) - 1, "closed": bins.closed,
+                                 "label": bins.label, "low": _value(edges[0]), "high": _value(edges[-1])}
+    width = edges[1] - edges[0]
+    if all(b - a == width for a, b in zip(edges, edges[1:])):
+        published["width"] = _value(width)
+    else:
+        published["edges"] = [_value(edge) for edge in edges]
+    return published
+
+
 def publish_quantiles(aggregate: Aggregate, step: QuantileStep, released: list[list[dict[str, Any]]],
                       keys: Sequence[tuple]) -> dict[str, Any]:
     """The published form of a quantile or median aggregate (post-processing of the released bins only): rows keyed
@@ -350,9 +368,7 @@ def publish_quantiles(aggregate: Aggregate, step: QuantileStep, released: list[l
         "budget": {name: float(getattr(aggregate.budget, name)) for name in ("epsilon", "rho", "delta")
                    if getattr(aggregate.budget, name) is not None},
         "group_by": [*outer, "quantile"],
-        "bins": {"column": aggregate.bins.column, "count": m,  # type: ignore[union-attr]
-                 "low": _value(edges[0]), "high": _value(edges[-1]),
-                 "closed": aggregate.bins.closed},  # type: ignore[union-attr]
+        "bins": _published_bins(aggregate),
         "rows": rows,
     }
     return published

@@ -323,8 +323,17 @@ COUNTED_KINDS = ("count", "quantile", "median")
 QUANTILE_KINDS = ("quantile", "median")
 #: The most bins a quantile's histogram may have (the continual strategies' longest series).
 MAX_QUANTILE_BINS = 10_000
+#: The fields of a published quantile row besides ``value``, ``interval`` and ``half_width`` (reserved for every kind):
+#: a quantile's ``group_by`` column may not take one of these names.
+QUANTILE_ROW_FIELDS = frozenset({"quantile", "bin", "bin_label", "rank_half_width"})
 #: The mechanisms a quantile or median may name; ``auto`` picks by planned rank error (docs/mechanisms.md).
 QUANTILE_MECHANISMS = ("auto", "exponential", "noised_cdf")
+
+
+def _level_text(level: Fraction) -> str:
+    """A quantile level as a user writes it: ``0.1``, ``1/3``."""
+    text = f"{float(level):.6g}"
+    return text if Fraction(text) == level else f"{level.numerator}/{level.denominator}"
 
 
 def _quantile(value: object) -> Fraction:
@@ -380,6 +389,9 @@ class QuantileBins(_Strict):
             raise ValueError("edges must be strictly increasing")
         if len(edges) - 1 > MAX_QUANTILE_BINS:
             raise ValueError(f"at most {MAX_QUANTILE_BINS:,} bins, got {len(edges) - 1:,}")
+        if len(edges) == 2:
+            raise ValueError(f"edges {self.edges} make one bin, whose quantile is always that bin: give 'width' "
+                             "(edges: [low, high], width: 1) or every edge")
         if self.label == "lower_edge" and any(edge.denominator != 1 for edge in edges[:-1]):
             raise ValueError("label lower_edge names each bin by its lower edge, which must then be a whole number; "
                              "use label: index (1 to m, as width_bucket gives) for fractional edges")
@@ -465,11 +477,19 @@ class Aggregate(_Strict):
         if not levels:
             raise ValueError("a quantile needs 'quantiles': the levels wanted, e.g. [0.1, 0.5, 0.9]")
         if self.kind == "median" and levels != [Fraction(1, 2)]:
-            raise ValueError(f"a median releases the 0.5 quantile; use kind: quantile for {[str(q) for q in levels]}")
+            written = ", ".join(_level_text(q) for q in levels)
+            raise ValueError(f"a median releases the 0.5 quantile; use kind: quantile for quantiles [{written}]")
         if len(set(levels)) != len(levels):
             raise ValueError("quantiles lists a level twice")
         if self.bounds is not None:
             raise ValueError(f"a {self.kind} takes no 'bounds': its bins are public, and one record moves one count")
+        if self.grid != 1:
+            raise ValueError(f"a {self.kind} takes no 'grid': its histogram holds counts (the bins are 'bins')")
+        taken = sorted((set(self.group_by) - {self.bins.column}) & QUANTILE_ROW_FIELDS)
+        if taken:
+            raise ValueError(f"group_by column(s) {taken} would be lost in the published rows, which use those names "
+                             f"for a quantile's own fields ({', '.join(sorted(QUANTILE_ROW_FIELDS))}): rename them "
+                             "upstream")
         if self.upstream.arithmetic != "exact":
             raise ValueError(f"a {self.kind}'s histogram holds counts: upstream.arithmetic binary64 does not apply")
         if self.partition_selection is not None:
@@ -479,8 +499,9 @@ class Aggregate(_Strict):
             raise ValueError(f"cdf_strategy {self.cdf_strategy} applies to mechanism noised_cdf (or auto), not "
                              "exponential")
         if self.mechanism == "noised_cdf" and self.budget.form != "rho":
+            written = {"epsilon": "{epsilon}", "epsilon_delta": "{epsilon, delta}"}[self.budget.form]
             raise ValueError("mechanism noised_cdf is one Gaussian measurement of the histogram's prefix sums: give "
-                             f"budget {{rho}}, got {self.budget.form} (or use mechanism exponential or auto)")
+                             f"budget {{rho}}, got {written} (or use mechanism exponential or auto)")
         column, labels = self.bins.column, self.bins.labels
         if self.group_by and self.group_by[-1] == column and (self.keys or {}).get(column) == labels:
             return self  # derived already (a copy of a validated aggregate)

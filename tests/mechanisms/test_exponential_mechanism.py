@@ -260,10 +260,10 @@ class TestSampler:
             assert sample_exponential_mechanism([5, 5, 5, 5], GAMMA) == expected
 
     def test_work_at_the_start_precision_is_the_same_for_every_input_of_a_length(self, monkeypatch):
-        """One power of each bound per candidate and one exp(-gamma) bound, whatever the distances (equal, spread,
-        huge): the count of operations depends on m and gamma only."""
-        calls = {"floor": 0, "ceil": 0, "exp": 0}
-        pow_floor, pow_ceil, exp_bounds = em._pow_floor, em._pow_ceil, em.exp_neg_bounds
+        """The same rounded products per candidate and one exp(-gamma) bound, whatever the distances (equal, spread,
+        huge, an empty histogram's zeros): the count of operations depends on m and gamma only."""
+        calls = {"down": 0, "up": 0, "exp": 0}
+        down, up, exp_bounds = em._product_down, em._product_up, em.exp_neg_bounds
 
         def counted(name, f):
             def wrapper(*args):
@@ -271,15 +271,44 @@ class TestSampler:
                 return f(*args)
             return wrapper
 
-        monkeypatch.setattr(em, "_pow_floor", counted("floor", pow_floor))
-        monkeypatch.setattr(em, "_pow_ceil", counted("ceil", pow_ceil))
+        monkeypatch.setattr(em, "_product_down", counted("down", down))
+        monkeypatch.setattr(em, "_product_up", counted("up", up))
         monkeypatch.setattr(em, "exp_neg_bounds", counted("exp", exp_bounds))
         seen = set()
-        for distances in ([0] * 12, list(range(12)), [0] + [10**18] * 11, [5, 10**9] * 6):
-            calls.update(floor=0, ceil=0, exp=0)
+        for distances in ([0] * 12, list(range(12)), [0] + [10**18] * 11, [5, 10**9] * 6, [1] + [0] * 11):
+            calls.update(down=0, up=0, exp=0)
             sample_exponential_mechanism(distances, GAMMA)
             seen.add(tuple(calls.values()))
-        assert seen == {(12, 12, 1)}
+        assert len(seen) == 1
+        (down_count, up_count, exp_count), = seen
+        assert exp_count == 1 and down_count == up_count and down_count % 12 == 0 and down_count > 0
+
+    @pytest.mark.parametrize("histogram,neighbour", [
+        ([0] * 16, [1] + [0] * 15),
+        ([0, 5, 0, 2, 9, 0, 0, 1, 40, 0, 0, 0, 3, 0, 0, 7], [0, 5, 0, 2, 9, 0, 0, 1, 40, 0, 0, 0, 3, 0, 0, 8]),
+        ([0, 5, 0, 2, 9, 0, 0, 1, 40, 0, 0, 0, 3, 0, 0, 7], [1, 5, 0, 2, 9, 0, 0, 1, 40, 0, 0, 0, 3, 0, 0, 7]),
+    ])
+    def test_neighbouring_histograms_cost_the_same_products(self, monkeypatch, histogram, neighbour):
+        """Counted, never timed: the big-integer products of a draw are the same for a histogram and a neighbour
+        (a square-and-multiply over each distance's bits would not be: an empty histogram would cost none)."""
+        count = {"products": 0}
+        down, up = em._product_down, em._product_up
+
+        def counting(f):
+            def wrapper(*args):
+                count["products"] += 1
+                return f(*args)
+            return wrapper
+
+        monkeypatch.setattr(em, "_product_down", counting(down))
+        monkeypatch.setattr(em, "_product_up", counting(up))
+
+        def work(counts):
+            count["products"] = 0
+            sample_quantile_bin(counts, Fraction(1, 2), Fraction(1, 10), 1)
+            return count["products"]
+
+        assert work(histogram) == work(neighbour) > 0
 
     def test_randomness_comes_from_the_os(self, monkeypatch):
         """Every bit of V is read from os.urandom (no seedable generator)."""
