@@ -537,6 +537,16 @@ def _runs_remaining(account, charge: Fraction, delta_charge: Fraction | None) ->
     return min(limits, key=lambda limit: limit[0])  # min keeps the first of equals: the account's unit on a tie
 
 
+def _with_charge(row: dict, step, accountant: str | None, as_epsilon) -> dict:
+    """``row`` with the step's charge on ``accountant`` (and as epsilon), when an accountant is known."""
+    if accountant is not None:
+        from dp_operators.accounting import charge_in_account_unit
+
+        charge = charge_in_account_unit(step.privacy_loss(accountant), accountant)
+        row.update(charge=str(charge), charge_as_epsilon=as_epsilon(charge))
+    return row
+
+
 def _quantile_plan_row(step, described: dict, accountant: str | None, as_epsilon) -> dict:
     """A quantile's plan row: its mechanism's parameter, the records one unit moves, and the largest planned rank
     half-width over its levels (records)."""
@@ -559,12 +569,7 @@ def _quantile_plan_row(step, described: dict, accountant: str | None, as_epsilon
         "partitions": step.partitions,
         "noise": described,
     }
-    if accountant is not None:
-        from dp_operators.accounting import charge_in_account_unit
-
-        charge = charge_in_account_unit(step.privacy_loss(accountant), accountant)
-        row.update(charge=str(charge), charge_as_epsilon=as_epsilon(charge))
-    return row
+    return _with_charge(row, step, accountant, as_epsilon)
 
 
 def _plan_row(step, accountant: str | None, as_epsilon, alpha: float) -> dict:
@@ -594,11 +599,6 @@ def _plan_row(step, accountant: str | None, as_epsilon, alpha: float) -> dict:
         "partitions": step.partitions,
         "noise": described,
     }
-    if accountant is not None:
-        from dp_operators.accounting import charge_in_account_unit
-
-        charge = charge_in_account_unit(step.privacy_loss(accountant), accountant)
-        row.update(charge=str(charge), charge_as_epsilon=as_epsilon(charge))
-    return row
+    return _with_charge(row, step, accountant, as_epsilon)
 
 
