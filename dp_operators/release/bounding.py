@@ -148,8 +148,8 @@ def bounding_problem(spec: ReleaseSpec, aggregate: Aggregate, value_column: str 
     """
     if aggregate.reads_counts:
         if value_column is not None:
-            return (f"aggregate {aggregate.name!r} is a {aggregate.kind}: it counts rows and takes no value column "
-                    "(drop it from value_columns)")
+            return (f"aggregate {aggregate.name!r} is a {aggregate.kind}: it takes no value column (it counts rows; "
+                    "drop it from value_columns)")
         return None
     if not value_column:
         return (f"aggregate {aggregate.name!r} is a {aggregate.kind}: give the column whose values it adds in "
