@@ -79,7 +79,7 @@ def require_browser() -> None:
 class DashboardLedger:
     """The SQLite ledger the dashboard shows: three accounts and the charges of real releases.
 
-    * ``census_adult`` (zCDP, rho cap 1/2, delta 1e-6): the example spec (``config/releases/adult_census.yaml``)
+    * ``census_adult`` (zCDP, rho cap 3/5 as in ``config/ledgers.yaml``, delta 1e-6): the example spec (``config/releases/adult_census.yaml``)
       released three times on UCI Adult, a fourth release abandoned after its reservation, a fifth reserved (in
       flight).
     * ``adult_demographics`` (pure DP, epsilon 2): people by race (a vector) and the total, by the Python API,
@@ -106,7 +106,7 @@ def build_ledger(path: Path, adult_aggregates: dict, adult_csv: Path) -> Dashboa
     officer = governor(url)
     officer.init_schema()
     officer.apply_config(LedgerConfig(version=1, accounts={
-        "census_adult": account_config("zcdp", cap="1/2", delta="1e-6", dags=(CENSUS_DAG,)),
+        "census_adult": account_config("zcdp", cap="3/5", delta="1e-6", dags=(CENSUS_DAG,)),
         "adult_demographics": account_config("pure_dp", epsilon="2", dags=(DEMOGRAPHICS_DAG,)),
         "pums_income": account_config("approx_dp", epsilon="1", delta="1e-5", dags=(PUMS_DAG,)),
     }))

@@ -269,7 +269,7 @@ def test_account_page_shows_summary_burn_down_audit_and_charges(page, server, le
             "amount": (charge["amount"], shown(charge["amount"])),
         })
         assert row.locator("[data-field='mechanisms']").inner_text().strip() == \
-            "discrete_gaussian, discrete_laplace"
+            "discrete_gaussian, discrete_laplace, exponential"  # the example's median: the exponential mechanism
     assert page.locator("#next-page").count() == 0
     # the charges' header names the accountant's unit; the refused attempts have their section
     unit = {"mu_squared": "mu^2"}.get(account.unit, account.unit)
