@@ -24,6 +24,13 @@ from support import governor, spender
 
 PG_URL = os.environ.get("DP_LEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("postgresql", id="postgresql")]
+#: A test marked with this runs on SQLite in ``make test`` and on PostgreSQL in ``make test-slow`` (ADR 30): a
+#: costly test whose behaviour does not depend on the database (an answer given before the ledger is read, a
+#: terminal's layout, a real process), or whose PostgreSQL side other tests of ``make test`` check.
+SQLITE_FAST = pytest.mark.parametrize(
+    "ledger_url", [pytest.param("sqlite", id="sqlite"),
+                   pytest.param("postgresql", id="postgresql", marks=pytest.mark.slow)], indirect=True
+)
 
 
 def _admin_engine() -> sa.Engine:

@@ -31,6 +31,7 @@ from cli_ledger_support import (  # noqa: F401  (fixtures)
 )
 from dp_operators.cli import app
 from dp_operators.ledger import AuditKey, Ledger
+from ledger_backends import SQLITE_FAST
 from ledger_backends import ledger_url, pg_database  # noqa: F401  (fixtures)
 from support import GOVERNOR_KEY, SPEND_KEY, spender
 
@@ -410,6 +411,7 @@ def test_every_command_has_help(command):
     assert result.exit_code == 0 and "Usage" in result.output
 
 
+@SQLITE_FAST  # two dpctl processes (9 s); --conn-id on both databases: the tests below
 def test_conn_id_from_an_airflow_environment_connection_in_a_real_shell(applied):
     """``--conn-id`` resolves ``AIRFLOW_CONN_<ID>`` as Airflow does, from a plain shell (a real process); the
     connection's extras give the keys (the spend key as the workers' connection holds it)."""

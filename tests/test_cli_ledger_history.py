@@ -23,12 +23,15 @@ from cli_ledger_support import (  # noqa: F401  (fixtures)
 )
 from dp_operators.cli import charges as charges_cli
 from dp_operators.ledger import Ledger
+from ledger_backends import SQLITE_FAST
 from ledger_backends import ledger_url, pg_database  # noqa: F401  (fixtures)
 from support import spender
 
 #: Run ids as ``make demo`` makes them: five runs differ only after the 28th character.
 DEMO_RUNS = [f"manual__2026-11-30T16:05:0{i}.123456+00:00" for i in range(5)]
 WIDTHS = [pytest.param(80, id="80 columns"), pytest.param(160, id="160 columns")]
+# The tables drawn in a real terminal (a dpctl process each, 2 s) are SQLITE_FAST: the rows they draw are read on both
+# databases by the tests in-process (history here, reconcile in test_cli_ledger.py).
 
 
 @pytest.fixture
@@ -134,6 +137,7 @@ def test_history_state_must_be_a_known_state(applied):
 
 
 @pytest.mark.parametrize("columns", WIDTHS)
+@SQLITE_FAST
 def test_the_history_table_shows_each_run_id_in_full(demo_ledger, columns):
     """Five charges whose run ids share their first 28 characters: each id is printed whole, once, and the table
     fits the terminal (a table that cut the ids printed five identical keys)."""
@@ -148,6 +152,7 @@ def test_the_history_table_shows_each_run_id_in_full(demo_ledger, columns):
 
 
 @pytest.mark.parametrize("columns", WIDTHS)
+@SQLITE_FAST
 def test_the_reconcile_table_shows_the_run_id_in_full(demo_ledger, columns):
     dead = charge(spender(demo_ledger, lease_seconds=0.001), DEMO_RUNS[0].replace("16:05", "17:05"), commit=False,
                   dag="adult_census_release", task="release", map_index=3, release="adult_census_statistics")
@@ -159,6 +164,7 @@ def test_the_reconcile_table_shows_the_run_id_in_full(demo_ledger, columns):
     assert max(len(line) for line in table.splitlines()) <= columns
 
 
+@SQLITE_FAST
 def test_a_run_id_wider_than_the_terminal_folds_instead_of_being_cut(demo_ledger):
     run = "backfill__" + "x" * 90 + "_end"
     charge(spender(demo_ledger), run, dag="adult_census_release", task="release", release="adult_census_statistics")
@@ -194,6 +200,7 @@ def test_history_json_nests_json_instead_of_strings_of_json(demo_ledger):
     assert all(c["amount"] == "1/400" and c["map_index"] == -1 for c in printed)  # exact numbers stay text
 
 
+@SQLITE_FAST
 def test_a_run_id_that_looks_like_rich_markup_prints_as_it_is(demo_ledger):
     """A run id such as ``[/x] [bold]b[/bold]`` is text in the table, not markup (which would fail to render)."""
     run = "[/x] [bold]b[/bold]"

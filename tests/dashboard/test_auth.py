@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from dashboard_apps import PREFIX, dashboard, mount
 from dashboard_auth import JWT_SECRET, bearer, mint
+from ledger_backends import SQLITE_FAST
 
 ANONYMOUS_PATHS = [
     "/", "/accounts/census", "/accounts/nope", "/releases/1", "/releases/0", "/releases/x", "/runs/d/r1",
@@ -34,6 +35,7 @@ ANONYMOUS_CREDENTIALS = {
 
 
 @pytest.mark.parametrize("path", ANONYMOUS_PATHS)
+@SQLITE_FAST  # the ledger is never opened
 def test_anonymous_gets_401_on_every_route_and_never_reaches_the_ledger(hostile, auth_manager, path):
     """Every route answers 401 (or a bare 404) to every missing or bad credential, without opening the ledger."""
     # one ledger per path, every kind of missing or bad credential against it (the ledger is never opened)
@@ -117,6 +119,7 @@ def test_unknown_paths_and_the_generated_docs_reveal_nothing(hostile, token, aut
     "/api/accounts/census/charges/",
 ])
 @pytest.mark.parametrize("authenticated", [False, True])
+@SQLITE_FAST  # redirects come from the routes, whatever the database
 def test_no_redirect_leaves_the_dashboard(hostile, token, path, authenticated):
     """Every redirect the dashboard answers stays on this server, under the mount."""
     headers = bearer(token) if authenticated else {}

@@ -25,6 +25,7 @@ from hostile_names import (
     hostile_release_id,
     run_path,
 )
+from ledger_backends import SQLITE_FAST
 from test_pages import Element, parse
 
 ALLOWED_TAGS = {
@@ -129,6 +130,7 @@ def test_pages_forbid_inline_scripts_framing_by_others_and_plugins(hostile, toke
     "dashboard.js%2500", "DASHBOARD.JS", "dashboard.js.", "dashboard.js%20", "..", ".", "%2e%2e",
     "static%2Fdashboard.js", "__init__.py", "..%252Fapp.py", "dashboard.css%3F", "plotly.min.js%23",
 ])
+@SQLITE_FAST  # static files, never the ledger
 def test_the_static_route_serves_its_three_assets_only(hostile, token, name):
     """Encoded dot segments, NULs, case and suffix tricks never reach a file beyond the three static assets."""
     with TestClient(mount(dashboard(hostile)), headers=bearer(token)) as client:

@@ -13,7 +13,7 @@ from dp_operators.dashboard import app as dashboard_app
 from dp_operators.ledger import ReleaseKey
 from dashboard_apps import JUNK_PARAMETERS, MECHANISMS, asgi_get, counted_work, dashboard, reserve
 from dashboard_auth import bearer
-from ledger_backends import account_config, ledger_with
+from ledger_backends import SQLITE_FAST, account_config, ledger_with
 from test_pages import parse
 
 
@@ -25,6 +25,7 @@ from test_pages import parse
     pytest.param("after=" + "9" * 100_000, id="100,000-digit after"),
     pytest.param("state=" + "committed" * 100_000, id="900 KB state"),
 ])
+@SQLITE_FAST  # no statement reaches the ledger
 def test_oversized_parameters_are_refused_before_any_query(hostile, token, query):
     """A query string over the limit is refused whole (414), a bad value with 422, and the ledger is not queried."""
     app = dashboard(hostile)
@@ -37,6 +38,7 @@ def test_oversized_parameters_are_refused_before_any_query(hostile, token, query
 
 
 @pytest.mark.parametrize("path", ["/accounts/census", "/api/accounts/census/charges"])
+@SQLITE_FAST  # no statement reaches the ledger
 def test_unknown_query_parameters_are_refused_before_fastapi_reads_them(hostile, token, path):
     """13,000 unknown parameters get 414 from a viewer before FastAPI looks up a single one."""
     # FastAPI's request_params_to_args collects undeclared parameters with Starlette's getlist, which scans the whole

@@ -369,8 +369,13 @@ FUZZ = dict(deadline=None, database=None, phases=(Phase.explicit, Phase.generate
                                    HealthCheck.data_too_large])
 
 
-@settings(max_examples=14, **FUZZ)
-@given(plantings=st.lists(st.one_of(NUMBER_TARGETS, JSON_TARGETS, JUNK, SQLITE_ONLY), min_size=1, max_size=4))
+SQLITE_PLANTINGS = st.lists(st.one_of(NUMBER_TARGETS, JSON_TARGETS, JUNK, SQLITE_ONLY), min_size=1, max_size=4)
+PG_PLANTINGS = st.lists(st.one_of(NUMBER_TARGETS, JSON_TARGETS, JUNK), min_size=1, max_size=3)
+# ``make test`` runs the explicit examples and a few drawn ones; the tests marked slow draw more (ADR 30).
+
+
+@settings(max_examples=5, **FUZZ)
+@given(plantings=SQLITE_PLANTINGS)
 @example(plantings=[("junk", "dp_audit_events", "", 172), ("junk", "dp_audit_events", "", 1)])  # one problem counts both
 @example(plantings=[("new", "dp_charges", "output", text) for text in HOSTILE_LONG_OUTPUTS[:3]])
 def test_hostile_rows_on_sqlite_are_named_and_never_crash_or_hang_a_reader(sqlite_copies, no_slow_fractions, plantings):
@@ -379,12 +384,32 @@ def test_hostile_rows_on_sqlite_are_named_and_never_crash_or_hang_a_reader(sqlit
     check_every_reader(url, plant(url, plantings))
 
 
-@settings(max_examples=6, **FUZZ)
-@given(plantings=st.lists(st.one_of(NUMBER_TARGETS, JSON_TARGETS, JUNK), min_size=1, max_size=3))
+@pytest.mark.slow
+@settings(max_examples=14, **FUZZ)
+@given(plantings=SQLITE_PLANTINGS)
+def test_more_hostile_rows_on_sqlite_are_named_and_never_crash_or_hang_a_reader(sqlite_copies, no_slow_fractions,
+                                                                                plantings):
+    """The test above on 14 more drawn ledgers."""
+    url = sqlite_copies()
+    check_every_reader(url, plant(url, plantings))
+
+
+@settings(max_examples=2, **FUZZ)
+@given(plantings=PG_PLANTINGS)
 @example(plantings=[("new", "dp_charges", "output", text) for text in HOSTILE_LONG_OUTPUTS[3:]])
 def test_hostile_rows_on_postgresql_are_named_and_never_crash_or_hang_a_reader(pg_copies, no_slow_fractions,
                                                                                 plantings):
     """On PostgreSQL (raw SQL as the tables' owner) every reader finishes and names each planted row."""
+    url = pg_copies()
+    check_every_reader(url, plant(url, plantings))
+
+
+@pytest.mark.slow
+@settings(max_examples=6, **FUZZ)
+@given(plantings=PG_PLANTINGS)
+def test_more_hostile_rows_on_postgresql_are_named_and_never_crash_or_hang_a_reader(pg_copies, no_slow_fractions,
+                                                                                     plantings):
+    """The test above on 6 more drawn ledgers."""
     url = pg_copies()
     check_every_reader(url, plant(url, plantings))
 

@@ -19,7 +19,7 @@ import pytest
 
 from dp_operators.ledger import ChargeStateError, Ledger, ReleaseKey, Reservation
 from dp_operators.ledger.keys import SPEND_KEY_ENV
-from ledger_backends import account_config, ledger_with
+from ledger_backends import SQLITE_FAST, account_config, ledger_with
 from support import SPEND_KEY, governor
 
 WORKER = Path(__file__).with_name("ledger_worker.py")
@@ -215,6 +215,9 @@ def test_ledger_objects_in_separate_processes_share_one_budget(ledger_url, tmp_p
     _verify(ledger_url)
 
 
+# 9-11 s of real leases: SQLITE_FAST; PostgreSQL's takeovers and dead sessions are in test_leases.py and
+# test_takeover_amount.py, a killed release on both databases above
+@SQLITE_FAST
 def test_a_try_killed_mid_draw_is_taken_over_only_after_its_lease_expires(ledger_url, tmp_path):
     """Five tries are SIGKILLed while "drawing" under a renewed lease of 3 s. While they live (past the end of their
     first lease), two more tries of each of four of their keys are refused and reconcile finds nothing; after the
