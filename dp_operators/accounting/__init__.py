@@ -39,7 +39,7 @@ from dp_operators.accounting.accountants import (
     epsilon_at_delta,
     unit_of,
 )
-from dp_operators.accounting.conversions import largest_epsilon_within_rho, pure_epsilon_to_rho
+from dp_operators.accounting.conversions import bounded_range_rho, largest_epsilon_within_rho, pure_epsilon_to_rho
 from dp_operators.accounting.discrete_laplace_renyi import discrete_laplace_rho
 from dp_operators.accounting.gaussian_dp import gdp_delta, gdp_epsilon, gdp_mu_squared_for_approx_dp
 from dp_operators.accounting.values import Delta, Epsilon, Grid, NoiseScale, PositiveRational, Rho, Sensitivity
@@ -67,6 +67,7 @@ __all__ = [
     "NoiseScale",
     "PositiveRational",
     "pure_epsilon_to_rho",
+    "bounded_range_rho",
     "exact_number",
     "Rho",
     "round_down",

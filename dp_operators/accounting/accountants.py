@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from dp_operators.accounting.budget import PrivacyLoss, round_up
-from dp_operators.accounting.conversions import pure_epsilon_to_rho
+from dp_operators.accounting.conversions import bounded_range_rho, pure_epsilon_to_rho
 from dp_operators.accounting.discrete_laplace_renyi import discrete_laplace_rho
 from dp_operators.accounting.values import Delta, Rho
 
@@ -119,9 +119,10 @@ def charge_in_account_unit(loss: PrivacyLoss, accountant: str) -> Fraction:
     if loss.unit == unit:
         return round_up(loss.amount)
     if loss.unit == "epsilon" and unit == "rho":
-        charge = pure_epsilon_to_rho(loss.amount)  # already rounded up to the ledger's resolution
         if loss.bounded_range:  # epsilon-BR is epsilon^2/8-zCDP (Cesar & Rogers 2021), below epsilon tanh(epsilon/2)
-            charge = min(charge, round_up(loss.amount * loss.amount / 8))
+            charge = round_up(bounded_range_rho(loss.amount))
+        else:
+            charge = pure_epsilon_to_rho(loss.amount)  # already rounded up to the ledger's resolution
         if loss.laplace is not None:  # the discrete Laplace's own bound for its integer shifts, where certified
             own = discrete_laplace_rho(loss.laplace.scale, loss.laplace.shifts)
             if own is not None and own < charge:

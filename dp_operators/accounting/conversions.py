@@ -119,6 +119,18 @@ def pure_epsilon_to_rho(epsilon: Fraction | int | float) -> Fraction:
     return _pure_epsilon_to_rho(_positive(epsilon, "epsilon"))
 
 
+def bounded_range_rho(epsilon: Fraction | int | float) -> Fraction:
+    """rho such that every epsilon-bounded-range mechanism (the exponential mechanism: Durfee & Rogers 2019) is
+    rho-zCDP: epsilon^2 / 8 (Cesar & Rogers, ALT 2021), exact for a rational epsilon, or
+    :func:`pure_epsilon_to_rho` where that is smaller (above epsilon 8: an epsilon-BR mechanism is epsilon-DP).
+
+    Raises:
+        ValueError: epsilon not a positive finite number.
+    """
+    epsilon = _positive(epsilon, "epsilon")
+    return min(epsilon * epsilon / 8, pure_epsilon_to_rho(epsilon))
+
+
 @lru_cache(maxsize=4096)
 def _pure_epsilon_to_rho(epsilon: Fraction) -> Fraction:
     upper = _rho_upper_endpoint(epsilon)

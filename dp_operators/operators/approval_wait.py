@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 from dp_operators.ledger import ReleaseKey
 from dp_operators.ledger.errors import ApprovalRequiredError, BoundingNotEnforcedError
 from dp_operators.operators.lease_wait import LEASE_WAIT_MARGIN, LEASE_WAIT_MIN
+from dp_operators.spec.models import level_text
 
 #: How often a waiting task looks again (at most: it wakes at the request's timeout if that comes first).
 APPROVAL_POLL = dt.timedelta(minutes=5)
@@ -38,9 +39,8 @@ def approval_plan(spec: Any, accountant: str, error: ApprovalRequiredError,
     for step in plan.steps:
         shown_step = {"aggregate": step.aggregate, "component": step.component, "mechanism": step.mechanism}
         if step.component == "quantile":  # a quantile's accuracy is in ranks (records), not in value units
-            described = step.describe()
             shown_step.update(half_width=None, rank_half_width=max(step.rank_half_widths),
-                              quantiles=described["quantiles"])
+                              quantiles=[level_text(q) for q in step.quantiles])
             if step.epsilon_each is not None:
                 shown_step["epsilon_per_quantile"] = str(step.epsilon_each)
         else:

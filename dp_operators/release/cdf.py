@@ -123,31 +123,32 @@ class ConsistentTreeCdf(CdfMeasurement):
                                            groups)
         super().__init__(bins, squared * linf * linf, rho)
 
-    def _weights(self, t: int) -> tuple[Fraction, list[tuple[int, Fraction]]]:
-        """The prefix of bins 0..t as a combination of the Haar coefficients of ``A^T y``: the constant's weight,
-        and per level l >= 1 (its block straddling t + 1) the weight of that block's left-minus-right sum."""
-        m = self.leaves
-        constant = Fraction(t + 1, m * (2 * m - 1))
-        terms = []
+    def _straddling(self, t: int) -> list[tuple[int, int]]:
+        """Per level l >= 1, the block of 2^l bins straddling the end of the prefix of bins 0..t: ``(l, w)`` with w
+        its bins within the prefix in the left half minus those in the right half (0: the block is not cut)."""
+        cut = []
         for level in range(1, self.levels):
-            size, half = 1 << level, 1 << (level - 1)
-            inside = t + 1 - ((t >> level) << level)  # bins of the block within the prefix, 1..size
+            half = 1 << (level - 1)
+            inside = t + 1 - ((t >> level) << level)  # bins of the block within the prefix, 1..2^l
             weight = min(inside, half) - max(0, inside - half)
             if weight:
-                terms.append((level, Fraction(weight, size * (size - 1))))
-        return constant, terms
+                cut.append((level, weight))
+        return cut
+
+    def _weights(self, t: int) -> tuple[Fraction, list[tuple[int, Fraction]]]:
+        """The prefix of bins 0..t as a combination of the Haar coefficients of ``A^T y``: the constant's weight
+        (over its eigenvalue 2M - 1), and per cut block of size 2^l the weight of its left-minus-right sum (over
+        2^l (2^l - 1), the wavelet's eigenvalue times its squared norm)."""
+        m = self.leaves
+        return (Fraction(t + 1, m * (2 * m - 1)),
+                [(level, Fraction(weight, (1 << level) * ((1 << level) - 1))) for level, weight in self._straddling(t)])
 
     def prefix_variances(self) -> np.ndarray:
         m = self.leaves
         variances = np.empty(self.bins)
-        for t in range(self.bins):
-            value = (t + 1) ** 2 / (m * (2 * m - 1))
-            for level in range(1, self.levels):
-                size, half = 1 << level, 1 << (level - 1)
-                inside = t + 1 - ((t >> level) << level)
-                weight = min(inside, half) - max(0, inside - half)
-                value += weight * weight / (size * (size - 1))
-            variances[t] = value
+        for t in range(self.bins):  # the same Haar terms as _weights, squared: the wavelets are orthogonal
+            variances[t] = (t + 1) ** 2 / (m * (2 * m - 1)) + sum(
+                weight * weight / ((1 << level) * ((1 << level) - 1)) for level, weight in self._straddling(t))
         return variances * float(self.noise_variance)
 
     def half_width(self, confidence: float) -> float:

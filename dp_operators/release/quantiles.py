@@ -13,10 +13,10 @@ parameters only (the spec, the account's accountant, the confidence):
   ``gamma = epsilon / (k W)`` (k the records one privacy unit can add) the mechanism is epsilon-bounded-range
   (Durfee & Rogers, NeurIPS 2019), hence epsilon-DP and epsilon^2/8-zCDP (Cesar & Rogers, ALT 2021). The levels
   share the budget equally.
-* ``noised_cdf``: one Gaussian measurement of the histogram's prefix sums (the cumulative counts), by the strategies
-  of :mod:`dp_operators.continual.strategies` (the binary tree, with or without Honaker's estimates, or the
-  square-root factorization; the lowest planned worst-prefix error), the bins playing the steps of a series. Every
-  level follows by post-processing: the first bin whose noised cumulative count reaches q times the noised total.
+* ``noised_cdf``: one Gaussian measurement of the histogram's prefix sums (the cumulative counts), by
+  :mod:`.cdf`: the binary tree made consistent by least squares, or the square-root factorization (``cdf_strategy``;
+  by default the one with the smaller published half-width). Every level follows by post-processing: the first bin
+  whose noised cumulative count reaches q times the noised total.
 
 ``auto`` takes the mechanism with the smaller planned rank half-width (the worst over the levels).
 
@@ -31,34 +31,26 @@ unbounded (``[null, null]``): its guarantee is in ranks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any, Sequence
 
 import numpy as np
 
-from dp_operators.accounting import Epsilon, PrivacyLoss
+from dp_operators.accounting import Epsilon, PrivacyLoss, bounded_range_rho
 from dp_operators.accounting.budget import GaussianNoise
 from dp_operators.release.cdf import CdfMeasurement, cdf_measurement
-from dp_operators.spec.models import Aggregate, Budget, ContributionBounds
+from dp_operators.mechanisms.exponential import (
+    bounded_range_width,
+    quantile_rank_distances,
+    rank_error_bound,
+    sample_exponential_mechanism,
+)
+from dp_operators.spec.models import Aggregate, Budget, ContributionBounds, level_text
 
 #: Bits of the dyadic epsilon a ``{rho}`` budget gives the exponential mechanism: the largest multiple of 2^-40
 #: at most sqrt(8 rho), so that its charge epsilon^2 / 8 is exact and within the budget.
 EPSILON_BITS = 40
-
-
-def level_text(level: Fraction) -> str:
-    """A quantile level as published: its decimal when it has one (``0.5``, ``0.125``), else ``a/b``."""
-    denominator = level.denominator
-    for prime in (2, 5):
-        while denominator % prime == 0:
-            denominator //= prime
-    if denominator != 1:
-        return f"{level.numerator}/{level.denominator}"
-    digits = 0
-    while (level * 10**digits).denominator != 1:
-        digits += 1
-    return f"{float(level):.{digits}f}"
 
 
 def epsilon_for_rho(rho: Fraction) -> Fraction:
@@ -144,9 +136,7 @@ class QuantileStep:
         epsilon tanh(epsilon / 2) where that is smaller (above epsilon 8; every epsilon-DP mechanism), or the CDF's
         Gaussian measurement's Delta^2 / (2 sigma^2), exact."""
         if self.epsilon_each is not None:
-            from dp_operators.accounting import pure_epsilon_to_rho
-
-            return min(self.epsilon_each**2 / 8, pure_epsilon_to_rho(self.epsilon_each)) * len(self.quantiles)
+            return bounded_range_rho(self.epsilon_each) * len(self.quantiles)
         return self.cdf_noise.rho
 
     def privacy_loss(self, accountant: str) -> PrivacyLoss:
@@ -195,12 +185,6 @@ class QuantileStep:
         return described
 
 
-def _em_rank_half_width(bins: int, level: Fraction, epsilon: Fraction, records: int, alpha: float) -> float:
-    from dp_operators.mechanisms.exponential import rank_error_bound
-
-    return rank_error_bound(bins, level, epsilon, records, alpha)
-
-
 def cdf_step(aggregate: Aggregate, noise: CdfMeasurement, l0: int, linf: int, confidence: float,
              declared_l0: int | None = None) -> QuantileStep:
     """The plan of ``aggregate`` released by the CDF measurement ``noise``: h = its half-width holding every prefix
@@ -244,8 +228,8 @@ def plan_quantiles(aggregate: Aggregate, contribution: ContributionBounds, accou
     else:
         epsilon_each = Epsilon(budget.epsilon / len(levels))
     options: dict[str, QuantileStep] = {}
-    if aggregate.mechanism in ("auto", "exponential") and epsilon_each > 0:
-        widths = tuple(_em_rank_half_width(bins, q, epsilon_each, records, alpha) for q in levels)
+    if aggregate.mechanism in ("auto", "exponential"):
+        widths = tuple(rank_error_bound(bins, q, epsilon_each, records, alpha) for q in levels)
         options["exponential"] = QuantileStep(
             aggregate.name, "exponential", budget, levels, bins, groups, l0, linf, records, epsilon_each, None, None,
             widths, None, confidence, declared_l0=declared_l0)
@@ -261,8 +245,6 @@ def plan_quantiles(aggregate: Aggregate, contribution: ContributionBounds, accou
     compared = tuple((name, max(step.rank_half_widths)) for name, step in options.items())
     chosen = min(options.values(), key=lambda step: max(step.rank_half_widths))  # min keeps the first: exponential
     if aggregate.mechanism == "auto":
-        from dataclasses import replace
-
         chosen = replace(chosen, candidates=compared)
     return chosen
 
@@ -292,9 +274,6 @@ def draw_quantiles(step: QuantileStep, counts: np.ndarray, drawn: list[str]) -> 
     domain's order, the bin column last). ``drawn`` records each draw before it starts (:func:`run_release`'s
     rule: a caller knows whether noise may exist). Work is fixed by the public parameters: every bin is scored,
     or every prefix noised, whatever the counts."""
-    from dp_operators.mechanisms.exponential import quantile_rank_distances, sample_exponential_mechanism
-    from dp_operators.mechanisms.exponential import bounded_range_width
-
     results: list[list[dict[str, Any]]] = []
     m = step.bins
     for group in range(step.groups):

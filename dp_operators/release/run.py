@@ -513,13 +513,12 @@ def _noised_output(
     the returned form."""
     spec = plan.spec
     noised, selected = draw_noise(plan, prepared, drawn)
-    quantiles = {
-        aggregate.name: publish_quantiles(
-            aggregate, plan.step(aggregate.name, "quantile"),
-            draw_quantiles(plan.step(aggregate.name, "quantile"), prepared.values[(aggregate.name, "count")], drawn),
-            prepared.keys[aggregate.name])
-        for aggregate in spec.aggregates if aggregate.releases_quantiles
-    }
+    quantiles = {}
+    for aggregate in spec.aggregates:
+        if aggregate.releases_quantiles:
+            step = plan.step(aggregate.name, "quantile")
+            bins = draw_quantiles(step, prepared.values[(aggregate.name, "count")], drawn)
+            quantiles[aggregate.name] = publish_quantiles(aggregate, step, bins, prepared.keys[aggregate.name])
     consistent: dict[str, Any] = {}
     consistency: dict[str, Any] = {}
     if families is not None:

@@ -330,10 +330,18 @@ QUANTILE_ROW_FIELDS = frozenset({"quantile", "bin", "bin_label", "rank_half_widt
 QUANTILE_MECHANISMS = ("auto", "exponential", "noised_cdf")
 
 
-def _level_text(level: Fraction) -> str:
-    """A quantile level as a user writes it: ``0.1``, ``1/3``."""
-    text = f"{float(level):.6g}"
-    return text if Fraction(text) == level else f"{level.numerator}/{level.denominator}"
+def level_text(level: Fraction) -> str:
+    """A quantile level as written and published: its decimal when it has one (``0.5``, ``0.125``), else ``a/b``."""
+    denominator = level.denominator
+    for prime in (2, 5):
+        while denominator % prime == 0:
+            denominator //= prime
+    if denominator != 1:
+        return f"{level.numerator}/{level.denominator}"
+    digits = 0
+    while (level * 10**digits).denominator != 1:
+        digits += 1
+    return f"{float(level):.{digits}f}"
 
 
 def _quantile(value: object) -> Fraction:
@@ -477,7 +485,7 @@ class Aggregate(_Strict):
         if not levels:
             raise ValueError("a quantile needs 'quantiles': the levels wanted, e.g. [0.1, 0.5, 0.9]")
         if self.kind == "median" and levels != [Fraction(1, 2)]:
-            written = ", ".join(_level_text(q) for q in levels)
+            written = ", ".join(level_text(q) for q in levels)
             raise ValueError(f"a median releases the 0.5 quantile; use kind: quantile for quantiles [{written}]")
         if len(set(levels)) != len(levels):
             raise ValueError("quantiles lists a level twice")

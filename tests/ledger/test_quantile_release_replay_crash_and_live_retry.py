@@ -51,9 +51,9 @@ def test_a_retry_replays_and_a_mapped_release_is_charged_per_map_index(ledger):
 
 
 def test_a_crash_inside_the_draw_stays_spent_and_a_retry_is_charged_again(ledger, monkeypatch):
-    import dp_operators.mechanisms.exponential as exponential
+    import dp_operators.release.quantiles as quantiles  # the release calls the sampler through this module
 
-    real = exponential.sample_exponential_mechanism
+    real = quantiles.sample_exponential_mechanism
     calls = []
 
     def dies_on_the_second_level(distances, gamma):
@@ -62,25 +62,25 @@ def test_a_crash_inside_the_draw_stays_spent_and_a_retry_is_charged_again(ledger
             raise RuntimeError("worker lost mid-draw")
         return real(distances, gamma)
 
-    monkeypatch.setattr(exponential, "sample_exponential_mechanism", dies_on_the_second_level)
+    monkeypatch.setattr(quantiles, "sample_exponential_mechanism", dies_on_the_second_level)
     with pytest.raises(ReleaseAbortedError) as aborted:
         run_release(_spec(), {"x": HIST}, ledger, _key(), spec_hash="0" * 64)
     assert aborted.value.budget_returned is False
     assert [c["state"] for c in ledger.charges()] == ["abandoned"]
     assert ledger.stored_output(_key()) is None  # nothing from the broken attempt is kept or published
-    monkeypatch.setattr(exponential, "sample_exponential_mechanism", real)
+    monkeypatch.setattr(quantiles, "sample_exponential_mechanism", real)
     result = run_release(_spec(), {"x": HIST}, ledger, _key(), spec_hash="0" * 64)
     assert not result.replayed
     assert ledger.account("acct").spent == 2 * CHARGE  # the abandoned attempt's draw stays paid for
 
 
 def test_a_failure_before_any_draw_returns_the_budget(ledger, monkeypatch):
-    import dp_operators.mechanisms.exponential as exponential
+    import dp_operators.release.quantiles as quantiles  # the release calls the sampler through this module
 
     def fails(*_args):
         raise RuntimeError("before the sampler")
 
-    monkeypatch.setattr(exponential, "quantile_rank_distances", fails)
+    monkeypatch.setattr(quantiles, "quantile_rank_distances", fails)
     with pytest.raises(ReleaseAbortedError) as aborted:
         run_release(_spec(), {"x": HIST}, ledger, _key(), spec_hash="0" * 64)
     assert aborted.value.budget_returned is True
@@ -88,9 +88,9 @@ def test_a_failure_before_any_draw_returns_the_budget(ledger, monkeypatch):
 
 
 def test_a_live_second_try_while_the_first_draws_is_not_charged(ledger, monkeypatch):
-    import dp_operators.mechanisms.exponential as exponential
+    import dp_operators.release.quantiles as quantiles  # the release calls the sampler through this module
 
-    real = exponential.sample_exponential_mechanism
+    real = quantiles.sample_exponential_mechanism
     drawing, finish = threading.Event(), threading.Event()
 
     def slow(distances, gamma):
@@ -98,7 +98,7 @@ def test_a_live_second_try_while_the_first_draws_is_not_charged(ledger, monkeypa
         assert finish.wait(30)
         return real(distances, gamma)
 
-    monkeypatch.setattr(exponential, "sample_exponential_mechanism", slow)
+    monkeypatch.setattr(quantiles, "sample_exponential_mechanism", slow)
     results: list = []
     first = threading.Thread(target=lambda: results.append(
         run_release(_spec(("0.5",)), {"x": HIST}, ledger, _key(), spec_hash="0" * 64)))

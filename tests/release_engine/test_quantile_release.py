@@ -16,7 +16,8 @@ from pydantic import ValidationError
 
 from dp_operators.ledger import ReleaseKey
 from dp_operators.release import ReleaseConfigError, plan_release, run_release
-from dp_operators.release.quantiles import epsilon_for_rho, level_text
+from dp_operators.release.quantiles import epsilon_for_rho
+from dp_operators.spec.models import level_text
 from dp_operators.spec import ReleaseSpec
 from support import SHARED_DATA, make_ledger
 
