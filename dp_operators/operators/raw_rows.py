@@ -249,8 +249,14 @@ def bounded_file_aggregates(uri: str | ObjectStoragePath, spec: ReleaseSpec, pri
             frame[column] = pd.to_numeric(frame[column], errors="coerce")
     aggregates: dict[str, Any] = {}
     for aggregate in spec.aggregates:
+        rows_of = frame
+        binned = aggregate.bins.column if aggregate.releases_quantiles else None  # type: ignore[union-attr]
+        if kind == "csv" and binned in frame.columns:
+            # a quantile's histogram column holds values too: each cell is the number it spells, for this aggregate
+            # alone (another may group by the column's text), or one unit's stray text would empty every bin
+            rows_of = frame.assign(**{binned: pd.to_numeric(frame[binned], errors="coerce")})
         try:
-            rows = bound_frame(spec, aggregate, frame, privacy_unit_column, value_columns.get(aggregate.name))
+            rows = bound_frame(spec, aggregate, rows_of, privacy_unit_column, value_columns.get(aggregate.name))
         except ValueError as error:
             raise AirflowFailException(f"the rows file {path}, aggregate {aggregate.name!r}: {error}") from None
         aggregates[aggregate.name] = _aggregate_value(aggregate, spec, rows, f"the rows file {path}")

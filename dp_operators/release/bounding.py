@@ -14,15 +14,25 @@ For one aggregate of a spec, with L0 = ``max_partitions_contributed`` and Linf =
    (``CAST(column AS VARCHAR)``; in pandas the text of the key the engine would read): rows are grouped by it, so
    two values the engine would read as one key are one partition here too. Over a public key domain, rows whose
    key text is not a key of the spec are dropped, so they use up none of a unit's L0 partitions, and a kept key is
-   returned as the spec's own value.
+   returned as the spec's own value. A quantile's histogram column holds values: a row whose value is no number is
+   dropped, any other goes to its bin (values beyond the edges to the end bins), whose label is a public key, over
+   public keys and under partition selection alike.
 2. **Linf.** Per (unit, key), at most Linf rows are kept, chosen uniformly at random (``ROW_NUMBER() OVER
    (PARTITION BY unit, key ORDER BY random())``), never by the table's physical order. For a ``count`` the kept
    number is ``LEAST(COUNT(*), Linf)``, which has the same distribution whichever rows are chosen, and needs no sort.
 3. **L0.** Per unit, at most L0 of its keys are kept, chosen uniformly at random (``ROW_NUMBER() OVER (PARTITION BY
    unit ORDER BY random())``). Skipped when L0 is at least the number of public partitions (no unit can exceed it):
-   decided from the spec, never from the data.
+   decided from the spec, never from the data; always applied under partition selection (the partitions are the
+   data's).
 4. **Per key:** ``count`` (kept rows), ``sum`` and ``sum_squares`` (of the kept k, exact integers), ``units``
-   (units kept in the key), with the spec's ``group_by`` columns as they are in the table.
+   (units kept in the key), with the spec's ``group_by`` columns as they are in the table (a quantile's histogram
+   column as the spec's bin labels). For a quantile under partition selection, ``units`` is instead its group's
+   (the outer ``group_by`` key's): the units with at least one row kept, after steps 2 and 3, in any bin of the
+   group, the same number on every row of the group. The selection keeps or drops whole groups by their noised
+   number of distinct units, and that number has sensitivity 1 per group over at most L0 groups: one unit adds 1
+   to each group it keeps a row in (however many bins it fills there), and it keeps rows in at most L0 cells, so
+   in at most L0 groups. A cell's own units would not do: summed over a group's bins they count a unit once per
+   bin it fills, and the largest of them can miss units of the group's other bins.
 
 Each step is a function of one unit's own rows (and independent randomness), so adding or removing one unit with
 any number of rows in any number of partitions changes at most L0 keys, each by at most Linf rows of values in
@@ -63,8 +73,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import sqlalchemy as sa
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from dp_operators.spec import Aggregate, ReleaseSpec
 
 __all__ = [
@@ -94,6 +102,7 @@ BoundingMode = Literal["enforced", "declared"]
 # with the spec's group_by names, which are taken from the source by their own label)
 _UNIT, _VALUE, _RANK, _PARTITION_RANK = "dp_unit", "dp_value", "dp_row_rank", "dp_partition_rank"
 _KEPT, _SUM, _SUM_SQUARES = "dp_kept", "dp_sum", "dp_sum_squares"
+_GROUP_RANK = "dp_group_rank"
 
 
 @dataclass(frozen=True)
@@ -199,6 +208,14 @@ def bounded_select(spec: ReleaseSpec, aggregate: Aggregate, source: BoundedRowsS
     under partition selection the text is the published key. Values are read as numbers: a NULL (and on PostgreSQL
     a NaN) value drops its row, and on SQLite so does a value stored as text or a blob (``typeof``).
 
+    For a quantile under partition selection ``dp_units`` is the row's group's number of units (module docstring,
+    step 4): each (unit, group) pair's first kept cell is marked by ``ROW_NUMBER() OVER (PARTITION BY unit, outer
+    keys)`` over the rows left by L0, and the cells' marks are added over the group, ``SUM(COUNT(marked)) OVER
+    (PARTITION BY outer keys)`` after the ``GROUP BY`` of the cells (``COUNT(DISTINCT)`` is no window function on
+    PostgreSQL). One pass over the kept rows: a join of the cells to a second aggregate of them by group would
+    need a null-safe join for a NULL group key and, unless the database materialises the shared subquery, would
+    draw the random choices of steps 2 and 3 twice.
+
     Args:
         dialect: the SQLAlchemy dialect name (``"postgresql"``, ``"sqlite"``, ...).
 
@@ -252,8 +269,6 @@ def bounded_select(spec: ReleaseSpec, aggregate: Aggregate, source: BoundedRowsS
         groups = (sa.select(rows.c[_UNIT], *row_keys, kept.label(_KEPT))
                   .group_by(rows.c[_UNIT], *row_keys)
                   .subquery("dp_groups"))
-    group_keys = [groups.c[_key_label(i)] for i in range(len(keys))]
-
     # L0: per unit, at most l0 keys, chosen at random (only when a unit could touch more)
     partitions = aggregate.partition_count
     if keys and (partitions is None or l0 < partitions):
@@ -262,10 +277,24 @@ def bounded_select(spec: ReleaseSpec, aggregate: Aggregate, source: BoundedRowsS
         final, where = limited, [limited.c[_PARTITION_RANK] <= l0]
     else:
         final, where = groups, []
+    if _units_per_group(aggregate):
+        # a quantile's groups found in the data: every cell's units are its group's (the units with a kept row in
+        # any of its bins), the number the partition selection noises. Each (unit, group) pair's first kept cell is
+        # marked, and the cells' marks added over the group by a window over the grouped rows: one scan of the kept
+        # rows (a join to a second aggregate of them would evaluate the random choices twice on some databases,
+        # and NULL group keys would need a null-safe join)
+        outer = [final.c[_key_label(i)] for i in range(len(keys) - 1)]
+        first = sa.func.row_number().over(partition_by=[final.c[_UNIT], *outer])
+        final = sa.select(final, first.label(_GROUP_RANK)).where(*where).subquery("dp_cells")
+        where = []
     final_keys = [final.c[_key_label(i)] for i in range(len(keys))]
     outputs = list(final_keys)
     outputs.append(sa.func.coalesce(sa.func.sum(final.c[_KEPT]), 0).label(_output("count")))
-    outputs.append(sa.func.count().label(_output("units")))
+    if _units_per_group(aggregate):
+        marked = sa.func.count(sa.case((final.c[_GROUP_RANK] == 1, 1)))
+        outputs.append(sa.func.sum(marked).over(partition_by=final_keys[:-1]).label(_output("units")))
+    else:
+        outputs.append(sa.func.count().label(_output("units")))
     sums = [_SUM] + ([_SUM_SQUARES] if aggregate.kind == "variance" else []) if value_name else []
     for internal in sums:
         outputs.extend(_exact_sum(final.c[internal], _output(_OUTPUT[internal]), dialect))
@@ -289,9 +318,10 @@ def bounded_sql_sha256(text: str) -> str:
 
 def bounded_rows(aggregate: Aggregate, names: Sequence[str], rows: Sequence[Sequence]) -> list[dict[str, Any]]:
     """The rows of a bounded aggregation (:func:`bounded_select`'s result: column ``names``, ``rows`` as the
-    driver returns them) as the engine's tabular rows: ``group_by`` values as they are, ``count`` and ``units`` as
-    ``int``, ``sum`` and ``sum_squares`` as exact ``Fraction`` s in value units (k g, k g^2). Raises ``KeyError``
-    if a column is missing (a bug: the query names them all)."""
+    driver returns them) as the engine's tabular rows: ``group_by`` values as they are (a public key, and a
+    quantile's bin, as the spec's own value), ``count`` and ``units`` as ``int`` (a group's units for a quantile
+    under partition selection: module docstring, step 4), ``sum`` and ``sum_squares`` as exact ``Fraction`` s in
+    value units (k g, k g^2). Raises ``KeyError`` if a column is missing (a bug: the query names them all)."""
     position = {name: i for i, name in enumerate(names)}
     grid = Fraction(aggregate.grid)
     public = [_public_keys(aggregate, column) for column in aggregate.group_by]
@@ -314,10 +344,18 @@ def bounded_rows(aggregate: Aggregate, names: Sequence[str], rows: Sequence[Sequ
 
 
 def _public_keys(aggregate: Aggregate, column: str) -> dict[str, Any] | None:
-    """A public key column's keys by their text (the spec's own values), or None under partition selection."""
-    if not aggregate.public_keys:
+    """A public key column's keys by their text (the spec's own values), or None for a column whose keys are found
+    in the data (partition selection). A quantile's bins are public under partition selection too: its histogram's
+    column gives the spec's labels (integers), as over public keys."""
+    if column not in (aggregate.keys or {}):
         return None
     return {str(value): value for value in aggregate.keys[column]}  # type: ignore[index]
+
+
+def _units_per_group(aggregate: Aggregate) -> bool:
+    """True when a row's ``units`` are its group's rather than its cell's: a quantile under partition selection,
+    whose groups (the outer ``group_by`` keys) are selected by their noised number of units (module docstring)."""
+    return aggregate.releases_quantiles and not aggregate.public_keys
 
 
 def declared_bounding(source: str, sql: str | None = None) -> dict[str, Any]:
@@ -508,7 +546,8 @@ def bound_frame(spec: ReleaseSpec, aggregate: Aggregate, frame: Any, privacy_uni
                 value_column: str | None, *, seed: int | None = None) -> list[dict[str, Any]]:
     """The bounded aggregation of ``aggregate`` over a pandas DataFrame or an Arrow table of raw rows, with the same
     steps and result as the SQL (:func:`bounded_select`, read by :func:`bounded_rows`): one dict per key with the
-    ``group_by`` values, ``count``, ``units``, and ``sum``/``sum_squares`` as exact ``Fraction`` s.
+    ``group_by`` values, ``count``, ``units`` (a group's for a quantile under partition selection), and
+    ``sum``/``sum_squares`` as exact ``Fraction`` s.
 
     The random choices use numpy's PCG64 generator seeded from ``secrets`` (``seed`` fixes it, for tests only).
     Values are clipped and snapped in binary64 (the rounding only decides which grid point a value goes to: any
@@ -581,11 +620,16 @@ def bound_frame(spec: ReleaseSpec, aggregate: Aggregate, frame: Any, privacy_uni
         groups[f"{name}_hi"] = column >> SPLIT_BITS
         groups[f"{name}_lo"] = column & (2**SPLIT_BITS - 1)
     named = {"kept": ("kept", "sum"), "units": ("unit", "size")}
+    if _units_per_group(aggregate):  # each (unit, group) pair's first kept cell, added over the group below
+        groups = groups.assign(first=~groups.duplicated(subset=["unit", *keys[:-1]]))
+        named["units"] = ("first", "sum")
     for name in sum_names:
         named[f"{name}_hi"] = (f"{name}_hi", "sum")
         named[f"{name}_lo"] = (f"{name}_lo", "sum")
     if keys:
         totals = groups.groupby(keys, sort=True, dropna=False).agg(**named).reset_index()
+        if _units_per_group(aggregate):  # a cell's units are its group's: the units with a kept row in the group
+            totals["units"] = totals.groupby(keys[:-1], sort=False, dropna=False)["units"].transform("sum")
     else:
         totals = pd.DataFrame([{name: groups[column].sum() if agg == "sum" else len(groups)
                                 for name, (column, agg) in named.items()}])

@@ -175,10 +175,18 @@ def _partition_units(aggregate: Aggregate, total: Mapping[str, Fraction], seen: 
 
 def selection_units_field(spec: ReleaseSpec, aggregate: Aggregate) -> str | None:
     """The row field holding a partition's number of distinct privacy units, under partition selection: ``count``
-    for a count with one contribution per partition (the same number), else ``units``."""
+    for a count with one contribution per partition (the same number), else ``units``. For a quantile the
+    partitions selected are its groups (the outer ``group_by`` key) and ``units`` is the group's number of units,
+    repeated on each of its bins' rows; ``count`` when one unit adds at most one record over all groups
+    (``max_partitions_contributed`` and ``max_contributions_per_partition`` both 1): a group's records are then
+    its units."""
     if aggregate.public_keys:
         return None
-    if aggregate.reads_counts and spec.contribution_for(aggregate).max_contributions_per_partition == 1:
+    contribution = spec.contribution_for(aggregate)
+    if aggregate.releases_quantiles:  # a group's units: its records when one unit adds at most one record in all
+        one = contribution.max_partitions_contributed == 1 and contribution.max_contributions_per_partition == 1
+        return "count" if one else "units"
+    if aggregate.reads_counts and contribution.max_contributions_per_partition == 1:
         return "count"
     return "units"
 
@@ -283,7 +291,14 @@ def _read_aggregate(
     # the key types (str, int) each column's public domain lists: a key of another type can never match, and
     # would otherwise be dropped silently (zip codes read as int lose their leading zeros: 2139 is not '02139')
     domain_types = {c: {type(v) for v in aggregate.keys[c]} for c in aggregate.group_by} if aggregate.public_keys else {}
+    # a quantile's groups found in the data: its bins stay public (their labels), its groups are selected
+    grouped_histogram = aggregate.releases_quantiles and not aggregate.public_keys
+    bin_labels: dict[str, int] = {}
+    if grouped_histogram:
+        bin_labels = {str(label): i for i, label in enumerate(aggregate.bins.labels)}  # type: ignore[union-attr]
+        domain_types = {aggregate.group_by[-1]: {int}}
     found: set[tuple] = set()
+    histograms: dict[tuple, dict[str, Any]] = {}
     for row_number, row in enumerate(rows):
         seen.rows += 1
         index = row_number if grouped else None
@@ -297,15 +312,18 @@ def _read_aggregate(
             continue
         try:
             key = tuple(normalise_key(row[c], c) for c in aggregate.group_by)
-            for column in aggregate.group_by if domain_types else ():
+            for column in domain_types:
                 kind = key_kind(row[column])  # by the type alone, so a refusal never depends on the value
                 if kind is not None and kind not in domain_types[column]:
                     histogram = aggregate.releases_quantiles and column == aggregate.group_by[-1]
                     raise InputTypeError(column, _key_type_mismatch(column, kind, domain_types[column], histogram))
             publishable = UNPUBLISHABLE not in key
-            inside = publishable and (
-                not aggregate.public_keys or (None not in key and tuple(str(v) for v in key) in totals)
-            )
+            if grouped_histogram:
+                inside = publishable and key[-1] is not None and str(key[-1]) in bin_labels
+            else:
+                inside = publishable and (
+                    not aggregate.public_keys or (None not in key and tuple(str(v) for v in key) in totals)
+                )
             # values of rows outside the domain are type-checked too, but neither counted nor added
             values = _row_values(aggregate, row, units_field, seen if inside else AggregateDiagnostics())
         except InputTypeError as problem:
@@ -324,10 +342,16 @@ def _read_aggregate(
         if aggregate.public_keys:
             key = tuple(str(v) for v in key)
         found.add(key)
+        if grouped_histogram:
+            _add_to_histogram(histograms, key, bin_labels[str(key[-1])], values, units_field == "count")
+            continue
         slot = totals.setdefault(key, dict.fromkeys(fields, Fraction(0)))
         for field_name, value in values.items():
             slot[field_name] += value
     seen.partitions = len(found)
+    if grouped_histogram:
+        _prepare_histograms(aggregate, histograms, prepared, seen)
+        return
     if aggregate.public_keys:
         prepared.keys[aggregate.name] = KeyDomain(aggregate)
         ordered = [_partition_units(aggregate, total, seen) for total in totals.values()]
@@ -340,6 +364,39 @@ def _read_aggregate(
     for component in components:
         prepared.values[(aggregate.name, component)] = np.array([slot[component] for slot in ordered],
                                                                 dtype=np.int64)
+
+
+def _add_to_histogram(histograms: dict[tuple, dict[str, Any]], key: tuple, index: int, values: Mapping[str, Fraction],
+                      units_are_records: bool) -> None:
+    """Add one row of a quantile's histogram under partition selection to its group (``key`` without its bin):
+    the bin's count, and the group's units: the sum of its records when they are its units, else the largest
+    ``units`` of its rows (each row repeats the group's number; the largest of equal numbers is that number, and
+    rows repeating a cell do not add it twice)."""
+    group = histograms.setdefault(key[:-1], {"counts": {}, "selection": Fraction(0)})
+    group["counts"][index] = group["counts"].get(index, Fraction(0)) + values["count"]
+    if units_are_records:
+        group["selection"] += values["selection"]
+    else:
+        group["selection"] = max(group["selection"], values["selection"])
+
+
+def _prepare_histograms(aggregate: Aggregate, histograms: Mapping[tuple, Mapping[str, Any]],
+                        prepared: PreparedInputs, seen: AggregateDiagnostics) -> None:
+    """The vectors of a quantile's histograms under partition selection: the groups found in the data, sorted as
+    any selected keys are; ``count`` holds each group's m bins (a bin with no row is 0) and ``selection`` each
+    group's units, both read onto the grid as every count is (:func:`_partition_units`)."""
+    labels = aggregate.bins.labels  # type: ignore[union-attr]
+    order = sorted(histograms, key=lambda k: tuple((type(v).__name__, v) for v in k))
+    counts: list[int] = []
+    units: list[int] = []
+    for group in order:
+        held = histograms[group]
+        units.append(_partition_units(aggregate, {"selection": held["selection"]}, seen)["selection"])
+        for index in range(len(labels)):
+            counts.append(_partition_units(aggregate, {"count": held["counts"].get(index, Fraction(0))}, seen)["count"])
+    prepared.keys[aggregate.name] = [(*group, label) for group in order for label in labels]
+    prepared.values[(aggregate.name, "count")] = np.array(counts, dtype=np.int64)
+    prepared.values[(aggregate.name, "selection")] = np.array(units, dtype=np.int64)
 
 
 def _read(spec: ReleaseSpec, aggregates: Any, report: DiagnosticsReport, *, strict: bool) -> PreparedInputs:

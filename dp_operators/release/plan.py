@@ -790,6 +790,9 @@ def plan_release(spec: ReleaseSpec, accountant: str | None = None) -> ReleasePla
         if aggregate.releases_quantiles:  # a histogram's quantiles: their own mechanisms (ADR 37)
             from dp_operators.release.quantiles import plan_quantiles
 
+            if aggregate.partition_selection is not None:  # its groups, by their units (one per unit and group)
+                steps.append(_selection_step(aggregate, contribution.max_partitions_contributed))
+                check_noise_scale(aggregate, steps[-1])
             try:
                 steps.append(plan_quantiles(aggregate, contribution, accountant, spec.confidence))  # type: ignore[arg-type]
             except ValueError as error:

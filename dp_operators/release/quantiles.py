@@ -78,7 +78,8 @@ class QuantileStep:
         budget: the aggregate's written budget.
         quantiles: the levels, exact.
         bins: m, the number of bins of each group's histogram.
-        groups: G, the number of groups (1 when not grouped).
+        groups: G, the number of groups (1 when not grouped); None for groups found in the data (partition
+            selection), whose number is not public.
         l0, linf: the contribution bounds (L0 capped by the G*m partitions).
         records_per_unit: k = L0 * Linf, the most records one privacy unit adds to the histograms.
         epsilon_each: the exponential mechanism's epsilon per level (and group), exact; None for the CDF.
@@ -96,7 +97,7 @@ class QuantileStep:
     budget: Budget
     quantiles: tuple[Fraction, ...]
     bins: int
-    groups: int
+    groups: int | None
     l0: int
     linf: int
     records_per_unit: int
@@ -115,8 +116,9 @@ class QuantileStep:
     threshold_delta: Fraction | None = None
 
     @property
-    def partitions(self) -> int:
-        """The number of groups released (each with one value per level)."""
+    def partitions(self) -> int | None:
+        """The number of groups released (each with one value per level); None when they are selected from the
+        data."""
         return self.groups
 
     @property
@@ -191,7 +193,7 @@ def cdf_step(aggregate: Aggregate, noise: CdfMeasurement, l0: int, linf: int, co
     at once at ``confidence`` (:meth:`CdfMeasurement.half_width`), and each level's rank half-width h (1 + q)."""
     levels = tuple(aggregate.quantiles or ())
     bins = noise.bins
-    groups = (aggregate.partition_count or bins) // bins
+    groups = aggregate.partition_count // bins if aggregate.public_keys else None  # type: ignore[operator]
     h = noise.half_width(confidence)
     return QuantileStep(aggregate.name, "noised_cdf", aggregate.budget, levels, bins, groups, l0, linf, l0 * linf,
                         None, noise.name, noise, tuple(float(h * (1 + q)) for q in levels), h, confidence,
@@ -214,10 +216,12 @@ def plan_quantiles(aggregate: Aggregate, contribution: ContributionBounds, accou
     bins_model = aggregate.bins
     assert bins_model is not None and levels
     bins = len(bins_model.labels)
-    partitions = aggregate.partition_count or bins
-    groups = partitions // bins
     declared_l0 = contribution.max_partitions_contributed
-    l0 = min(declared_l0, partitions)
+    if aggregate.public_keys:
+        groups: int | None = aggregate.partition_count // bins  # type: ignore[operator]
+        l0 = min(declared_l0, groups * bins)  # type: ignore[operator]
+    else:  # groups found in the data: their number is not public, and L0 stands
+        groups, l0 = None, declared_l0
     linf = contribution.max_contributions_per_partition
     records = l0 * linf
     alpha = 1 - confidence
@@ -233,12 +237,14 @@ def plan_quantiles(aggregate: Aggregate, contribution: ContributionBounds, accou
         options["exponential"] = QuantileStep(
             aggregate.name, "exponential", budget, levels, bins, groups, l0, linf, records, epsilon_each, None, None,
             widths, None, confidence, declared_l0=declared_l0)
-    cdf_possible = budget.form == "rho" and accountant in (None, "zcdp")
+    # under partition selection no account holds both the selection's (epsilon, delta) and the CDF's zCDP
+    cdf_possible = budget.form == "rho" and accountant in (None, "zcdp") and aggregate.public_keys
     if aggregate.mechanism == "noised_cdf" and not cdf_possible:
         raise ValueError(f"aggregate {aggregate.name!r}: mechanism noised_cdf is a Gaussian measurement charged in "
                          f"zCDP; a {accountant} account cannot be charged for it: use mechanism exponential")
     if aggregate.mechanism in ("auto", "noised_cdf") and cdf_possible:
-        measurement = cdf_measurement(aggregate.cdf_strategy, bins, l0, linf, groups, budget.rho, confidence)
+        # over groups found in the data, a unit's bins split over at most L0 of them: the worst split of any number
+        measurement = cdf_measurement(aggregate.cdf_strategy, bins, l0, linf, groups or l0, budget.rho, confidence)
         options["noised_cdf"] = cdf_step(aggregate, measurement, l0, linf, confidence, declared_l0)
     if not options:
         raise ValueError(f"aggregate {aggregate.name!r}: no quantile mechanism fits budget {budget.form}")
@@ -271,12 +277,13 @@ def draw_quantiles(step: QuantileStep, counts: np.ndarray, drawn: list[str]) -> 
     "upper_bin": index}`` (the interval's bins for the CDF; None for the exponential mechanism).
 
     ``counts`` is the histograms' integer vector, shape (groups * bins,), each group's bins contiguous (the key
-    domain's order, the bin column last). ``drawn`` records each draw before it starts (:func:`run_release`'s
-    rule: a caller knows whether noise may exist). Work is fixed by the public parameters: every bin is scored,
-    or every prefix noised, whatever the counts."""
+    domain's order, the bin column last; under partition selection the selected groups' only). ``drawn`` records
+    each draw before it starts (:func:`run_release`'s rule: a caller knows whether noise may exist). Work is fixed
+    by the public parameters and the number of groups released: every bin is scored, or every prefix noised,
+    whatever the counts."""
     results: list[list[dict[str, Any]]] = []
     m = step.bins
-    for group in range(step.groups):
+    for group in range(len(counts) // m):
         histogram = [int(value) for value in counts[group * m:(group + 1) * m].tolist()]
         released: list[dict[str, Any]] = []
         if step.mechanism == "exponential":
@@ -317,10 +324,12 @@ def _published_bins(aggregate: Aggregate) -> dict[str, Any]:
 
 
 def publish_quantiles(aggregate: Aggregate, step: QuantileStep, released: list[list[dict[str, Any]]],
-                      keys: Sequence[tuple]) -> dict[str, Any]:
+                      keys: Sequence[tuple], selection: Any = None) -> dict[str, Any]:
     """The published form of a quantile or median aggregate (post-processing of the released bins only): rows keyed
     by the groups' columns and ``quantile``, each with ``value``, ``bin``, ``rank_half_width``, ``interval`` and
-    ``half_width`` (see the module docstring)."""
+    ``half_width`` (see the module docstring). ``keys``: each released group's m cells, contiguous;
+    ``selection``: the partition-selection step that kept the groups (its mechanism and threshold are published),
+    None over public groups."""
     m = step.bins
     outer = aggregate.outer_group_by
     rows = []
@@ -350,4 +359,11 @@ def publish_quantiles(aggregate: Aggregate, step: QuantileStep, released: list[l
         "bins": _published_bins(aggregate),
         "rows": rows,
     }
+    if selection is not None:
+        published["partition_selection"] = {
+            "mechanism": selection.mechanism,
+            "threshold": selection.threshold,
+            "epsilon": float(selection.budget.epsilon),
+            "delta": float(selection.budget.delta),
+        }
     return published

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -50,7 +50,7 @@ from dp_operators.release.columns import largest_magnitude
 from dp_operators.release.diagnostics import DiagnosticsReport
 from dp_operators.release.errors import ReleaseAbortedError, ReleaseConfigError, ReleaseInputError
 from dp_operators.release.inputs import PreparedInputs, prepare_inputs
-from dp_operators.release.plan import ReleasePlan, plan_release
+from dp_operators.release.plan import NoiseStep, ReleasePlan, plan_release
 from dp_operators.release.publish import check_plain_json, in_key_order, publish_aggregate, release_header
 from dp_operators.release.rows_file import INLINE_ROWS_LIMIT, RowsStore, cells_tables, check_rows_files, write_rows_file
 from dp_operators.release.quantiles import draw_quantiles, publish_quantiles
@@ -180,6 +180,19 @@ def draw_noise(
             drawn.append(step.component)
             noised[(aggregate.name, component)] = add_exactly(values, step.draw(len(values)))
     return noised, selected
+
+
+def select_groups(step: NoiseStep, units: np.ndarray, counts: np.ndarray, keys: Sequence[tuple],
+                  labels: Sequence[int], drawn: list[str]) -> tuple[np.ndarray, list[tuple]]:
+    """The histograms of a quantile's groups selected from the data: a group is kept iff its noised number of
+    privacy units is at least the threshold (``units``, shape (G,); :func:`draw_noise`'s rule). Returns the kept
+    groups' counts (shape (kept * m,)) and keys, each group's m bins contiguous as in ``counts``."""
+    m = len(labels)
+    drawn.append(step.component)
+    noised = add_exactly(units, step.draw(len(units)))
+    kept = np.flatnonzero(np.asarray(noised >= step.threshold, dtype=bool))
+    cells = (kept[:, None] * m + np.arange(m)[None, :]).reshape(-1)
+    return counts[cells], [keys[i] for i in cells.tolist()]
 
 
 def check_inline_rows_limit(limit: object) -> int | None:
@@ -516,9 +529,15 @@ def _noised_output(
     quantiles = {}
     for aggregate in spec.aggregates:
         if aggregate.releases_quantiles:
+            counts, keys = prepared.values[(aggregate.name, "count")], prepared.keys[aggregate.name]
+            selection = None
+            if not aggregate.public_keys:  # the groups whose noised units reach the threshold, then their bins
+                selection = plan.step(aggregate.name, "selection")
+                counts, keys = select_groups(selection, prepared.values[(aggregate.name, "selection")], counts,
+                                             keys, aggregate.bins.labels, drawn)  # type: ignore[union-attr]
             step = plan.step(aggregate.name, "quantile")
-            bins = draw_quantiles(step, prepared.values[(aggregate.name, "count")], drawn)
-            quantiles[aggregate.name] = publish_quantiles(aggregate, step, bins, prepared.keys[aggregate.name])
+            bins = draw_quantiles(step, counts, drawn)
+            quantiles[aggregate.name] = publish_quantiles(aggregate, step, bins, keys, selection)
     consistent: dict[str, Any] = {}
     consistency: dict[str, Any] = {}
     if families is not None:

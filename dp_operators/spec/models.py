@@ -500,9 +500,13 @@ class Aggregate(_Strict):
                              "upstream")
         if self.upstream.arithmetic != "exact":
             raise ValueError(f"a {self.kind}'s histogram holds counts: upstream.arithmetic binary64 does not apply")
-        if self.partition_selection is not None:
-            raise ValueError(f"a {self.kind} over groups found in the data (partition_selection) is not supported "
-                             "yet: give the groups' public 'keys'")
+        if self.partition_selection is not None and not self.group_by:
+            raise ValueError(f"partition_selection selects which groups of a {self.kind} to release: it needs "
+                             "group_by columns (the histogram's own bins are public)")
+        if self.partition_selection is not None and self.mechanism == "noised_cdf":
+            raise ValueError("mechanism noised_cdf is charged in zCDP, which cannot hold partition selection's "
+                             "(epsilon, delta): use mechanism exponential (or auto, which takes it) for groups found "
+                             "in the data")
         if self.cdf_strategy != "auto" and self.mechanism == "exponential":
             raise ValueError(f"cdf_strategy {self.cdf_strategy} applies to mechanism noised_cdf (or auto), not "
                              "exponential")
@@ -527,7 +531,9 @@ class Aggregate(_Strict):
         if self.partition_selection is not None:
             if not self.group_by:
                 raise ValueError("partition_selection needs group_by columns (it selects which keys to release)")
-            if self.keys is not None:
+            # a quantile's bins are public under partition selection too: only the groups come from the data
+            public = {self.bins.column} if self.releases_quantiles else set()  # type: ignore[union-attr]
+            if set(self.keys or {}) - public:
                 raise ValueError("give either public 'keys' or 'partition_selection', not both")
         elif set(self.keys or {}) != set(self.group_by):
             raise ValueError(

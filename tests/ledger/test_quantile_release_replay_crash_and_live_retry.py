@@ -112,3 +112,46 @@ def test_a_live_second_try_while_the_first_draws_is_not_charged(ledger, monkeypa
     assert len(list(ledger.charges())) == 1 and ledger.account("acct").spent == Fraction(1, 5) ** 2 * 4 / 8
     replay = run_release(_spec(("0.5",)), {"x": HIST}, ledger, _key(), spec_hash="0" * 64)
     assert replay.replayed and replay.output == results[0].output
+
+
+# -- groups found in the data (partition selection) ------------------------------------------------------------------
+
+SELECTED_HIST = [{"g": g, "x": i, "count": c} for g in ("a", "b")
+                 for i, c in enumerate([30, 0, 50, 90, 20, 70, 10, 40])]
+
+
+def _selected_spec() -> ReleaseSpec:
+    return ReleaseSpec.model_validate({
+        "version": 1, "release": "qs", "budget_account": "acct", "privacy_unit": "person",
+        "aggregates": [{"name": "x", "kind": "median", "group_by": ["g"],
+                        "partition_selection": {"budget": {"epsilon": 1, "delta": "1e-6"}},
+                        "bins": {"column": "x", "edges": [0, 8], "width": 1},
+                        "mechanism": "exponential", "budget": {"epsilon": "2/5"}}]})
+
+
+@pytest.fixture
+def approx_ledger(ledger_url):
+    return ledger_with(ledger_url, acct=account_config("approx_dp", epsilon=10, delta="1e-3", dags=(DAG,)))
+
+
+def test_a_crash_in_the_group_selection_stays_spent_and_a_retry_replays_the_whole_release(approx_ledger,
+                                                                                          monkeypatch):
+    from dp_operators.release.plan import NoiseStep
+
+    real = NoiseStep.draw
+
+    def dies(self, *args, **kwargs):
+        raise RuntimeError("worker lost while selecting the groups")
+
+    monkeypatch.setattr(NoiseStep, "draw", dies)
+    with pytest.raises(ReleaseAbortedError) as aborted:
+        run_release(_selected_spec(), {"x": SELECTED_HIST}, approx_ledger, _key(), spec_hash="0" * 64)
+    assert aborted.value.budget_returned is False  # the selection's noise may exist: its charge stays
+    assert approx_ledger.stored_output(_key()) is None
+    monkeypatch.setattr(NoiseStep, "draw", real)
+    first = run_release(_selected_spec(), {"x": SELECTED_HIST}, approx_ledger, _key(), spec_hash="0" * 64)
+    rows = first.output["aggregates"]["x"]["rows"]
+    assert [row["g"] for row in rows] == ["a", "b"]  # 310 records each: far above the threshold
+    again = run_release(_selected_spec(), {}, approx_ledger, _key(), spec_hash="0" * 64)
+    assert again.replayed and again.output == first.output
+    assert approx_ledger.account("acct").spent == 2 * (1 + Fraction(2, 5))
