@@ -372,12 +372,13 @@ def _add_to_histogram(histograms: dict[tuple, dict[str, Any]], key: tuple, index
     the bin's count, and the group's units: the sum of its records when they are its units, else the largest
     ``units`` of its rows (each row repeats the group's number; the largest of equal numbers is that number, and
     rows repeating a cell do not add it twice)."""
-    group = histograms.setdefault(key[:-1], {"counts": {}, "selection": Fraction(0)})
+    group = histograms.setdefault(key[:-1], {"counts": {}, "selection": Fraction(0), "seen_units": set()})
     group["counts"][index] = group["counts"].get(index, Fraction(0)) + values["count"]
     if units_are_records:
         group["selection"] += values["selection"]
     else:
         group["selection"] = max(group["selection"], values["selection"])
+        group["seen_units"].add(values["selection"])
 
 
 def _prepare_histograms(aggregate: Aggregate, histograms: Mapping[tuple, Mapping[str, Any]],
@@ -391,6 +392,7 @@ def _prepare_histograms(aggregate: Aggregate, histograms: Mapping[tuple, Mapping
     units: list[int] = []
     for group in order:
         held = histograms[group]
+        seen.groups_with_differing_units += len(held["seen_units"]) > 1
         units.append(_partition_units(aggregate, {"selection": held["selection"]}, seen)["selection"])
         for index in range(len(labels)):
             counts.append(_partition_units(aggregate, {"count": held["counts"].get(index, Fraction(0))}, seen)["count"])

@@ -281,3 +281,45 @@ def test_a_connection_without_a_known_dialect_is_refused_before_any_charge(spec_
     with pytest.raises(AirflowFailException, match="no SQLAlchemy dialect"):
         op.execute(context_for(ti()))
     assert list(ledger.charges()) == []
+
+
+MEDIAN_BY_WARD = """\
+version: 1
+release: clinic_bills
+budget_account: clinic
+privacy_unit: patient
+contribution: {max_partitions_contributed: 2, max_contributions_per_partition: 3}
+aggregates:
+  - name: median_bill
+    kind: median
+    group_by: [ward]
+    partition_selection: {budget: {epsilon: 1, delta: 1.0e-6}}
+    bins: {column: bill, edges: [0, 1000], width: 50}
+    mechanism: auto
+    budget: {epsilon: 1}
+"""
+
+
+def test_a_median_over_wards_found_in_a_table_selects_them_by_their_patients(warehouse, tmp_path, monkeypatch):
+    conn_id, _ = warehouse
+    path = tmp_path / "bills.yaml"
+    path.write_text(MEDIAN_BY_WARD)
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    officer = governor(url)
+    officer.init_schema()
+    officer.apply_config(LedgerConfig(version=1, accounts={"clinic": AccountConfig(
+        accountant="approx_dp", epsilon=Fraction(10), delta=Fraction(1, 10**4), privacy_unit="patient",
+        allowed_dags=[DAG_ID], require_enforced_bounding=True)}))
+    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_CLINIC", json.dumps(
+        {"conn_type": "dp_ledger", "extra": {"url": url, "audit_key": SPEND_KEY.text}}))
+    output = sql_release(path, conn_id, tmp_path, table="visits", privacy_unit_column="patient").execute(
+        context_for(ti()))
+    published = output["aggregates"]["median_bill"]
+    # every ward has about a hundred patients: far above the threshold, so all five are found and released
+    assert [row["ward"] for row in published["rows"]] == ["cardiology", "dermatology", "oncology", "paediatrics",
+                                                          "surgery"]
+    assert published["partition_selection"]["threshold"] > 1
+    assert output["contribution_bounding"]["median_bill"]["mode"] == "enforced"
+    (charge,) = list(spender(url).charges())
+    assert Fraction(charge["amount"]) == 2
+    assert [m["component"] for m in json.loads(charge["mechanisms"])] == ["selection", "quantile"]

@@ -180,10 +180,14 @@ def test_a_bin_label_of_another_type_is_refused_by_its_type():
         prepare_inputs(_spec(), {"hours": rows})
 
 
-def test_check_aggregates_counts_a_label_outside_the_bins_without_refusing():
+def test_check_aggregates_reports_a_label_outside_the_bins_and_groups_whose_rows_disagree_on_units():
     report = check_aggregates(_spec(l0=2, linf=3), {"hours": ROWS})
     assert report.ok
-    assert report.as_dict()["aggregates"]["hours"]["rows_outside_domain"] == 1
+    seen = report.as_dict()["aggregates"]["hours"]
+    assert (seen["rows_outside_domain"], seen["groups_with_differing_units"]) == (1, 0)
+    disagreeing = [*ROWS, {"country": "b", "hours_per_week": 7, "count": 1, "units": 9}]
+    report = check_aggregates(_spec(l0=2, linf=3), {"hours": disagreeing})
+    assert report.ok and report.as_dict()["aggregates"]["hours"]["groups_with_differing_units"] == 1
 
 
 # -- the release ----------------------------------------------------------------------------------------------------
