@@ -16,11 +16,14 @@ variance                  ``sum``, ``count``, ``sum_squares``
 ========================  =====================================================================================
 
 plus ``units`` (distinct privacy units per key) under ``partition_selection``, except for a count with one
-contribution per partition. An ungrouped aggregate's rows are added up, as a grouped aggregate's rows repeating a
-key are: one row, or several (a query with a stray ``GROUP BY``, a file of partial sums), is read alike, so the
-outcome never depends on the number of rows. No row (a query whose ``WHERE`` or ``HAVING`` matched nobody, an
-empty file) is the aggregate of nobody, as SQL's ``COUNT`` and ``SUM`` give it: count 0, sums NULL (``None``, which
-follows the aggregate's ``non_finite`` ``nan`` policy).
+contribution per partition. For a median or quantile (one row per group and bin, with ``count``), ``units`` is the
+group's number of distinct privacy units, the same on each of its bins' rows (the engine takes the largest), and is
+not needed when ``max_partitions_contributed`` and ``max_contributions_per_partition`` are both 1. An ungrouped
+aggregate's rows are added up, as a grouped aggregate's rows repeating a key are: one row, or several (a query with
+a stray ``GROUP BY``, a file of partial sums), is read alike, so the outcome never depends on the number of rows.
+No row (a query whose ``WHERE`` or ``HAVING`` matched nobody, an empty file) is the aggregate of nobody, as SQL's
+``COUNT`` and ``SUM`` give it: count 0, sums NULL (``None``, which follows the aggregate's ``non_finite`` ``nan``
+policy).
 
 Types. Parquet and SQL values arrive typed (pyarrow, the DB-API driver): ints, ``Decimal`` (Parquet ``decimal128``,
 SQL ``NUMERIC``) and floats go to the engine as they are, which reads each exactly or refuses it by its type
