@@ -37,9 +37,12 @@ class PreparedInputs:
     """True aggregates in grid units, per aggregate and component, in release order. Never leaves the engine.
 
     ``values[(name, component)]`` is a numpy int64 array of shape (partitions,): every grid integer lies within
-    +-SATURATION (2^62), so it fits, and a noise value below 2^62 can be added without overflow. ``keys[name]`` is the list of partitions (key tuples of ``str``, ``int`` or ``None``) the vectors are aligned
-    with: the public key domain, or under partition selection the keys found in the data (sorted), whose
-    ``selection`` vector holds their counts of privacy units.
+    +-SATURATION (2^62), so it fits, and a noise value below 2^62 can be added without overflow. ``keys[name]`` is
+    the list of partitions (key tuples of ``str``, ``int`` or ``None``) the vectors are aligned with: the public key
+    domain, or under partition selection the keys found in the data (sorted), whose ``selection`` vector holds their
+    counts of privacy units. A quantile's histograms under partition selection are sparse: ``keys`` holds the
+    candidate groups and ``selection`` their units, ``cells`` the positions of the ``count`` values
+    (:func:`_prepare_histograms`).
     """
 
     values: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
@@ -318,8 +321,8 @@ def _read_aggregate(
                     histogram = aggregate.releases_quantiles and column == aggregate.group_by[-1]
                     raise InputTypeError(column, _key_type_mismatch(column, kind, domain_types[column], histogram))
             publishable = UNPUBLISHABLE not in key
-            if grouped_histogram:
-                inside = publishable and key[-1] is not None and str(key[-1]) in bin_labels
+            if grouped_histogram:  # every row of a group makes it a candidate, in a bin or not (its units)
+                inside = publishable
             else:
                 inside = publishable and (
                     not aggregate.public_keys or (None not in key and tuple(str(v) for v in key) in totals)
@@ -339,12 +342,17 @@ def _read_aggregate(
         if not inside:
             seen.outside_domain(key)
             continue
+        if grouped_histogram:
+            index = bin_labels.get(str(key[-1])) if key[-1] is not None else None
+            if index is None:  # no bin's label: its group is a candidate (its units count), its record is in no bin
+                seen.outside_domain(key)
+            else:
+                found.add(key)
+            _add_to_histogram(histograms, key[:-1], index, values, units_field == "count")
+            continue
         if aggregate.public_keys:
             key = tuple(str(v) for v in key)
         found.add(key)
-        if grouped_histogram:
-            _add_to_histogram(histograms, key, bin_labels[str(key[-1])], values, units_field == "count")
-            continue
         slot = totals.setdefault(key, dict.fromkeys(fields, Fraction(0)))
         for field_name, value in values.items():
             slot[field_name] += value
@@ -366,39 +374,48 @@ def _read_aggregate(
                                                                 dtype=np.int64)
 
 
-def _add_to_histogram(histograms: dict[tuple, dict[str, Any]], key: tuple, index: int, values: Mapping[str, Fraction],
-                      units_are_records: bool) -> None:
-    """Add one row of a quantile's histogram under partition selection to its group (``key`` without its bin):
-    the bin's count, and the group's units: the sum of its records when they are its units, else the largest
-    ``units`` of its rows (each row repeats the group's number; the largest of equal numbers is that number, and
-    rows repeating a cell do not add it twice)."""
-    group = histograms.setdefault(key[:-1], {"counts": {}, "selection": Fraction(0), "seen_units": set()})
-    group["counts"][index] = group["counts"].get(index, Fraction(0)) + values["count"]
+def _add_to_histogram(histograms: dict[tuple, dict[str, Any]], group: tuple, index: int | None,
+                      values: Mapping[str, Fraction], units_are_records: bool) -> None:
+    """Add one row of a quantile's histogram under partition selection to its ``group`` (the key without its bin):
+    the count of bin ``index`` (None: a label that is no bin's, counted in none), and the group's units: the sum of
+    its records when they are its units, else the largest ``units`` of its rows (each row repeats the group's
+    number; the largest of equal numbers is that number, and rows repeating a cell do not add it twice). Every row
+    counts towards its group's units, in a bin or not: were a row outside the bins to make no candidate, one unit's
+    record in a bin could turn a group of many units outside the bins into a candidate (docs/adr/0037)."""
+    held = histograms.setdefault(group, {"counts": {}, "selection": Fraction(0), "seen_units": set()})
+    if index is not None:
+        held["counts"][index] = held["counts"].get(index, Fraction(0)) + values["count"]
     if units_are_records:
-        group["selection"] += values["selection"]
+        held["selection"] += values["selection"]
     else:
-        group["selection"] = max(group["selection"], values["selection"])
-        group["seen_units"].add(values["selection"])
+        held["selection"] = max(held["selection"], values["selection"])
+        held["seen_units"].add(values["selection"])
 
 
 def _prepare_histograms(aggregate: Aggregate, histograms: Mapping[tuple, Mapping[str, Any]],
                         prepared: PreparedInputs, seen: AggregateDiagnostics) -> None:
-    """The vectors of a quantile's histograms under partition selection: the groups found in the data, sorted as
-    any selected keys are; ``count`` holds each group's m bins (a bin with no row is 0) and ``selection`` each
-    group's units, both read onto the grid as every count is (:func:`_partition_units`)."""
-    labels = aggregate.bins.labels  # type: ignore[union-attr]
+    """The vectors of a quantile's histograms under partition selection, sparse until the groups are selected: the
+    candidate groups found in the data (``keys``, sorted as any selected keys are) with their units
+    (``selection``, shape (G,)), and the bins that have rows: ``cells`` their positions ``g * m + i`` (ascending),
+    ``count`` their counts, read onto the grid as every count is (:func:`_partition_units`). A bin with no row is
+    0 (:func:`~dp_operators.release.run.select_groups` fills the kept groups' histograms). The work is one step per
+    row and per group, not per bin of every candidate: the m bins of a group that is not kept cost nothing."""
+    m = len(aggregate.bins.labels)  # type: ignore[union-attr]
     order = sorted(histograms, key=lambda k: tuple((type(v).__name__, v) for v in k))
+    cells: list[int] = []
     counts: list[int] = []
     units: list[int] = []
-    for group in order:
+    for position, group in enumerate(order):
         held = histograms[group]
         seen.groups_with_differing_units += len(held["seen_units"]) > 1
         units.append(_partition_units(aggregate, {"selection": held["selection"]}, seen)["selection"])
-        for index in range(len(labels)):
-            counts.append(_partition_units(aggregate, {"count": held["counts"].get(index, Fraction(0))}, seen)["count"])
-    prepared.keys[aggregate.name] = [(*group, label) for group in order for label in labels]
-    prepared.values[(aggregate.name, "count")] = np.array(counts, dtype=np.int64)
+        for index in sorted(held["counts"]):
+            cells.append(position * m + index)
+            counts.append(_partition_units(aggregate, {"count": held["counts"][index]}, seen)["count"])
+    prepared.keys[aggregate.name] = order
     prepared.values[(aggregate.name, "selection")] = np.array(units, dtype=np.int64)
+    prepared.values[(aggregate.name, "cells")] = np.array(cells, dtype=np.int64)
+    prepared.values[(aggregate.name, "count")] = np.array(counts, dtype=np.int64)
 
 
 def _read(spec: ReleaseSpec, aggregates: Any, report: DiagnosticsReport, *, strict: bool) -> PreparedInputs:

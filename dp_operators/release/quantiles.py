@@ -324,18 +324,16 @@ def _published_bins(aggregate: Aggregate) -> dict[str, Any]:
 
 
 def publish_quantiles(aggregate: Aggregate, step: QuantileStep, released: list[list[dict[str, Any]]],
-                      keys: Sequence[tuple], selection: Any = None) -> dict[str, Any]:
+                      groups: Sequence[tuple], selection: Any = None) -> dict[str, Any]:
     """The published form of a quantile or median aggregate (post-processing of the released bins only): rows keyed
     by the groups' columns and ``quantile``, each with ``value``, ``bin``, ``rank_half_width``, ``interval`` and
-    ``half_width`` (see the module docstring). ``keys``: each released group's m cells, contiguous;
+    ``half_width`` (see the module docstring). ``groups``: each released group's key (its outer columns' values);
     ``selection``: the partition-selection step that kept the groups (its mechanism and threshold are published),
     None over public groups."""
-    m = step.bins
     outer = aggregate.outer_group_by
     rows = []
     edges = aggregate.bins.exact_edges  # type: ignore[union-attr]
-    for group, bins in enumerate(released):
-        key = keys[group * m][:-1] if outer else ()
+    for key, bins in zip(groups, released):
         for level, width, chosen in zip(step.quantiles, step.rank_half_widths, bins):
             index = chosen["bin"]
             value = _closed_edge(aggregate, index)

@@ -182,17 +182,24 @@ def draw_noise(
     return noised, selected
 
 
-def select_groups(step: NoiseStep, units: np.ndarray, counts: np.ndarray, keys: Sequence[tuple],
-                  labels: Sequence[int], drawn: list[str]) -> tuple[np.ndarray, list[tuple]]:
+def select_groups(step: NoiseStep, units: np.ndarray, groups: Sequence[tuple], cells: np.ndarray,
+                  counts: np.ndarray, bins: int, drawn: list[str]) -> tuple[np.ndarray, list[tuple]]:
     """The histograms of a quantile's groups selected from the data: a group is kept iff its noised number of
-    privacy units is at least the threshold (``units``, shape (G,); :func:`draw_noise`'s rule). Returns the kept
-    groups' counts (shape (kept * m,)) and keys, each group's m bins contiguous as in ``counts``."""
-    m = len(labels)
+    privacy units is at least the threshold (``units``, shape (G,); :func:`draw_noise`'s rule). ``cells`` and
+    ``counts`` are the candidates' sparse histograms (:class:`~dp_operators.release.inputs.PreparedInputs`).
+    Returns the kept groups' dense histograms (shape (kept * bins,), each group's bins contiguous, a bin with no
+    row 0) and their keys. Only the kept groups' bins are filled: the work is one step per candidate and per cell
+    with a row, plus ``bins`` per kept group."""
     drawn.append(step.component)
     noised = add_exactly(units, step.draw(len(units)))
     kept = np.flatnonzero(np.asarray(noised >= step.threshold, dtype=bool))
-    cells = (kept[:, None] * m + np.arange(m)[None, :]).reshape(-1)
-    return counts[cells], [keys[i] for i in cells.tolist()]
+    slot = np.full(len(units), -1, dtype=np.int64)
+    slot[kept] = np.arange(len(kept))
+    group, index = np.divmod(cells, bins)
+    inside = slot[group] >= 0
+    dense = np.zeros(len(kept) * bins, dtype=np.int64)
+    dense[slot[group[inside]] * bins + index[inside]] = counts[inside]
+    return dense, [groups[i] for i in kept.tolist()]
 
 
 def check_inline_rows_limit(limit: object) -> int | None:
@@ -529,15 +536,17 @@ def _noised_output(
     quantiles = {}
     for aggregate in spec.aggregates:
         if aggregate.releases_quantiles:
+            step = plan.step(aggregate.name, "quantile")
             counts, keys = prepared.values[(aggregate.name, "count")], prepared.keys[aggregate.name]
             selection = None
-            if not aggregate.public_keys:  # the groups whose noised units reach the threshold, then their bins
+            if aggregate.public_keys:
+                groups = [keys[g * step.bins][:-1] for g in range(len(counts) // step.bins)]
+            else:  # the groups whose noised units reach the threshold, then their bins
                 selection = plan.step(aggregate.name, "selection")
-                counts, keys = select_groups(selection, prepared.values[(aggregate.name, "selection")], counts,
-                                             keys, aggregate.bins.labels, drawn)  # type: ignore[union-attr]
-            step = plan.step(aggregate.name, "quantile")
+                counts, groups = select_groups(selection, prepared.values[(aggregate.name, "selection")], keys,
+                                               prepared.values[(aggregate.name, "cells")], counts, step.bins, drawn)
             bins = draw_quantiles(step, counts, drawn)
-            quantiles[aggregate.name] = publish_quantiles(aggregate, step, bins, keys, selection)
+            quantiles[aggregate.name] = publish_quantiles(aggregate, step, bins, groups, selection)
     consistent: dict[str, Any] = {}
     consistency: dict[str, Any] = {}
     if families is not None:

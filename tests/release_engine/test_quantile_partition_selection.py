@@ -151,11 +151,10 @@ def _as(form: str, rows: list[dict], spec: ReleaseSpec):
 def test_each_groups_bins_and_units_are_read_alike_from_every_upstream_type(form):
     spec = _spec(l0=2, linf=3)
     prepared = prepare_inputs(spec, {"hours": _as(form, ROWS, spec)})
-    keys = prepared.keys["hours"]
-    assert len(keys) == 2 * 99 and keys[0] == ("a", 1) and keys[99] == ("b", 1)
-    counts = prepared.values[("hours", "count")]
-    assert counts[10 - 1] == 3 and counts[99 - 1] == 3 and counts.sum() == 3 + 3 + 3 + 1
-    assert counts[99 + 40 - 1] == 3 and counts[99 + 41 - 1] == 1
+    assert prepared.keys["hours"] == [("a",), ("b",)]
+    # the bins with rows, sparse until the groups are selected: position g * m + i, i the bin's index
+    cells = dict(zip(prepared.values[("hours", "cells")].tolist(), prepared.values[("hours", "count")].tolist()))
+    assert cells == {10 - 1: 3, 99 - 1: 3, 99 + 40 - 1: 3, 99 + 41 - 1: 1}
     # a group's units are the number its rows repeat, not their sum
     assert prepared.values[("hours", "selection")].tolist() == [5, 4]
 
@@ -163,7 +162,8 @@ def test_each_groups_bins_and_units_are_read_alike_from_every_upstream_type(form
 def test_one_record_per_person_makes_a_groups_records_its_units():
     rows = [{k: v for k, v in r.items() if k != "units"} for r in ROWS]
     prepared = prepare_inputs(_spec(), {"hours": rows})
-    assert prepared.values[("hours", "selection")].tolist() == [6, 4]  # 3 + 3 in bins of a, 3 + 1 of b
+    # a's 3 + 3 in its bins and 7 beyond them; b's 3 + 1
+    assert prepared.values[("hours", "selection")].tolist() == [13, 4]
 
 
 def test_rows_without_the_groups_units_are_refused_before_any_budget_when_a_person_has_several_records(tmp_path):
@@ -188,6 +188,36 @@ def test_check_aggregates_reports_a_label_outside_the_bins_and_groups_whose_rows
     disagreeing = [*ROWS, {"country": "b", "hours_per_week": 7, "count": 1, "units": 9}]
     report = check_aggregates(_spec(l0=2, linf=3), {"hours": disagreeing})
     assert report.ok and report.as_dict()["aggregates"]["hours"]["groups_with_differing_units"] == 1
+
+
+def test_a_group_whose_rows_all_miss_the_bins_is_a_candidate_with_its_units():
+    """Were rows outside the bins to make no candidate, one unit's record in a bin would turn a group of a hundred
+    units outside them into a candidate of 101: a release with probability 1 instead of delta."""
+    outside = [{"country": "x", "hours_per_week": 0, "count": 100, "units": 100}]
+    prepared = prepare_inputs(_spec(l0=2, linf=3), {"hours": outside})
+    assert prepared.keys["hours"] == [("x",)] and prepared.values[("hours", "selection")].tolist() == [100]
+    assert prepared.values[("hours", "cells")].tolist() == []
+    joined = [{**outside[0], "units": 101}, {"country": "x", "hours_per_week": 40, "count": 1, "units": 101}]
+    neighbour = prepare_inputs(_spec(l0=2, linf=3), {"hours": joined})
+    assert neighbour.keys["hours"] == [("x",)] and neighbour.values[("hours", "selection")].tolist() == [101]
+
+
+def test_only_the_kept_groups_histograms_are_filled():
+    """The m bins of a candidate that is not kept cost nothing: the work of a group of one is its row, not m bins."""
+    from dp_operators.release.run import select_groups
+
+    class Kept:  # a selection step whose noise is 0: keeps the groups of at least 2 units
+        component, threshold = "selection", 2
+
+        @staticmethod
+        def draw(size):
+            return np.zeros(size, dtype=np.int64)
+
+    units = np.array([5, 1, 3], dtype=np.int64)
+    cells, counts = np.array([0, 3, 4 + 1, 8 + 2], dtype=np.int64), np.array([7, 2, 9, 4], dtype=np.int64)
+    dense, groups = select_groups(Kept(), units, [("a",), ("b",), ("c",)], cells, counts, 4, drawn := [])
+    assert groups == [("a",), ("c",)] and drawn == ["selection"]
+    assert dense.tolist() == [7, 0, 0, 2, 0, 0, 4, 0]
 
 
 # -- the release ----------------------------------------------------------------------------------------------------
@@ -269,6 +299,16 @@ def test_a_person_who_adds_a_group_or_joins_one_shows_an_observer_the_same_relea
     assert all(shape == shapes[0] for shape in shapes)
     published = [{k: v for k, v in s[3]["aggregates"]["hours"].items() if k != "rows"} for s in seen]
     assert all(p == published[0] for p in published)
+
+
+def test_a_person_who_puts_a_group_of_records_outside_the_bins_into_one_does_not_change_whether_it_is_released(
+        observe):
+    base = _people({**BASE, "X": [0] * 100})  # a hundred people whose hours are below the first bin
+    joined = pd.concat([base, _people({"X": [40]}).assign(person=10**6)])
+    seen = [observe(_spec(l0=2, linf=2), _upstream(people)) for people in (base, joined)]
+    for error, _, _, output in seen:
+        assert error is None
+        assert [row["country"] for row in output["aggregates"]["hours"]["rows"]] == ["A", "B", "X"]
 
 
 def test_neighbouring_inputs_draw_the_same_work_for_the_groups_they_release(tmp_path, monkeypatch):
