@@ -44,6 +44,22 @@ def test_show_prints_values_half_widths_and_the_charge_verbatim(tmp_path: Path):
     assert runner.invoke(app, ["release", "show", str(tmp_path)]).exit_code == 0
 
 
+def test_show_prints_the_delta_spent_and_the_partition_selection_that_chose_the_keys(tmp_path: Path):
+    rows = {"kind": "median", "mechanism": "exponential", "group_by": ["country", "quantile"],
+            "partition_selection": {"mechanism": "discrete_laplace", "threshold": 15, "epsilon": 1.0, "delta": 1e-06},
+            "rows": [{"country": "Mexico", "quantile": "0.5", "value": 40, "bin": [40, 41], "bin_label": 40,
+                      "rank_half_width": 7.59, "interval": [None, None], "half_width": None}]}
+    charge = {"epsilon": 2.0, "epsilon_exact": "2", "epsilon_at_delta": 2.0, "delta": 0.001,
+              "delta_spent": 6.07896204086e-07}
+    path = tmp_path / "release.json"
+    path.write_text(json.dumps({**RELEASE, "charge": charge, "aggregates": {"hours": rows}}))
+    result = runner.invoke(app, ["release", "show", str(path)], terminal_width=250)
+    assert result.exit_code == 0, result.output
+    assert "this release spent epsilon 2, delta 6.079e-07" in result.output
+    assert ("keys found in the data: 1 rows released, of the keys whose noised count of privacy units reached the "
+            "threshold 15 (partition selection, discrete_laplace, epsilon 1.0, delta 1e-06)") in result.output
+
+
 def test_show_prints_a_quantiles_rank_half_width(tmp_path: Path):
     """A quantile's row shows its rank half-width: alone when it has no value interval (the exponential mechanism),
     beside its value interval when it has one (the noised CDF: not symmetric around the bin's edge)."""

@@ -97,6 +97,8 @@ def _print_release(release: dict, path: Any) -> None:
     spent = ", ".join(f"{unit} {charge[unit]:g}" for unit in ("epsilon", "rho") if unit in charge)
     if charge.get("epsilon_at_delta") is not None and "rho" in charge:
         spent += f" (epsilon {charge['epsilon_at_delta']:.4g} at delta {charge['delta']:g})"
+    elif isinstance(charge.get("delta_spent"), (int, float)):  # an (epsilon, delta) charge: partition selection
+        spent += f", delta {charge['delta_spent']:.4g}"
     series = release.get("series")
     if isinstance(series, dict):  # a series step: its step, its run's data interval, the series' one charge
         interval = series.get("data_interval") or [None, None]
@@ -116,6 +118,14 @@ def _print_release(release: dict, path: Any) -> None:
         )
         console.print(f"contribution bounding: {visible(describe_bounding(bounding.get(name)))}", highlight=False,
                       soft_wrap=True)
+        selection = aggregate.get("partition_selection")
+        if isinstance(selection, dict):  # the keys (a quantile's groups) were selected from the data
+            rows = aggregate.get("rows")
+            released = f"{len(rows)} rows released" if isinstance(rows, list) else "rows released"
+            console.print(f"keys found in the data: {released}, of the keys whose noised count of privacy units "
+                          f"reached the threshold {visible(selection.get('threshold'))} (partition selection, "
+                          f"{visible(selection.get('mechanism'))}, epsilon {visible(selection.get('epsilon'))}, delta "
+                          f"{visible(selection.get('delta'))})", highlight=False, soft_wrap=True)
         reference = aggregate.get("rows_file")
         if isinstance(reference, dict):  # a large release: its rows are in a Parquet file, not in the JSON
             console.print(f"{visible(reference.get('rows'))} rows in the rows file {visible(reference.get('uri'))} "

@@ -338,7 +338,10 @@ def read_table(
     position = np.zeros(rows, dtype=np.int64)
     inside = np.ones(rows, dtype=bool)
     for column, domain, size in zip(aggregate.group_by, domains, sizes):
-        codes = _codes(table.column(column), domain)
+        values = table.column(column)
+        if aggregate.releases_quantiles and column == aggregate.group_by[-1]:
+            values = _into_end_bins(values, domain, seen)
+        codes = _codes(values, domain)
         inside &= codes >= 0
         position = position * size + codes
     outside = np.flatnonzero(~inside)
@@ -365,6 +368,22 @@ def read_table(
         else:
             vectors[component] = _units_python(totals, scale, aggregate, component, seen)
     return key_domain(aggregate), vectors
+
+
+def _into_end_bins(labels: pa.ChunkedArray, domain: list, seen: AggregateDiagnostics) -> pa.ChunkedArray:
+    """A histogram's integer bin labels with those below the first bin's label counted in the first bin and those
+    above the last's in the last (NULLs kept), as the row-by-row reader does
+    (:func:`~dp_operators.release.inputs.into_end_bins`); counted in ``seen.labels_beyond_bins``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(labels.type):
+        labels = labels.cast(labels.type.value_type)
+    labels = labels.cast(pa.int64())
+    low, high = pa.scalar(domain[0], pa.int64()), pa.scalar(domain[-1], pa.int64())
+    beyond = pc.or_(pc.less(labels, low), pc.greater(labels, high))
+    seen.labels_beyond_bins += int(pc.sum(beyond.cast(pa.int64())).as_py() or 0)
+    return pc.min_element_wise(pc.max_element_wise(labels, low), high)
 
 
 def _outside_examples(aggregate: Aggregate, table: pa.Table, outside: np.ndarray, seen: AggregateDiagnostics) -> None:

@@ -73,6 +73,8 @@ class AggregateDiagnostics:
         partitions_over_max_rows: partitions whose count exceeds the spec's declared ``upstream.max_rows`` (only
             for kinds with a count: mean, variance). The float allowance and the saturation check rest on that
             declaration: raise ``max_rows`` in the spec (the release itself never refuses on a data value).
+        labels_beyond_bins: rows of a quantile's histogram whose bin label lies below the first bin's (counted in
+            the first bin) or above the last's (counted in the last), as values beyond the edges are.
         groups_with_differing_units: a quantile's groups under partition selection whose rows give different
             ``units`` (each row should repeat its group's number of units; the release takes the largest).
         problems: the first :data:`KEPT_PROBLEMS` shape or type problems, with their row index.
@@ -91,6 +93,7 @@ class AggregateDiagnostics:
     clamped: Counter = field(default_factory=Counter)
     saturated: Counter = field(default_factory=Counter)
     partitions_over_max_rows: int = 0
+    labels_beyond_bins: int = 0
     groups_with_differing_units: int = 0
     problems: list[InputProblem] = field(default_factory=list)
     problem_count: int = 0
@@ -121,6 +124,7 @@ class AggregateDiagnostics:
             "clamped": dict(sorted(self.clamped.items())),
             "saturated": dict(sorted(self.saturated.items())),
             "partitions_over_max_rows": self.partitions_over_max_rows,
+            "labels_beyond_bins": self.labels_beyond_bins,
             "groups_with_differing_units": self.groups_with_differing_units,
             "problems": [problem.as_dict() for problem in self.problems],
             "problem_count": self.problem_count,

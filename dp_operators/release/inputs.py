@@ -311,7 +311,8 @@ def _read_aggregate(
             continue
         absent = [c for c in needed if c not in row]
         if absent:
-            refuse(index, None, f"{'a row is' if grouped else 'the value is'} missing field(s) {absent}")
+            refuse(index, None, f"{'a row is' if grouped else 'the value is'} missing field(s) {absent}"
+                   + (_units_hint(spec, aggregate) if "units" in absent else ""))
             continue
         try:
             key = tuple(normalise_key(row[c], c) for c in aggregate.group_by)
@@ -320,6 +321,8 @@ def _read_aggregate(
                 if kind is not None and kind not in domain_types[column]:
                     histogram = aggregate.releases_quantiles and column == aggregate.group_by[-1]
                     raise InputTypeError(column, _key_type_mismatch(column, kind, domain_types[column], histogram))
+            if aggregate.releases_quantiles:
+                key = into_end_bins(aggregate, key, seen)
             publishable = UNPUBLISHABLE not in key
             if grouped_histogram:  # every row of a group makes it a candidate, in a bin or not (its units)
                 inside = publishable
@@ -372,6 +375,36 @@ def _read_aggregate(
     for component in components:
         prepared.values[(aggregate.name, component)] = np.array([slot[component] for slot in ordered],
                                                                 dtype=np.int64)
+
+
+def _units_hint(spec: ReleaseSpec, aggregate: Aggregate) -> str:
+    """What ``units`` is and why it is needed (partition selection; public parameters only)."""
+    contribution = spec.contribution_for(aggregate)
+    bounds = (f"max_partitions_contributed {contribution.max_partitions_contributed}, "
+              f"max_contributions_per_partition {contribution.max_contributions_per_partition}")
+    if aggregate.releases_quantiles:
+        return (f": under partition_selection each row carries 'units', its group's number of distinct privacy units "
+                f"(the same on every row of the group, over the same records as the counts), since one unit may add "
+                f"more than one record ({bounds}); e.g. join COUNT(DISTINCT unit) ... GROUP BY "
+                f"{', '.join(aggregate.outer_group_by)}")
+    return (f": under partition_selection each row carries 'units', the number of distinct privacy units with its "
+            f"key, since one unit may add more than one record to a key ({bounds})")
+
+
+def into_end_bins(aggregate: Aggregate, key: tuple, seen: AggregateDiagnostics) -> tuple:
+    """``key`` of a quantile's histogram row with an integer bin label below the first bin's label read as the first
+    bin's, and one above the last's as the last's (``seen.labels_beyond_bins`` counts them): a value beyond the
+    edges is counted in the end bin, as the raw-row bounding does and as ``width_bucket``'s 0 and m + 1 mean. A
+    function of each row's own label, so one record still moves one bin's count by one. Labels between the first
+    and last that are no bin's (a ``lower_edge`` label off the edges) stay outside the histogram."""
+    label = key[-1]
+    if type(label) is not int:
+        return key
+    labels = aggregate.bins.labels  # type: ignore[union-attr]
+    if labels[0] <= label <= labels[-1]:
+        return key
+    seen.labels_beyond_bins += 1
+    return (*key[:-1], labels[0] if label < labels[0] else labels[-1])
 
 
 def _add_to_histogram(histograms: dict[tuple, dict[str, Any]], group: tuple, index: int | None,

@@ -50,11 +50,11 @@ def _ledger(path):
 def _upstream(people: pd.DataFrame, with_units: bool = True) -> list[dict]:
     """What an honest upstream returns: per (country, bin) its records, and each row its country's distinct
     people (``COUNT(DISTINCT person)`` joined on the country)."""
-    counts = people.groupby(["country", "hours_per_week"]).size().rename("count").reset_index()
+    counts = people.groupby(["country", "hours_per_week"], dropna=False).size().rename("count").reset_index()
     units = people.groupby("country")["person"].nunique().rename("units")
     rows = counts.join(units, on="country")
-    return [{"country": r.country, "hours_per_week": int(r.hours_per_week), "count": int(r.count),
-             **({"units": int(r.units)} if with_units else {})} for r in rows.itertuples()]
+    return [{"country": r.country, "hours_per_week": None if pd.isna(r.hours_per_week) else int(r.hours_per_week),
+             "count": int(r.count), **({"units": int(r.units)} if with_units else {})} for r in rows.itertuples()]
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,8 @@ ROWS = [
     {"country": "a", "hours_per_week": 99, "count": 3, "units": 5},
     {"country": "b", "hours_per_week": 41, "count": 1, "units": 4},
     {"country": "a", "hours_per_week": 10, "count": 1, "units": 5},  # a cell repeated: its counts add up
-    {"country": "a", "hours_per_week": 100, "count": 7, "units": 5},  # no bin's label: outside the histogram
+    {"country": "a", "hours_per_week": 100, "count": 7, "units": 5},  # beyond the last bin: counted in it
+    {"country": "b", "hours_per_week": None, "count": 2, "units": 4},  # no bin: outside the histogram
 ]
 
 
@@ -154,7 +155,7 @@ def test_each_groups_bins_and_units_are_read_alike_from_every_upstream_type(form
     assert prepared.keys["hours"] == [("a",), ("b",)]
     # the bins with rows, sparse until the groups are selected: position g * m + i, i the bin's index
     cells = dict(zip(prepared.values[("hours", "cells")].tolist(), prepared.values[("hours", "count")].tolist()))
-    assert cells == {10 - 1: 3, 99 - 1: 3, 99 + 40 - 1: 3, 99 + 41 - 1: 1}
+    assert cells == {10 - 1: 3, 99 - 1: 3 + 7, 99 + 40 - 1: 3, 99 + 41 - 1: 1}
     # a group's units are the number its rows repeat, not their sum
     assert prepared.values[("hours", "selection")].tolist() == [5, 4]
 
@@ -162,14 +163,17 @@ def test_each_groups_bins_and_units_are_read_alike_from_every_upstream_type(form
 def test_one_record_per_person_makes_a_groups_records_its_units():
     rows = [{k: v for k, v in r.items() if k != "units"} for r in ROWS]
     prepared = prepare_inputs(_spec(), {"hours": rows})
-    # a's 3 + 3 in its bins and 7 beyond them; b's 3 + 1
-    assert prepared.values[("hours", "selection")].tolist() == [13, 4]
+    # a's 3 + 3 + 7, b's 3 + 1 in its bins and 2 in none
+    assert prepared.values[("hours", "selection")].tolist() == [13, 6]
 
 
 def test_rows_without_the_groups_units_are_refused_before_any_budget_when_a_person_has_several_records(tmp_path):
     rows = [{k: v for k, v in r.items() if k != "units"} for r in ROWS]
     ledger = _ledger(tmp_path / "l.db")
-    with pytest.raises(ReleaseInputError, match=r"missing field\(s\) \['units'\]"):
+    with pytest.raises(ReleaseInputError, match=r"missing field\(s\) \['units'\]: under partition_selection each "
+                       r"row carries 'units', its group's number of distinct privacy units .*"
+                       r"max_contributions_per_partition 2\); e\.g\. join COUNT\(DISTINCT unit\) \.\.\. "
+                       r"GROUP BY country"):
         run_release(_spec(linf=2), {"hours": rows}, ledger, _key(), spec_hash="0" * 64)
     assert list(ledger.charges()) == []
 
@@ -184,7 +188,7 @@ def test_check_aggregates_reports_a_label_outside_the_bins_and_groups_whose_rows
     report = check_aggregates(_spec(l0=2, linf=3), {"hours": ROWS})
     assert report.ok
     seen = report.as_dict()["aggregates"]["hours"]
-    assert (seen["rows_outside_domain"], seen["groups_with_differing_units"]) == (1, 0)
+    assert (seen["labels_beyond_bins"], seen["rows_outside_domain"], seen["groups_with_differing_units"]) == (1, 1, 0)
     disagreeing = [*ROWS, {"country": "b", "hours_per_week": 7, "count": 1, "units": 9}]
     report = check_aggregates(_spec(l0=2, linf=3), {"hours": disagreeing})
     assert report.ok and report.as_dict()["aggregates"]["hours"]["groups_with_differing_units"] == 1
@@ -192,8 +196,8 @@ def test_check_aggregates_reports_a_label_outside_the_bins_and_groups_whose_rows
 
 def test_a_group_whose_rows_all_miss_the_bins_is_a_candidate_with_its_units():
     """Were rows outside the bins to make no candidate, one unit's record in a bin would turn a group of a hundred
-    units outside them into a candidate of 101: a release with probability 1 instead of delta."""
-    outside = [{"country": "x", "hours_per_week": 0, "count": 100, "units": 100}]
+    units outside them (no value: a NULL bin) into a candidate of 101: a release with probability 1, not delta."""
+    outside = [{"country": "x", "hours_per_week": None, "count": 100, "units": 100}]
     prepared = prepare_inputs(_spec(l0=2, linf=3), {"hours": outside})
     assert prepared.keys["hours"] == [("x",)] and prepared.values[("hours", "selection")].tolist() == [100]
     assert prepared.values[("hours", "cells")].tolist() == []
@@ -303,7 +307,7 @@ def test_a_person_who_adds_a_group_or_joins_one_shows_an_observer_the_same_relea
 
 def test_a_person_who_puts_a_group_of_records_outside_the_bins_into_one_does_not_change_whether_it_is_released(
         observe):
-    base = _people({**BASE, "X": [0] * 100})  # a hundred people whose hours are below the first bin
+    base = _people({**BASE, "X": [None] * 100})  # a hundred people whose hours are not known: in no bin
     joined = pd.concat([base, _people({"X": [40]}).assign(person=10**6)])
     seen = [observe(_spec(l0=2, linf=2), _upstream(people)) for people in (base, joined)]
     for error, _, _, output in seen:

@@ -226,6 +226,26 @@ def test_the_histogram_is_read_alike_from_every_upstream_type(tmp_path, form):
     assert row["value"] == 3  # 17 records: the target rank 8.5 lies in bin 3 (ranks 8..17); epsilon 100 is sure
 
 
+@pytest.mark.parametrize("form", ["list", "pandas", "arrow"])
+def test_labels_beyond_the_bins_are_counted_in_the_end_bins_on_every_upstream_type(tmp_path, form):
+    """An unclipped histogram (a value below the first edge or beyond the last, width_bucket's 0 and m + 1) is
+    read as the raw-row bounding reads the values: in the end bins, so its median is the clipped data's."""
+    rows = [{"x": -5, "count": 3}, {"x": 0, "count": 2}, {"x": 2, "count": 5}, {"x": 9, "count": 20}]
+    if form == "pandas":
+        rows = pd.DataFrame(rows).to_dict("records")
+    elif form == "arrow":  # the columnar reader
+        rows = pa.Table.from_pylist(rows)
+    spec = _spec(_median(bins={"column": "x", "edges": [0, 4], "width": 1}, budget={"epsilon": 100}))
+    ledger = make_ledger(tmp_path / "l.db", cap="10000", accountant="pure_dp", dags=(DAG,), account="acct")
+    (row,) = run_release(spec, {"hours": rows}, ledger, _key(), spec_hash="0" * 64).output["aggregates"]["hours"][
+        "rows"]
+    assert row["value"] == 3  # 5 + 5 + 20 records: the target rank 15 is in the last bin (2 if 9 were ignored)
+    from dp_operators.release import check_aggregates
+
+    seen = check_aggregates(spec, {"hours": rows}).as_dict()["aggregates"]["hours"]
+    assert (seen["labels_beyond_bins"], seen["rows_outside_domain"]) == (2, 0)
+
+
 def test_neighbouring_histograms_show_an_observer_the_same_run_but_for_the_released_bin(observe_quantiles):
     spec = _spec(_median(bins={"column": "x", "edges": [0, 8], "width": 1}, budget={"epsilon": 1}))
     base = [{"x": i, "count": c} for i, c in enumerate([0, 5, 0, 2, 9, 0, 0, 1])]
