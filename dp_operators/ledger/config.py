@@ -7,6 +7,7 @@ here, and reach the ledger only through ``dpctl ledger apply``. A spec cannot ra
 from __future__ import annotations
 
 import datetime as dt
+import math
 from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Literal
@@ -109,13 +110,17 @@ class Blocks(BaseModel):
 
 class Quota(BaseModel):
     """A team's quota within an account's cap: the DAGs it covers and, on PostgreSQL, the team role its workers
-    log in with (checked by the database)."""
+    log in with (checked by the database). On an ``approx_dp`` account a quota also holds a share of the account's
+    delta, ``delta``: by default the account's delta times the quota's share of the cap (``cap / account cap``), so
+    that quotas that fit in the cap fit in its delta too, and no team can spend the delta another team's releases
+    need (partition selection spends delta)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cap: Annotated[Fraction, BeforeValidator(_positive)]
     dags: list[str] = Field(min_length=1)
     role: str | None = None
+    delta: Annotated[Fraction, BeforeValidator(_delta)] | None = None
 
     @field_validator("role")
     @classmethod
@@ -125,7 +130,8 @@ class Quota(BaseModel):
         return role
 
     def as_record(self) -> dict:
-        return {"cap": str(self.cap), "dags": sorted(self.dags), **({} if self.role is None else {"role": self.role})}
+        return {"cap": str(self.cap), "dags": sorted(self.dags), **({} if self.role is None else {"role": self.role}),
+                **({} if self.delta is None else {"delta": str(self.delta)})}
 
 
 class Approval(BaseModel):
@@ -274,6 +280,12 @@ class AccountConfig(BaseModel):
                         f"quota of team {team!r} ({quota.cap}) is above the account's cap ({self.cap_in_unit()} in "
                         f"the account's unit): a quota is in the unit of 'cap' (rho for zcdp, even when the account "
                         "gives 'epsilon'; mu for gaussian_dp)")
+                if quota.delta is not None and self.accountant != "approx_dp":
+                    raise ValueError(f"quota of team {team!r} gives a delta, which only an approx_dp account spends "
+                                     f"(a {self.accountant} account's delta is the one its epsilon is read at)")
+                if quota.delta is not None and quota.delta > self.delta:  # type: ignore[operator]
+                    raise ValueError(f"quota of team {team!r} has delta {quota.delta}, above the account's delta "
+                                     f"{self.delta}")
                 for dag in quota.dags:
                     if dag in listed:
                         raise ValueError(f"DAG {dag!r} is in the quotas of both {listed[dag]!r} and {team!r}: a DAG "
@@ -304,11 +316,21 @@ class AccountConfig(BaseModel):
         for team, quota in sorted((self.quotas or {}).items()):
             member = {**base, "cap": quota.cap, "epsilon": None, "allowed_dags": quota.dags,
                       "allowed_roles": [quota.role] if quota.role else self.allowed_roles}
+            if self.accountant == "approx_dp":  # the team's share of the delta (Quota)
+                member["delta"] = self.quota_delta(quota)
             out[structure.quota_account(name, team)] = MemberAccountConfig(
                 **member, description=f"quota of team {team} in account {name}",
                 part_of={"account": name, "quota": team},
             )
         return out
+
+    def quota_delta(self, quota: Quota) -> Fraction:
+        """The delta a quota of this ``approx_dp`` account may spend: its own ``delta``, else the account's delta
+        times ``quota.cap / cap`` (rounded down to a multiple of 10^-18, the ledger's finest denominator)."""
+        if quota.delta is not None:
+            return quota.delta
+        share = self.delta * quota.cap / self.cap_in_unit()  # type: ignore[operator]
+        return share if share.denominator <= 10**18 else Fraction(math.floor(share * 10**18), 10**18)
 
     def cap_in_unit(self) -> Fraction:
         """The cap in the account's unit (epsilon, rho or mu^2), converted as the class docstring says."""

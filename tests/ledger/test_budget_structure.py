@@ -140,6 +140,50 @@ def test_one_teams_exhausted_quota_does_not_stop_another_and_the_shared_cap_stop
     assert governor(ledger_url).verify().ok
 
 
+def approx_quotas_account(delta_a=None) -> AccountConfig:
+    return AccountConfig(
+        accountant="approx_dp", epsilon=Fraction(10), delta=Fraction(1, 10**5), privacy_unit="person",
+        allowed_dags=["a1", "b1"],
+        quotas={"team_a": Quota(cap=Fraction(5), dags=["a1"], delta=delta_a),
+                "team_b": Quota(cap=Fraction(5), dags=["b1"])},
+    )
+
+
+def test_one_team_cannot_spend_the_delta_another_teams_selections_need(ledger_url):
+    """On an approx_dp account each quota holds its share of the delta (cap / account cap, here half): a team that
+    spends its whole share, or tries to reserve the account's whole delta with a tiny epsilon, leaves the other
+    team's delta untouched."""
+    ledger = ledger_with(ledger_url, q=approx_quotas_account())
+    key = ReleaseKey("a1", "greedy", "t", -1, "r")
+    with pytest.raises(BudgetExhaustedError, match="q@quota:team_a"):
+        ledger.reserve(key, account="q", amount=Fraction(1, 10**6), delta=Fraction(1, 10**5), mechanisms=[],
+                       spec_hash="0" * 64)
+    ledger.commit(ledger.reserve(key, account="q", amount=Fraction(1, 2), delta=Fraction(1, 2 * 10**5),
+                                 mechanisms=[], spec_hash="0" * 64), {"v": 1})
+    with pytest.raises(BudgetExhaustedError, match="q@quota:team_a"):
+        ledger.reserve(ReleaseKey("a1", "more", "t", -1, "r"), account="q", amount=Fraction(1, 2),
+                       delta=Fraction(1, 10**9), mechanisms=[], spec_hash="0" * 64)
+    # team B's release with partition selection still finds its half of the delta
+    ledger.commit(ledger.reserve(ReleaseKey("b1", "b-1", "t", -1, "r"), account="q", amount=Fraction(2),
+                                 delta=Fraction(1, 2 * 10**5), mechanisms=[], spec_hash="0" * 64), {"v": 2})
+    deltas = {account.name: account.delta_spent for account in ledger.accounts()}
+    assert deltas == {"q": Fraction(1, 10**5), "q@quota:team_a": Fraction(1, 2 * 10**5),
+                      "q@quota:team_b": Fraction(1, 2 * 10**5)}
+    assert governor(ledger_url).verify().ok
+
+
+def test_a_quotas_delta_is_its_share_of_the_cap_unless_given_and_only_on_approx_dp_accounts():
+    members = approx_quotas_account(delta_a=Fraction(1, 10**6)).members("q")
+    assert members["q@quota:team_a"].delta == Fraction(1, 10**6)
+    assert members["q@quota:team_b"].delta == Fraction(1, 2 * 10**5)
+    assert quotas_account().members("q")["q@quota:team_a"].delta is None  # zcdp: no delta is spent
+    with pytest.raises(ValueError, match="only an approx_dp account spends"):
+        AccountConfig(accountant="zcdp", cap=Fraction(1), privacy_unit="person", allowed_dags=["a1"],
+                      quotas={"t": Quota(cap=Fraction(1, 2), dags=["a1"], delta=Fraction(1, 10**6))})
+    with pytest.raises(ValueError, match="above the account's delta"):
+        approx_quotas_account(delta_a=Fraction(1, 10**4))
+
+
 def test_quotas_must_cover_exactly_the_accounts_dags_each_in_one_team(tmp_path):
     with pytest.raises(ValueError, match="allowed_dags must be exactly the DAGs"):
         AccountConfig(accountant="zcdp", cap=1, privacy_unit="p", allowed_dags=["a1", "b1", "c"],
