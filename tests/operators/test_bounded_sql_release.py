@@ -87,13 +87,14 @@ def warehouse(request, tmp_path, monkeypatch) -> tuple[str, sa.Engine]:
     engine.dispose()
 
 
-def clinic_ledger(tmp_path, monkeypatch, *, required: bool):
+def clinic_ledger(tmp_path, monkeypatch, *, required: bool, **limits):
+    """The clinic's SQLite ledger (a zCDP account of cap 1, or ``limits``: accountant, cap or epsilon, delta)."""
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     officer = governor(url)
     officer.init_schema()
+    limits = limits or {"accountant": "zcdp", "cap": Fraction(1), "delta": Fraction(1, 10**6)}
     officer.apply_config(LedgerConfig(version=1, accounts={"clinic": AccountConfig(
-        accountant="zcdp", cap=Fraction(1), delta=Fraction(1, 10**6), privacy_unit="patient",
-        allowed_dags=[DAG_ID], require_enforced_bounding=required)}))
+        **limits, privacy_unit="patient", allowed_dags=[DAG_ID], require_enforced_bounding=required)}))
     monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_CLINIC", json.dumps(
         {"conn_type": "dp_ledger", "extra": {"url": url, "audit_key": SPEND_KEY.text}}))
     return spender(url)
@@ -304,14 +305,8 @@ def test_a_median_over_wards_found_in_a_table_selects_them_by_their_patients(war
     conn_id, _ = warehouse
     path = tmp_path / "bills.yaml"
     path.write_text(MEDIAN_BY_WARD)
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    officer = governor(url)
-    officer.init_schema()
-    officer.apply_config(LedgerConfig(version=1, accounts={"clinic": AccountConfig(
-        accountant="approx_dp", epsilon=Fraction(10), delta=Fraction(1, 10**4), privacy_unit="patient",
-        allowed_dags=[DAG_ID], require_enforced_bounding=True)}))
-    monkeypatch.setenv("AIRFLOW_CONN_DP_LEDGER_CLINIC", json.dumps(
-        {"conn_type": "dp_ledger", "extra": {"url": url, "audit_key": SPEND_KEY.text}}))
+    ledger = clinic_ledger(tmp_path, monkeypatch, required=True, accountant="approx_dp", epsilon=Fraction(10),
+                           delta=Fraction(1, 10**4))
     output = sql_release(path, conn_id, tmp_path, table="visits", privacy_unit_column="patient").execute(
         context_for(ti()))
     published = output["aggregates"]["median_bill"]
@@ -320,6 +315,6 @@ def test_a_median_over_wards_found_in_a_table_selects_them_by_their_patients(war
                                                           "surgery"]
     assert published["partition_selection"]["threshold"] > 1
     assert output["contribution_bounding"]["median_bill"]["mode"] == "enforced"
-    (charge,) = list(spender(url).charges())
+    (charge,) = list(ledger.charges())
     assert Fraction(charge["amount"]) == 2
     assert [m["component"] for m in json.loads(charge["mechanisms"])] == ["selection", "quantile"]
