@@ -68,12 +68,17 @@ class BudgetExhaustedError(LedgerError):
         self.account, self.unit = account, unit
         self.requested, self.remaining = requested, remaining
         self.difference = requested - remaining
+        # a delta short of the charge's is not an exhausted budget: the epsilon may have room for other releases
+        state = "has too little delta left for this charge" if unit == "delta" else "is exhausted"
+        cap = "its delta" if unit == "delta" else "the cap"
         super().__init__(
-            f"budget account {account!r} is exhausted: requested {unit} {_show(requested)}, "
+            f"budget account {account!r} {state}: requested {unit} {_show(requested)}, "
             f"remaining {_show(remaining)}, short by {_show(self.difference)}. "
             + (f"{note}. " if note else "")
-            + "Nothing was reserved and no noise was drawn. A privacy officer can raise the cap in the ledger "
+            + f"Nothing was reserved and no noise was drawn. A privacy officer can raise {cap} in the ledger "
             "configuration and run 'dpctl ledger apply'; retrying will not help."
+            + (" A release's delta comes from its partition selection (and (epsilon, delta) budgets): a smaller "
+               "delta there lowers it." if unit == "delta" else "")
         )
 
 

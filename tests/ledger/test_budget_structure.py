@@ -155,7 +155,8 @@ def test_one_team_cannot_spend_the_delta_another_teams_selections_need(ledger_ur
     team's delta untouched."""
     ledger = ledger_with(ledger_url, q=approx_quotas_account())
     key = ReleaseKey("a1", "greedy", "t", -1, "r")
-    with pytest.raises(BudgetExhaustedError, match="q@quota:team_a"):
+    with pytest.raises(BudgetExhaustedError, match="'q@quota:team_a' has too little delta left for this charge: "
+                                                   "requested delta 1e-05, remaining 5e-06"):
         ledger.reserve(key, account="q", amount=Fraction(1, 10**6), delta=Fraction(1, 10**5), mechanisms=[],
                        spec_hash="0" * 64)
     ledger.commit(ledger.reserve(key, account="q", amount=Fraction(1, 2), delta=Fraction(1, 2 * 10**5),
