@@ -278,11 +278,7 @@ def bounded_select(spec: ReleaseSpec, aggregate: Aggregate, source: BoundedRowsS
     else:
         final, where = groups, []
     if _units_per_group(aggregate):
-        # a quantile's groups found in the data: every cell's units are its group's (the units with a kept row in
-        # any of its bins), the number the partition selection noises. Each (unit, group) pair's first kept cell is
-        # marked, and the cells' marks added over the group by a window over the grouped rows: one scan of the kept
-        # rows (a join to a second aggregate of them would evaluate the random choices twice on some databases,
-        # and NULL group keys would need a null-safe join)
+        # a quantile's groups found in the data: every cell's units are its group's (docstring above)
         outer = [final.c[_key_label(i)] for i in range(len(keys) - 1)]
         first = sa.func.row_number().over(partition_by=[final.c[_UNIT], *outer])
         final = sa.select(final, first.label(_GROUP_RANK)).where(*where).subquery("dp_cells")

@@ -262,6 +262,12 @@ class NoiseStep:
             return PrivacyLoss("epsilon", self.budget.epsilon, delta=self.delta)
         return PrivacyLoss("rho", self.rho, delta=self.delta, gaussian=noise)
 
+    def published_selection(self) -> dict[str, Any]:
+        """A partition-selection step as a release publishes it (public parameters): its mechanism, threshold and
+        budget."""
+        return {"mechanism": self.mechanism, "threshold": self.threshold, "epsilon": float(self.budget.epsilon),
+                "delta": float(self.budget.delta)}
+
     def noise_half_width_units(self, alpha: float) -> float:
         """Half-width a of the noise alone, in grid units: P(|Z| > a) <= alpha (public parameters only)."""
         if self.mechanism == "discrete_laplace":

@@ -329,13 +329,7 @@ def publish_aggregate(
     if aggregate.bounds is not None:
         published["bounds"] = [float(b) for b in aggregate.bounds]
     if not aggregate.public_keys:
-        selection = plan.step(aggregate.name, "selection")
-        published["partition_selection"] = {
-            "mechanism": selection.mechanism,
-            "threshold": selection.threshold,
-            "epsilon": float(selection.budget.epsilon),
-            "delta": float(selection.budget.delta),
-        }
+        published["partition_selection"] = plan.step(aggregate.name, "selection").published_selection()
     if consistency is not None:
         published["consistency"] = consistency
     if rows_file is not None and aggregate.kind in ("count", "sum"):

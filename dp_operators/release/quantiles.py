@@ -358,10 +358,5 @@ def publish_quantiles(aggregate: Aggregate, step: QuantileStep, released: list[l
         "rows": rows,
     }
     if selection is not None:
-        published["partition_selection"] = {
-            "mechanism": selection.mechanism,
-            "threshold": selection.threshold,
-            "epsilon": float(selection.budget.epsilon),
-            "delta": float(selection.budget.delta),
-        }
+        published["partition_selection"] = selection.published_selection()
     return published

@@ -156,8 +156,7 @@ def draw_noise(
     positions of the selected keys under partition selection. ``drawn`` records every draw *before* it starts,
     so a caller knows whether any noise may exist.
 
-    A key is selected iff its noised unit count is >= the threshold: the same comparison the threshold's delta
-    was computed with (:func:`~dp_operators.mechanisms.calibration.discrete_laplace_threshold`).
+    Keys are selected by :func:`selected_positions`.
     """
     noised: dict[tuple[str, str], np.ndarray] = {}
     selected: dict[str, np.ndarray] = {}
@@ -166,11 +165,8 @@ def draw_noise(
             continue
         positions = None
         if not aggregate.public_keys:
-            step = plan.step(aggregate.name, "selection")
-            counts = prepared.values[(aggregate.name, "selection")]
-            drawn.append(step.component)
-            noised_counts = add_exactly(counts, step.draw(len(counts)))
-            positions = np.flatnonzero(np.asarray(noised_counts >= step.threshold, dtype=bool))
+            positions = selected_positions(plan.step(aggregate.name, "selection"),
+                                           prepared.values[(aggregate.name, "selection")], drawn)
             selected[aggregate.name] = positions
         for component in aggregate.components:
             step = plan.step(aggregate.name, component)
@@ -182,17 +178,24 @@ def draw_noise(
     return noised, selected
 
 
+def selected_positions(step: NoiseStep, units: np.ndarray, drawn: list[str]) -> np.ndarray:
+    """The positions of the keys a partition-selection ``step`` keeps: those whose noised number of privacy units
+    (``units``) is >= the threshold, the same comparison the threshold's delta was computed with
+    (:func:`~dp_operators.mechanisms.calibration.discrete_laplace_threshold`). Records the draw in ``drawn`` first."""
+    drawn.append(step.component)
+    noised = add_exactly(units, step.draw(len(units)))
+    return np.flatnonzero(np.asarray(noised >= step.threshold, dtype=bool))
+
+
 def select_groups(step: NoiseStep, units: np.ndarray, groups: Sequence[tuple], cells: np.ndarray,
                   counts: np.ndarray, bins: int, drawn: list[str]) -> tuple[np.ndarray, list[tuple]]:
     """The histograms of a quantile's groups selected from the data: a group is kept iff its noised number of
-    privacy units is at least the threshold (``units``, shape (G,); :func:`draw_noise`'s rule). ``cells`` and
+    privacy units is at least the threshold (``units``, shape (G,); :func:`selected_positions`). ``cells`` and
     ``counts`` are the candidates' sparse histograms (:class:`~dp_operators.release.inputs.PreparedInputs`).
     Returns the kept groups' dense histograms (shape (kept * bins,), each group's bins contiguous, a bin with no
     row 0) and their keys. Only the kept groups' bins are filled: the work is one step per candidate and per cell
     with a row, plus ``bins`` per kept group."""
-    drawn.append(step.component)
-    noised = add_exactly(units, step.draw(len(units)))
-    kept = np.flatnonzero(np.asarray(noised >= step.threshold, dtype=bool))
+    kept = selected_positions(step, units, drawn)
     slot = np.full(len(units), -1, dtype=np.int64)
     slot[kept] = np.arange(len(kept))
     group, index = np.divmod(cells, bins)
